@@ -1,0 +1,156 @@
+"""Batched generation with a KV cache, and per-token log-probabilities of given responses.
+
+Generation is the *rollout* stage of an RL iteration: a prefill pass over the prompts, then one
+decoding step per new token (autoregressive, so ``max_new_tokens`` sequential steps however many
+sequences run in parallel). Scoring (:func:`response_log_probs`) is one full-sequence forward pass
+over prompt + response, as the trainer and the frozen reference do it.
+
+Layout of a rollout batch (``P`` prompt columns, left-padded; ``R`` response columns)::
+
+    tokens          (batch, P + R)   <pad>..<bos> prompt | response <eos> <pad>..
+    attention_mask  (batch, P + R)   True for real tokens (prompt and response up to <eos>)
+    response_mask   (batch, R)       True for generated tokens up to and including <eos>
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .model import KVCache, TinyGPT
+
+
+@dataclass
+class Rollout:
+    """Output of :func:`generate`.
+
+    Attributes:
+        tokens: ``(batch, P + R)`` int64.
+        attention_mask: ``(batch, P + R)`` bool.
+        response_mask: ``(batch, R)`` bool.
+        log_probs: ``(batch, R)`` float, log-probability of each sampled token under the sampling
+            distribution (temperature and top-k applied); 0 where ``response_mask`` is False.
+        prompt_len: ``P``.
+    """
+
+    tokens: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    log_probs: Tensor
+    prompt_len: int
+
+    @property
+    def responses(self) -> Tensor:
+        """``(batch, R)`` generated token ids (``<pad>`` after ``<eos>``)."""
+        return self.tokens[:, self.prompt_len:]
+
+    def response_lengths(self) -> Tensor:
+        return self.response_mask.sum(-1)
+
+
+def _filter_logits(logits: Tensor, temperature: float, top_k: int | None) -> Tensor:
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new_tokens: int,
+             eos_id: int, pad_id: int = 0, temperature: float = 1.0, top_k: int | None = None,
+             greedy: bool = False, generator: torch.Generator | None = None,
+             use_cache: bool = True) -> Rollout:
+    """Sample up to ``max_new_tokens`` tokens for each prompt; a sequence stops at ``<eos>``.
+
+    Args:
+        prompt_tokens, prompt_mask: ``(batch, P)`` left-padded prompts and their real-token mask.
+        temperature: softmax temperature (> 0); ignored when ``greedy``.
+        top_k: keep only the ``top_k`` most likely tokens before sampling (None: all).
+        greedy: take the arg-max token (for evaluation).
+        generator: a seeded ``torch.Generator`` for reproducible samples.
+        use_cache: False recomputes the whole prefix at every step (the baseline that
+            ``bench sampling`` compares with); the samples are the same.
+
+    Returns:
+        A :class:`Rollout`. Generation ends early once every sequence has emitted ``<eos>``.
+
+    Raises:
+        ValueError: for a non-positive temperature or ``max_new_tokens``, or a sequence longer than
+            the model's ``max_seq_len``.
+    """
+    if max_new_tokens <= 0:
+        raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be positive.")
+    if not greedy and temperature <= 0:
+        raise ValueError(f"generate: temperature={temperature} must be > 0 (or use greedy=True).")
+    batch, prompt_len = prompt_tokens.shape
+    total = prompt_len + max_new_tokens
+    if total > model.config.max_seq_len:
+        raise ValueError(f"generate: prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) = "
+                         f"{total} exceeds max_seq_len={model.config.max_seq_len}.")
+    device = prompt_tokens.device
+    tokens = torch.full((batch, total), pad_id, dtype=torch.long, device=device)
+    tokens[:, :prompt_len] = prompt_tokens
+    attention_mask = torch.zeros((batch, total), dtype=torch.bool, device=device)
+    attention_mask[:, :prompt_len] = prompt_mask
+    log_probs = torch.zeros((batch, max_new_tokens), device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    cache = KVCache(model.config, batch, total, device=device) if use_cache else None
+
+    was_training = model.training
+    model.eval()
+    logits = model(prompt_tokens, prompt_mask, cache)[:, -1]  # prefill
+    steps = 0
+    for t in range(max_new_tokens):
+        pos = prompt_len + t
+        if greedy:
+            next_token = logits.argmax(-1)
+            step_log_probs = torch.zeros(batch, device=device)
+        else:
+            step_logp = F.log_softmax(_filter_logits(logits.float(), temperature, top_k), dim=-1)
+            next_token = torch.multinomial(step_logp.exp(), 1, generator=generator).squeeze(-1)
+            step_log_probs = step_logp.gather(-1, next_token[:, None]).squeeze(-1)
+        alive = ~finished
+        tokens[:, pos] = torch.where(alive, next_token, pad_id)
+        attention_mask[:, pos] = alive
+        log_probs[:, t] = torch.where(alive, step_log_probs, 0.0)
+        finished = finished | (next_token == eos_id)
+        steps = t + 1
+        if bool(finished.all()) or t == max_new_tokens - 1:
+            break
+        if use_cache:
+            logits = model(tokens[:, pos:pos + 1], attention_mask[:, :pos + 1], cache)[:, -1]
+        else:
+            logits = model(tokens[:, :pos + 1], attention_mask[:, :pos + 1])[:, -1]
+    model.train(was_training)
+
+    end = prompt_len + steps
+    response_mask = attention_mask[:, prompt_len:end].clone()
+    return Rollout(tokens[:, :end].clone(), attention_mask[:, :end].clone(), response_mask,
+                   log_probs[:, :steps].clone(), prompt_len)
+
+
+def response_log_probs(model: TinyGPT, tokens: Tensor, attention_mask: Tensor, prompt_len: int,
+                       with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Log-probability of every response token under ``model``, in one forward pass.
+
+    Args:
+        tokens, attention_mask: ``(batch, P + R)`` as in :class:`Rollout`.
+        prompt_len: ``P``; the logits at column ``P - 1 + t`` predict response token ``t``.
+        with_entropy: also return the entropy of each predictive distribution.
+
+    Returns:
+        ``log_probs (batch, R)`` (and ``entropy (batch, R)`` in nats). Positions outside the
+        response mask hold values of padding; mask them out.
+    """
+    logits = model(tokens, attention_mask)[:, prompt_len - 1:-1].float()  # (batch, R, vocab)
+    logp = F.log_softmax(logits, dim=-1)
+    targets = tokens[:, prompt_len:]
+    token_logp = logp.gather(-1, targets[..., None]).squeeze(-1)
+    if not with_entropy:
+        return token_logp
+    entropy = -(logp.exp() * logp).sum(-1)
+    return token_logp, entropy
