@@ -1,0 +1,188 @@
+"""Immediate feedback on exercise functions: hand-computed examples and properties.
+
+``run_check(name, fn)`` runs every check of exercise ``name`` on ``fn`` and returns a
+:class:`CheckReport` that prints as e.g. ``group_advantages: 3/4 checks pass`` followed by what
+failed. A function that still raises ``NotImplementedError`` is reported as "not implemented
+yet", never as a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class CheckResult:
+    description: str
+    passed: bool
+    message: str = ""
+
+
+@dataclass
+class CheckReport:
+    name: str
+    results: list[CheckResult] = field(default_factory=list)
+    not_implemented: str | None = None
+
+    @property
+    def n_passed(self) -> int:
+        return sum(r.passed for r in self.results)
+
+    @property
+    def all_passed(self) -> bool:
+        return self.not_implemented is None and all(r.passed for r in self.results)
+
+    def __str__(self) -> str:
+        if self.not_implemented is not None:
+            why = self.not_implemented
+            return f"{self.name}: " + (why if why.startswith("not implemented yet") else
+                                       f"not implemented yet ({why})")
+        lines = [f"{self.name}: {self.n_passed}/{len(self.results)} checks pass"]
+        for r in self.results:
+            mark = "ok  " if r.passed else "FAIL"
+            lines.append(f"  [{mark}] {r.description}" + ("" if r.passed else f": {r.message}"))
+        return "\n".join(lines)
+
+
+def _close(actual, expected, atol=1e-5) -> tuple[bool, str]:
+    if not isinstance(actual, torch.Tensor):
+        return False, f"expected a tensor, got {type(actual).__name__}"
+    if actual.shape != expected.shape:
+        return False, f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    if not torch.allclose(actual.float(), expected.float(), atol=atol, rtol=1e-4):
+        return False, f"got {actual.detach().flatten()[:6].tolist()}, expected {expected.flatten()[:6].tolist()}"
+    return True, ""
+
+
+# ------------------------------------------------------------------ exercise checks
+def _checks_group_advantages(fn):
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    s = 0.5 / math.sqrt(1 / 3)  # (1 - 0.5) / unbiased std of [1, 0, 0, 1]
+    yield "hand example, G=4, std-normalised", lambda: _close(
+        fn(r, 4), torch.tensor([s, -s, -s, s, 0, 0, 0, 0]), atol=1e-4)
+    yield "hand example without std (Dr. GRPO)", lambda: _close(
+        fn(r, 4, normalize_std=False), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    rewards = torch.rand(6 * 5, generator=torch.Generator().manual_seed(0))
+    yield "each group's advantages sum to zero", lambda: _close(
+        fn(rewards, 5).view(6, 5).sum(1), torch.zeros(6), atol=1e-4)
+    yield "groups are contiguous runs of group_size", lambda: _close(
+        fn(torch.tensor([0.0, 2.0, 10.0, 14.0]), 2, normalize_std=False),
+        torch.tensor([-1.0, 1.0, -2.0, 2.0]))
+
+
+def _checks_clipped_surrogate(fn):
+    lp = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
+    adv = torch.tensor([2.0, -1.0])
+    yield "ratio 1 gives -A on every token", lambda: _close(
+        fn(lp, lp, adv, 0.2), torch.tensor([[-2.0, -2.0], [1.0, 1.0]]))
+    old = torch.log(torch.tensor([[0.25, 0.5], [0.25, 0.5]]))  # ratios 2 and 1
+    yield "positive A: ratio 2 clipped to 1.2", lambda: _close(
+        fn(lp, old, torch.tensor([1.0, 1.0]), 0.2), torch.tensor([[-1.2, -1.0], [-1.2, -1.0]]))
+    yield "negative A: ratio 2 not clipped (pessimistic bound)", lambda: _close(
+        fn(lp, old, torch.tensor([-1.0, -1.0]), 0.2), torch.tensor([[2.0, 1.0], [2.0, 1.0]]))
+
+    def gradient_check():
+        x = lp.clone().requires_grad_(True)
+        fn(x, old, torch.tensor([1.0, 1.0]), 0.2).sum().backward()
+        expected = torch.tensor([[0.0, -1.0], [0.0, -1.0]])  # clipped tokens carry no gradient
+        return _close(x.grad, expected)
+
+    yield "clipped tokens have zero gradient", gradient_check
+
+
+def _checks_kl_k3(fn):
+    lp = torch.log(torch.tensor([[0.5, 0.2]]))
+    ref = torch.log(torch.tensor([[0.25, 0.2]]))
+    yield "hand example: p=0.5, p_ref=0.25 gives 0.5 + ln 2 - 1", lambda: _close(
+        fn(lp, ref), torch.tensor([[0.5 + math.log(2) - 1, 0.0]]))
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 7, generator=g), torch.randn(4, 7, generator=g)
+    yield "non-negative", lambda: (bool((fn(a, b) >= -1e-7).all()), "found a negative value")
+
+    def unbiased():
+        p = torch.tensor([0.6, 0.3, 0.1])
+        q = torch.tensor([0.3, 0.3, 0.4])
+        exact = (p * (p / q).log()).sum()
+        samples = torch.multinomial(p, 200_000, replacement=True,
+                                    generator=torch.Generator().manual_seed(1))
+        estimate = fn(p.log()[samples][None], q.log()[samples][None]).mean()
+        ok = abs(estimate.item() - exact.item()) < 0.01
+        return ok, f"Monte Carlo mean {estimate.item():.4f}, exact KL(p||q) {exact.item():.4f}"
+
+    yield "unbiased: its mean over samples of pi_theta is KL(pi_theta || pi_ref)", unbiased
+
+
+def _checks_attend_with_kv_cache(fn):
+    g = torch.Generator().manual_seed(0)
+    b, h, t, d, max_len = 2, 3, 5, 4, 8
+    q, k, v = (torch.randn(b, h, t, d, generator=g) for _ in range(3))
+    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def decode_matches_full():
+        kc, vc = torch.zeros(b, h, max_len, d), torch.zeros(b, h, max_len, d)
+        kc[:, :, :t - 1], vc[:, :, :t - 1] = k[:, :, :t - 1], v[:, :, :t - 1]
+        mask = torch.ones(b, 1, 1, t, dtype=torch.bool)
+        out = fn(q[:, :, -1:], k[:, :, -1:], v[:, :, -1:], kc, vc, t - 1, mask)
+        return _close(out, full[:, :, -1:])
+
+    def cache_written():
+        kc, vc = torch.zeros(b, h, max_len, d), torch.zeros(b, h, max_len, d)
+        mask = torch.ones(b, 1, 1, 3, dtype=torch.bool)
+        fn(q[:, :, :1], k[:, :, :1], v[:, :, :1], kc, vc, 2, mask)
+        ok_k, msg = _close(kc[:, :, 2], k[:, :, 0])
+        ok_v, msg_v = _close(vc[:, :, 2], v[:, :, 0])
+        return ok_k and ok_v, msg or msg_v or "new key/value not written at position start"
+
+    def prefill_matches_full():
+        kc, vc = torch.zeros(b, h, max_len, d), torch.zeros(b, h, max_len, d)
+        causal = torch.ones(t, t, dtype=torch.bool).tril().expand(b, 1, t, t)
+        return _close(fn(q, k, v, kc, vc, 0, causal), full)
+
+    def mask_respected():
+        kc, vc = torch.zeros(b, h, max_len, d), torch.zeros(b, h, max_len, d)
+        kc[:, :, :2], vc[:, :, :2] = k[:, :, :2], v[:, :, :2]
+        mask = torch.tensor([True, False, True]).expand(b, 1, 1, 3)
+        out = fn(q[:, :, 2:3], k[:, :, 2:3], v[:, :, 2:3], kc, vc, 2, mask)
+        keep = [0, 2]
+        expected = F.scaled_dot_product_attention(q[:, :, 2:3], k[:, :, keep], v[:, :, keep])
+        return _close(out, expected)
+
+    yield "decoding the last token equals full causal attention", decode_matches_full
+    yield "new key and value are written at position start", cache_written
+    yield "prefill (seq > 1, start 0) equals full causal attention", prefill_matches_full
+    yield "a masked (padding) key is ignored", mask_respected
+
+
+CHECKS = {
+    "group_advantages": _checks_group_advantages,
+    "clipped_surrogate": _checks_clipped_surrogate,
+    "kl_k3": _checks_kl_k3,
+    "attend_with_kv_cache": _checks_attend_with_kv_cache,
+}
+
+
+def run_check(name: str, fn) -> CheckReport:
+    """Run every check of exercise ``name`` on ``fn``.
+
+    Raises:
+        ValueError: for an unknown exercise name.
+    """
+    if name not in CHECKS:
+        raise ValueError(f"no checks for {name!r}; known: {sorted(CHECKS)}.")
+    report = CheckReport(name)
+    for description, check in CHECKS[name](fn):
+        try:
+            passed, message = check()
+        except NotImplementedError as err:
+            report.not_implemented = str(err) or "raises NotImplementedError"
+            return report
+        except Exception as err:  # a learner's bug: report it, keep going
+            passed = False
+            message = f"{type(err).__name__}: {err} ({traceback.extract_tb(err.__traceback__)[-1].line})"
+        report.results.append(CheckResult(description, passed, message))
+    return report

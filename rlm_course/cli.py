@@ -1,0 +1,169 @@
+"""Command line: ``python -m rlm_course <command> ...`` (``--help`` on each command)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .tasks import TASKS, get_task
+
+TASK_FLAGS = {  # task settings exposed as flags: name -> (type, help)
+    "digits": (int, "addition: digits per operand"),
+    "n_numbers": (int, "countdown: how many numbers are given"),
+    "max_number": (int, "countdown: largest given number"),
+    "max_target": (int, "countdown: largest target"),
+}
+TASK_SETTINGS = {"addition": ("digits",), "countdown": ("n_numbers", "max_number", "max_target")}
+
+
+def _add_task_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", required=True, help=f"one of {sorted(TASKS)}")
+    for name, (kind, help_text) in TASK_FLAGS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=help_text)
+
+
+def _task_from_args(args):
+    if args.task not in TASKS:
+        raise ValueError(f"unknown task {args.task!r}; choose one of {sorted(TASKS)}.")
+    settings = {}
+    for name in TASK_FLAGS:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if name not in TASK_SETTINGS[args.task]:
+            raise ValueError(f"--{name.replace('_', '-')} does not apply to task {args.task!r} "
+                             f"(its settings: {', '.join(TASK_SETTINGS[args.task])}).")
+        settings[name] = value
+    return get_task(args.task, **settings)
+
+
+def _grpo(args) -> int:
+    from .grpo import GRPOConfig
+    from .runs import run_grpo
+
+    task = _task_from_args(args)
+    overrides = {k: getattr(args, k) for k in ("steps", "group_size", "prompts_per_step", "lr",
+                                               "kl_coef", "seed", "ppo_epochs", "eval_every")
+                 if getattr(args, k) is not None}
+    config = GRPOConfig(**overrides)
+    summary = run_grpo(task, config, name=args.name, out_dir=args.out, resume=args.resume,
+                       overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
+                       progress=not args.no_progress)
+    return 130 if summary.get("interrupted") else 0
+
+
+def _sft(args) -> int:
+    from .runs import default_sft_checkpoint, make_sft_checkpoint
+    from .sft import SFTConfig
+    from .tokenizer import CharTokenizer
+
+    task = _task_from_args(args)
+    out = Path(args.out) if args.out else default_sft_checkpoint(task)
+    path = make_sft_checkpoint(task, CharTokenizer(), out, SFTConfig(seed=args.seed),
+                               progress=not args.no_progress)
+    print(f"Saved SFT checkpoint {path} (see {path.with_suffix('.json')})")
+    return 0
+
+
+def _eval(args) -> int:
+    from .checkpoint import load_checkpoint
+    from .evaluate import evaluate
+    from .tasks import load_eval_set
+    from .tokenizer import CharTokenizer
+
+    task = _task_from_args(args)
+    model = load_checkpoint(args.checkpoint)["model"]
+    problems = load_eval_set(task)
+    result = evaluate(model, task, problems, CharTokenizer())
+    for p, r in list(zip(problems, result.responses))[: args.show]:
+        print(f"{p.prompt}{r}   {'ok' if task.verify(p, r).correct else 'wrong, expected ' + p.answer}")
+    print(f"accuracy {result.accuracy:.1%}, format {result.format_rate:.1%} on {len(problems)} "
+          f"held-out problems of {task.key}")
+    return 0
+
+
+def _bench(args) -> int:
+    from . import bench
+
+    return bench.main(args.what, args)
+
+
+def _grade(args) -> int:
+    from .grading import main as grade_main
+
+    return grade_main(args.impl, args.chapter)
+
+
+def _exercises(args) -> int:
+    from .exercisegen import main as gen_main
+
+    return gen_main(check=args.check)
+
+
+def _make_eval_sets(args) -> int:
+    from .tasks import write_eval_set
+
+    for name in sorted(TASKS):
+        print(f"wrote {write_eval_set(get_task(name))}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rlm_course", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("grpo", help="SFT warm start if needed, then GRPO; writes runs/<name>/")
+    _add_task_args(p)
+    for flag, kind in (("steps", int), ("group-size", int), ("prompts-per-step", int),
+                       ("lr", float), ("kl-coef", float), ("seed", int), ("ppo-epochs", int),
+                       ("eval-every", int)):
+        p.add_argument(f"--{flag}", type=kind, default=None)
+    p.add_argument("--name", default=None, help="run folder name (default grpo-<task>-seed<seed>)")
+    p.add_argument("--out", default="runs", help="parent folder of runs (default runs/)")
+    p.add_argument("--resume", action="store_true", help="continue the run from its checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    p.add_argument("--sft-checkpoint", default=None,
+                   help="warm-start checkpoint (default data/checkpoints/sft-<task>.pt, made if missing)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_grpo)
+
+    p = sub.add_parser("sft", help="make the supervised warm-start checkpoint")
+    _add_task_args(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="checkpoint path (default data/checkpoints/sft-<task>.pt)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_sft)
+
+    p = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
+    _add_task_args(p)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--show", type=int, default=5, help="print this many responses")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("bench", help="benchmarks: sampling (KV cache) or train (MFU)")
+    p.add_argument("what", choices=["sampling", "train"])
+    p.add_argument("--repeats", type=int, default=5)
+    p.set_defaults(func=_bench)
+
+    p = sub.add_parser("grade", help="autograde the exercises (yours, or the worked solutions)")
+    p.add_argument("chapter", nargs="?", default=None, help="e.g. 02 (default: all)")
+    p.add_argument("--impl", choices=["exercises", "solutions"], default="exercises")
+    p.set_defaults(func=_grade)
+
+    p = sub.add_parser("exercises", help="regenerate exercises/ and solutions/ from the package")
+    p.add_argument("--check", action="store_true", help="fail if the committed files are stale")
+    p.set_defaults(func=_exercises)
+
+    p = sub.add_parser("make-eval-sets", help="rewrite data/eval/*.jsonl (fixed seeds)")
+    p.set_defaults(func=_make_eval_sets)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,184 @@
+"""The GRPO training loop: rollout -> experience preparation -> policy update.
+
+One iteration (``step``) of :class:`GRPOTrainer`:
+
+1. **generation** (rollout): ``prompts_per_step`` problems, ``group_size`` samples each, from the
+   current policy with a KV cache;
+2. **scoring** (experience preparation): rewards from the task's verifier, group-relative
+   advantages, log-probs of the sampled tokens under the policy before the update (``pi_old``)
+   and under the frozen reference (``pi_ref``, only if ``kl_coef > 0``);
+3. **training**: ``ppo_epochs`` passes over the batch in ``minibatches`` mini-batches, each a
+   gradient step on the clipped surrogate plus the k3 KL penalty (:mod:`rlm_course.rl`).
+
+The rollout engine and the trainer are the same module here; at scale they are separate copies
+and step 4, weight sync, moves the new weights to the rollout engine (chapter 12).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .evaluate import evaluate
+from .model import TinyGPT
+from .rl import group_advantages, grpo_loss, masked_mean
+from .sampling import generate, response_log_probs
+from .tasks import Problem, Task
+from .tokenizer import CharTokenizer
+from .utils import StageTimer, derived_seed
+
+
+@dataclass
+class GRPOConfig:
+    """Hyper-parameters of GRPO; the defaults are the course's addition run.
+
+    Raises:
+        ValueError: for a group size below 2, non-positive steps/sizes, a mini-batch count that
+            does not divide the batch, or a negative coefficient.
+    """
+
+    steps: int = 300
+    prompts_per_step: int = 64
+    group_size: int = 8
+    ppo_epochs: int = 1
+    minibatches: int = 2
+    lr: float = 5e-4
+    clip_eps: float = 0.2
+    kl_coef: float = 0.005
+    normalize_std: bool = True
+    temperature: float = 1.0
+    max_grad_norm: float = 1.0
+    eval_every: int = 25
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(f"group_size={self.group_size}: GRPO's group baseline needs at least "
+                             "2 samples per prompt; use --group-size 2 or more (8 is typical).")
+        for name in ("steps", "prompts_per_step", "ppo_epochs", "minibatches", "eval_every"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer.")
+        batch = self.prompts_per_step * self.group_size
+        if batch % self.minibatches:
+            raise ValueError(f"minibatches={self.minibatches} does not divide the batch of "
+                             f"{batch} responses (prompts_per_step x group_size).")
+        for name in ("lr", "clip_eps", "temperature", "max_grad_norm"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be positive.")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef={self.kl_coef} must be >= 0 (0 drops the reference model).")
+
+
+class GRPOTrainer:
+    """Holds the policy, the frozen reference and the optimizer; :meth:`step` runs one iteration.
+
+    Every step is a pure function of ``(seed, step, weights, optimizer state)``: problems and
+    samples are drawn from generators seeded by ``(seed, step)``, so a resumed run repeats an
+    uninterrupted one exactly on CPU.
+    """
+
+    def __init__(self, policy: TinyGPT, task: Task, tokenizer: CharTokenizer, config: GRPOConfig,
+                 eval_problems: list[Problem], reference: TinyGPT | None = None) -> None:
+        self.policy, self.task, self.tokenizer, self.config = policy, task, tokenizer, config
+        self.reference = None
+        if config.kl_coef > 0:
+            self.reference = reference if reference is not None else copy.deepcopy(policy)
+            self.reference.requires_grad_(False).eval()
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=0.0)
+        self.eval_problems = eval_problems
+        self.exclude = {p.prompt for p in eval_problems}
+        self.timer = StageTimer()
+        self.step_count = 0
+
+    def evaluate(self) -> float:
+        return evaluate(self.policy, self.task, self.eval_problems, self.tokenizer).accuracy
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "step": self.step_count,
+                "reference": self.reference.state_dict() if self.reference is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step_count = state["step"]
+        if self.reference is not None and state.get("reference") is not None:
+            self.reference.load_state_dict(state["reference"])
+
+    def step(self) -> dict:
+        """Run one GRPO iteration and return its metrics (see module docstring)."""
+        cfg, tok, timer = self.config, self.tokenizer, self.timer
+        self.step_count += 1
+        step = self.step_count
+        problems = self.task.problems(cfg.prompts_per_step, derived_seed(cfg.seed, step, 1),
+                                      self.exclude)
+        group = [p for p in problems for _ in range(cfg.group_size)]  # groups contiguous
+
+        with timer("generation"):
+            tokens, mask = tok.encode_prompts([p.prompt for p in group])
+            generator = torch.Generator().manual_seed(derived_seed(cfg.seed, step, 2))
+            rollout = generate(self.policy, tokens, mask, self.task.max_response_len, tok.eos_id,
+                               tok.pad_id, temperature=cfg.temperature, generator=generator)
+
+        with timer("scoring"):
+            verdicts = [self.task.verify(p, tok.decode(r)) for p, r in zip(group, rollout.responses)]
+            rewards = torch.tensor([v.reward for v in verdicts])
+            advantages = group_advantages(rewards, cfg.group_size, cfg.normalize_std)
+            with torch.no_grad():
+                old_log_probs = response_log_probs(self.policy, rollout.tokens,
+                                                   rollout.attention_mask, rollout.prompt_len)
+                ref_log_probs = None
+                if self.reference is not None:
+                    ref_log_probs = response_log_probs(self.reference, rollout.tokens,
+                                                       rollout.attention_mask, rollout.prompt_len)
+
+        stats = {"policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0,
+                 "grad_norm": 0.0}
+        n_updates = 0
+        with timer("training"):
+            self.policy.train()
+            batch = rollout.tokens.shape[0]
+            size = batch // cfg.minibatches
+            for epoch in range(cfg.ppo_epochs):
+                order = torch.randperm(batch, generator=torch.Generator().manual_seed(
+                    derived_seed(cfg.seed, step, 3, epoch)))
+                for k in range(cfg.minibatches):
+                    idx = order[k * size:(k + 1) * size]
+                    log_probs, entropy = response_log_probs(
+                        self.policy, rollout.tokens[idx], rollout.attention_mask[idx],
+                        rollout.prompt_len, with_entropy=True)
+                    rmask = rollout.response_mask[idx]
+                    loss, s = grpo_loss(log_probs, old_log_probs[idx],
+                                        None if ref_log_probs is None else ref_log_probs[idx],
+                                        advantages[idx], rmask, cfg.clip_eps, cfg.kl_coef)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(),
+                                                               cfg.max_grad_norm)
+                    self.optimizer.step()
+                    s["entropy"] = masked_mean(entropy.detach(), rmask).item()
+                    s["grad_norm"] = float(grad_norm)
+                    for key in stats:
+                        stats[key] += s[key]
+                    n_updates += 1
+            self.policy.eval()
+
+        seconds = timer.reset()
+        metrics = {
+            "step": step,
+            "reward_mean": rewards.mean().item(),
+            "accuracy_train": sum(v.correct for v in verdicts) / len(verdicts),
+            "format_rate": sum(v.format_ok for v in verdicts) / len(verdicts),
+            **{k: v / n_updates for k, v in stats.items()},
+            "response_length": rollout.response_lengths().float().mean().item(),
+            "tokens_generated": int(rollout.response_mask.sum()),
+            "groups_with_signal": int((rewards.view(-1, cfg.group_size).std(1) > 0).sum()),
+            "seconds_generation": seconds.get("generation", 0.0),
+            "seconds_scoring": seconds.get("scoring", 0.0),
+            "seconds_training": seconds.get("training", 0.0),
+        }
+        if step % cfg.eval_every == 0:
+            metrics["accuracy_eval"] = self.evaluate()
+        return metrics

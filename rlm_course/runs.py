@@ -1,0 +1,232 @@
+"""The course's main job: SFT warm start (if needed), then GRPO, with run files that survive Ctrl-C.
+
+``python -m rlm_course grpo --task addition`` calls :func:`run_grpo`. A run lives in
+``runs/<name>/``:
+
+    metrics.jsonl     one JSON object per GRPO step (see GRPOTrainer.step)
+    checkpoint.pt     policy, optimizer, reference and step; rewritten atomically
+    summary.json      task, seed, steps, accuracy_before/after, wall_seconds, stage_seconds, ...
+    learning_curve.png
+
+The first Ctrl-C finishes the current step, writes the checkpoint and exits; a second one stops
+at once, leaving the previous checkpoint. ``--resume`` continues from the checkpoint, dropping any
+metrics lines written after it, and repeats the uninterrupted run exactly (same seed, same numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .evaluate import evaluate
+from .grpo import GRPOConfig, GRPOTrainer
+from .sft import SFTConfig, run_sft
+from .tasks import Task, data_dir, load_eval_set
+from .tokenizer import CharTokenizer
+from .utils import atomic_write_json, atomic_write_text, seed_everything
+
+STAGES = ("generation", "scoring", "training")
+
+
+def default_sft_checkpoint(task: Task) -> Path:
+    return data_dir() / "checkpoints" / f"sft-{task.key}.pt"
+
+
+def sft_command(task: Task, seed: int = 0) -> str:
+    settings = {k: v for k, v in asdict(task).items() if k not in ("name", "format_weight")}
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
+    return f"python -m rlm_course sft --task {task.name} {flags} --seed {seed}".strip()
+
+
+def make_sft_checkpoint(task: Task, tokenizer: CharTokenizer, path: Path | None = None,
+                        config: SFTConfig | None = None, progress: bool = True) -> Path:
+    """Run SFT and save the warm-start checkpoint (with a JSON note of how it was made)."""
+    config = config or SFTConfig()
+    path = Path(path) if path is not None else default_sft_checkpoint(task)
+    start = time.perf_counter()
+    model, info = run_sft(task, tokenizer, config, progress=progress)
+    info.update(task=task.key, command=sft_command(task, config.seed),
+                seconds=round(time.perf_counter() - start, 1))
+    save_checkpoint(path, model, **info)
+    atomic_write_json(path.with_suffix(".json"), info)
+    return path
+
+
+class _GracefulInterrupt:
+    """First SIGINT: set a flag (stop after this step). Second: raise KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not in the main thread (e.g. some notebook runners): plain Ctrl-C
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nInterrupt: finishing this step and saving a checkpoint (Ctrl-C again to stop now).",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+
+def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line cut by a hard kill: everything after it is dropped too
+            if row.get("step", 0) <= up_to_step:
+                rows.append(row)
+    return rows
+
+
+def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: str | Path = "runs",
+             resume: bool = False, overwrite: bool = False, sft_checkpoint: str | Path | None = None,
+             checkpoint_every: int = 25, progress: bool = True, log=print) -> dict:
+    """SFT warm start (made if the default checkpoint is missing), then ``config.steps`` GRPO steps.
+
+    Returns:
+        The summary dict, also written to ``runs/<name>/summary.json``.
+
+    Raises:
+        ValueError: ``--resume`` with no checkpoint in the run folder; an existing finished run
+            without ``overwrite``; a missing or corrupt ``sft_checkpoint``; a checkpoint whose task
+            or settings differ from this run's.
+    """
+    if checkpoint_every <= 0:
+        raise ValueError(f"checkpoint_every={checkpoint_every} must be positive.")
+    tokenizer = CharTokenizer()
+    name = name or f"grpo-{task.key}-seed{config.seed}"
+    run_dir = Path(out_dir) / name
+    ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
+    summary_path = run_dir / "summary.json"
+    if resume and not ckpt_path.exists():
+        raise ValueError(f"--resume: no run to resume at {run_dir} (no checkpoint.pt); start it "
+                         "without --resume, or pass the --name of an existing run.")
+    if not resume and run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+        raise ValueError(f"run folder {run_dir} already holds a run; pass --resume to continue it, "
+                         "--overwrite to start it again from scratch, or --name for a new run.")
+
+    eval_problems = load_eval_set(task)
+    setup_start = time.perf_counter()
+    if resume:
+        state = load_checkpoint(ckpt_path)
+        if state.get("task") != task.key or state.get("config") != asdict(config):
+            raise ValueError(f"--resume: {ckpt_path} was made for task {state.get('task')} with "
+                             f"config {state.get('config')}, not {task.key} with {asdict(config)}; "
+                             "resume with the same options, or start a new run with --name.")
+        policy, accuracy_before = state["model"], state["accuracy_before"]
+        sft_info = state["sft"]
+        log(f"Resuming {run_dir} from step {state['trainer']['step']}.")
+    else:
+        path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
+        if not path.exists() and sft_checkpoint is None:
+            log(f"No SFT checkpoint at {path}: running the warm start ({sft_command(task)}).")
+            make_sft_checkpoint(task, tokenizer, path, progress=progress)
+        loaded = load_checkpoint(path)
+        if loaded.get("task") != task.key:
+            raise ValueError(f"SFT checkpoint {path} is for task {loaded.get('task')!r}, not "
+                             f"{task.key!r}; pass the matching --sft-checkpoint.")
+        policy = loaded["model"]
+        sft_info = {"checkpoint": str(path), "steps": loaded.get("sft_steps"),
+                    "command": loaded.get("command")}
+        accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (metrics_path, summary_path, ckpt_path, run_dir / "learning_curve.png"):
+            stale.unlink(missing_ok=True)
+
+    seed_everything(config.seed)
+    trainer = GRPOTrainer(policy, task, tokenizer, config, eval_problems)
+    totals = {"wall_seconds": 0.0, **{s: 0.0 for s in STAGES}, "tokens_generated": 0}
+    if resume:
+        trainer.load_state_dict(state["trainer"])
+        totals = state["totals"]
+    metrics = _read_metrics(metrics_path, trainer.step_count)
+    atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in metrics))
+    setup_seconds = time.perf_counter() - setup_start
+    log(f"Held-out greedy accuracy before GRPO: {accuracy_before:.1%} "
+        f"({len(eval_problems)} problems of {task.key})")
+
+    def save() -> None:
+        save_checkpoint(ckpt_path, policy, task=task.key, config=asdict(config),
+                        trainer=trainer.state_dict(), totals=totals, sft=sft_info,
+                        accuracy_before=accuracy_before)
+
+    bar = tqdm(total=config.steps, initial=trainer.step_count, desc=f"GRPO {task.key}",
+               disable=not progress)
+    interrupted = False
+    with _GracefulInterrupt() as interrupt, open(metrics_path, "a") as metrics_file:
+        while trainer.step_count < config.steps:
+            start = time.perf_counter()
+            row = trainer.step()
+            totals["wall_seconds"] += time.perf_counter() - start
+            for s in STAGES:
+                totals[s] += row[f"seconds_{s}"]
+            totals["tokens_generated"] += row["tokens_generated"]
+            metrics.append(row)
+            metrics_file.write(json.dumps(row) + "\n")
+            metrics_file.flush()
+            postfix = {"reward": f"{row['reward_mean']:.2f}", "kl": f"{row['kl']:.3f}"}
+            if "accuracy_eval" in row:
+                postfix["eval_acc"] = f"{row['accuracy_eval']:.2f}"
+            bar.set_postfix(postfix)
+            bar.update(1)
+            done = trainer.step_count == config.steps
+            if done or trainer.step_count % checkpoint_every == 0 or interrupt.requested:
+                save()
+            if interrupt.requested and not done:
+                interrupted = True
+                break
+    bar.close()
+    if interrupted:
+        log(f"Stopped at step {trainer.step_count}; checkpoint and metrics are in {run_dir}. "
+            "Continue by running the same command with --resume.")
+        return {"interrupted": True, "step": trainer.step_count, "run_dir": str(run_dir)}
+
+    accuracy_after = evaluate(policy, task, eval_problems, tokenizer).accuracy
+    summary = {
+        "task": task.key,
+        "algorithm": "grpo",
+        "seed": config.seed,
+        "steps": config.steps,
+        "accuracy_before": accuracy_before,
+        "accuracy_after": accuracy_after,
+        "accuracy_gain_points": round(100 * (accuracy_after - accuracy_before), 1),
+        "wall_seconds": round(totals["wall_seconds"], 2),
+        "setup_seconds": round(setup_seconds, 2),
+        "stage_seconds": {s: round(totals[s], 2) for s in STAGES},
+        "tokens_generated": totals["tokens_generated"],
+        "eval_problems": len(eval_problems),
+        "config": asdict(config),
+        "sft": sft_info,
+        "model_parameters": policy.num_parameters(),
+    }
+    atomic_write_json(summary_path, summary)
+    from .plots import plot_learning_curve  # matplotlib import only when a run finishes
+
+    plot_learning_curve(metrics, run_dir / "learning_curve.png", accuracy_before=accuracy_before,
+                        title=f"GRPO on {task.key}")
+    log(f"Held-out greedy accuracy: {accuracy_before:.1%} -> {accuracy_after:.1%} "
+        f"({summary['accuracy_gain_points']:+.1f} points) in {summary['wall_seconds']:.0f} s of GRPO "
+        f"(generation {totals['generation']:.0f} s, scoring {totals['scoring']:.0f} s, "
+        f"training {totals['training']:.0f} s). Run files: {run_dir}/")
+    return summary

@@ -1,0 +1,79 @@
+"""Small shared helpers: seeding, atomic file writes, stage timers."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch so that CPU runs repeat exactly."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def derived_seed(*parts: int) -> int:
+    """A deterministic seed from several integers (e.g. run seed and step)."""
+    value = 0x9E3779B9
+    for p in parts:
+        value = (value * 1_000_003 + int(p)) % (2**63 - 1)
+    return value
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash or Ctrl-C leaves either the old or the new file.
+
+    The bytes go to a temporary file in the same folder, are flushed to disk, then renamed over
+    ``path`` (``os.replace`` is atomic on POSIX and Windows).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: str | Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+class StageTimer:
+    """Accumulates wall-clock seconds per named stage: ``with timer("generation"): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] += time.perf_counter() - start
+
+    def reset(self) -> dict[str, float]:
+        out = dict(self.seconds)
+        self.seconds = defaultdict(float)
+        return out

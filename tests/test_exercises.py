@@ -1,0 +1,54 @@
+import inspect
+
+import pytest
+
+from rlm_course import exercisegen
+from rlm_course.grading import grade, load_impl
+
+
+def test_committed_exercises_and_solutions_are_generated_from_the_package():
+    for path, text in exercisegen.expected_files().items():
+        assert path.exists(), f"{path} missing: run python -m rlm_course exercises"
+        assert path.read_text() == text, f"{path} is stale: run python -m rlm_course exercises"
+
+
+def test_solutions_pass_the_autograder():
+    reports = grade(impl="solutions")
+    assert reports and all(r.all_passed for r in reports), "\n".join(map(str, reports))
+
+
+def test_untouched_exercises_fail_only_with_not_implemented():
+    reports = grade(impl="exercises")
+    assert reports
+    for r in reports:
+        assert not r.all_passed
+        assert r.not_implemented is not None and r.not_implemented.startswith("not implemented yet")
+        assert str(r).startswith(f"{r.name}: not implemented yet")
+
+
+@pytest.mark.parametrize("chapter", [c.number for c in exercisegen.EXERCISES])
+def test_exercise_and_solution_share_signatures_and_docstrings(chapter):
+    ex, sol = load_impl(chapter, "exercises"), load_impl(chapter, "solutions")
+    for name in sol.__all__:
+        a, b = getattr(ex, name), getattr(sol, name)
+        assert inspect.signature(a) == inspect.signature(b)
+        assert a.__doc__ == b.__doc__
+
+
+def test_markers_are_checked():
+    with pytest.raises(ValueError, match="without # END"):
+        exercisegen.split_regions("def f():\n    # BEGIN SOLUTION\n    return 1\n", False)
+    stub = exercisegen.split_regions(
+        "def f():\n    # BEGIN SOLUTION: add one\n    return 1\n    # END SOLUTION\n", False)
+    assert "raise NotImplementedError('not implemented yet: add one')" in stub
+    assert "return 1" not in stub
+
+
+def test_grade_cli_exit_codes(capsys):
+    from rlm_course.cli import main
+
+    assert main(["grade", "--impl", "solutions"]) == 0
+    assert main(["grade", "02"]) == 1
+    assert "0/3 exercises complete" in capsys.readouterr().out
+    assert main(["grade", "07"]) == 2
+    assert "no exercises for chapter" in capsys.readouterr().err

@@ -1,0 +1,80 @@
+import pytest
+import torch
+
+from rlm_course.model import ModelConfig, TinyGPT
+from rlm_course.sampling import generate, response_log_probs
+from rlm_course.tokenizer import CharTokenizer
+
+TOK = CharTokenizer()
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return TinyGPT(ModelConfig(TOK.vocab_size, max_seq_len=32)).eval()
+
+
+def prompts():
+    return TOK.encode_prompts(["12+34=", "5+6=", "999+1=", "0+0="])
+
+
+def sample(model, seed, **kw):
+    tokens, mask = prompts()
+    return generate(model, tokens, mask, 8, TOK.eos_id, generator=torch.Generator().manual_seed(seed), **kw)
+
+
+def test_same_seed_same_samples_and_cache_changes_nothing(model):
+    a, b, c = sample(model, 3), sample(model, 3), sample(model, 3, use_cache=False)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.tokens, c.tokens)
+    assert torch.allclose(a.log_probs, c.log_probs, atol=1e-5)
+    assert not torch.equal(a.tokens, sample(model, 4).tokens)
+
+
+def test_sampler_log_probs_equal_a_scoring_pass(model):
+    r = sample(model, 0)
+    scored = response_log_probs(model, r.tokens, r.attention_mask, r.prompt_len)
+    assert torch.allclose(scored[r.response_mask], r.log_probs[r.response_mask], atol=1e-5)
+    assert (r.log_probs[~r.response_mask] == 0).all()
+
+
+def test_stops_at_eos_and_masks_the_rest(model):
+    # make <eos> the only possible token after the first step by biasing the head
+    biased = TinyGPT(model.config).eval()
+    biased.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        biased.head.weight.zero_()
+        biased.head.weight[TOK.eos_id] = 0.0
+        biased.ln_f.bias.zero_()
+        biased.head.weight[TOK.eos_id, 0] = 1.0
+        biased.ln_f.weight.zero_()
+        biased.ln_f.bias[0] = 100.0
+    r = sample(biased, 0)
+    assert r.responses.shape[1] == 1  # every sequence ended after one token: generation stopped
+    assert (r.responses[:, 0] == TOK.eos_id).all()
+    assert r.response_mask.all()
+
+
+def test_response_mask_after_eos(model):
+    r = sample(model, 1)
+    for row, mask in zip(r.responses, r.response_mask):
+        eos = (row == TOK.eos_id).nonzero()
+        n = int(eos[0]) + 1 if len(eos) else row.shape[0]
+        assert mask[:n].all() and not mask[n:].any()
+        assert (row[n:] == TOK.pad_id).all()
+
+
+def test_top_k_one_is_greedy(model):
+    tokens, mask = prompts()
+    greedy = generate(model, tokens, mask, 8, TOK.eos_id, greedy=True)
+    top1 = sample(model, 5, top_k=1)
+    assert torch.equal(greedy.tokens, top1.tokens)
+
+
+@pytest.mark.parametrize("kw,match", [({"max_new_tokens": 0}, "max_new_tokens"),
+                                      ({"temperature": 0.0}, "temperature"),
+                                      ({"max_new_tokens": 40}, "exceeds max_seq_len")])
+def test_bad_arguments(model, kw, match):
+    tokens, mask = prompts()
+    args = {"max_new_tokens": 4, **kw}
+    with pytest.raises(ValueError, match=match):
+        generate(model, tokens, mask, eos_id=TOK.eos_id, **args)

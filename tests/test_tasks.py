@@ -1,0 +1,111 @@
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlm_course.tasks import (EVAL_SIZE, ExpressionError, Problem, eval_set_path, get_task,
+                              load_eval_set, make_eval_set, parse_expression)
+
+ADD = get_task("addition", digits=3)
+CD = get_task("countdown")
+P = Problem(prompt="3,5,2>16:", answer="(3+5)*2", numbers=(3, 5, 2), target=16)
+
+
+@pytest.mark.parametrize("response,fmt,correct", [
+    ("132", True, True), ("131", True, False), ("0132", False, False), ("", False, False),
+    ("13 2", False, False), ("132+", False, False), ("12345", False, False), ("-132", False, False),
+    ("１３２", False, False),  # full-width digits are not ASCII
+])
+def test_addition_verifier(response, fmt, correct):
+    v = ADD.verify(Problem("47+85=", "132"), response)
+    assert (v.format_ok, v.correct) == (fmt, correct)
+    assert v.reward == pytest.approx(0.1 * fmt + 0.9 * correct)
+
+
+@pytest.mark.parametrize("response,fmt,correct,reason", [
+    ("(3+5)*2", True, True, ""),
+    ("2*(5+3)", True, True, ""),
+    ("(3+5)*2)", False, False, "trailing text"),
+    ("(3+5)*2 ", False, False, "trailing text"),
+    ("(3+5)*2=16", False, False, "trailing text"),
+    ("3+5+2", True, False, "result 10 != target 16"),
+    ("(3+5)*3", True, False, "used more often"),
+    ("(3+5)*2*1", True, False, "not among the numbers"),
+    ("(7+1)*2", True, False, "not among the numbers"),
+    ("16", True, False, "not among"),
+    ("3/0", True, False, "division by zero"),
+    ("(3+5)/(2-2)", True, False, "division by zero"),
+    ("5/2", True, False, "non-integer"),
+    ("99999*9", False, False, "more than 4 digits"),
+    ("((3+5)*2", False, False, "expected ')'"),
+    ("3++5", False, False, "expected a number"),
+    ("", False, False, "empty"),
+    ("-3+5", False, False, "expected a number"),
+])
+def test_countdown_verifier_edge_cases(response, fmt, correct, reason):
+    v = CD.verify(P, response)
+    assert (v.format_ok, v.correct) == (fmt, correct)
+    assert reason in v.reason
+
+
+def test_countdown_each_number_at_most_once_with_repeats():
+    p = Problem(prompt="4,4,2>2:", answer="4/4*2", numbers=(4, 4, 2), target=2)
+    assert CD.verify(p, "4/4*2").correct
+    assert CD.verify(p, "2").correct  # not every number has to be used
+    assert not CD.verify(p, "4/4*2/2*2").correct
+
+
+def test_parser_precedence_and_huge_values():
+    assert parse_expression("2+3*4")[0] == 14
+    assert parse_expression("(2+3)*4")[0] == 20
+    assert parse_expression("8-3-2")[0] == 3  # left-associative
+    assert parse_expression("12/4/3") == (1, [12, 4, 3])
+    with pytest.raises(ExpressionError, match="larger than"):
+        parse_expression("9999*9999*9999")
+    with pytest.raises(ExpressionError, match="longer than 64"):
+        parse_expression("1+" * 40 + "1")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 10_000))
+def test_demonstrations_are_correct(seed):
+    for task in (ADD, CD, get_task("countdown", n_numbers=4, max_number=20),
+                 get_task("addition", digits=5)):
+        (p,) = task.problems(1, seed)
+        assert task.verify(p, task.demonstration(p)).correct
+        assert len(task.demonstration(p)) + 1 <= task.max_response_len
+
+
+def test_generators_are_seeded_and_exclude():
+    a = ADD.problems(20, seed=7)
+    assert a == ADD.problems(20, seed=7) and a != ADD.problems(20, seed=8)
+    b = ADD.problems(20, seed=7, exclude={a[0].prompt})
+    assert a[0].prompt not in {p.prompt for p in b}
+
+
+@pytest.mark.parametrize("task", [ADD, CD])
+def test_committed_eval_sets_are_the_fixed_ones(task):
+    path = eval_set_path(task)
+    assert path.exists(), f"missing {path}; run python -m rlm_course make-eval-sets"
+    committed = load_eval_set(task)
+    assert committed == make_eval_set(task)
+    assert len(committed) == EVAL_SIZE == len({p.prompt for p in committed})
+    assert all(task.verify(p, p.answer).correct for p in committed)
+
+
+def test_corrupt_eval_set_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLM_COURSE_DATA", str(tmp_path))
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / f"{ADD.key}.jsonl").write_text(json.dumps({"oops": 1}) + "\n")
+    with pytest.raises(ValueError, match="make-eval-sets"):
+        load_eval_set(ADD)
+
+
+@pytest.mark.parametrize("name,kw,match", [("chess", {}, "unknown task"),
+                                           ("addition", {"digits": 0}, "digits"),
+                                           ("addition", {"colour": 1}, "bad settings"),
+                                           ("countdown", {"n_numbers": 9}, "n_numbers")])
+def test_bad_task_raises(name, kw, match):
+    with pytest.raises(ValueError, match=match):
+        get_task(name, **kw)

@@ -1,0 +1,31 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlm_course.tokenizer import CHARS, CharTokenizer
+
+TOK = CharTokenizer()
+
+
+@given(st.text(alphabet=CHARS, max_size=40))
+def test_round_trip(text):
+    assert TOK.decode(TOK.encode(text, bos=True, eos=True)) == text
+
+
+def test_specials_and_vocab():
+    assert (TOK.pad_id, TOK.bos_id, TOK.eos_id) == (0, 1, 2)
+    assert TOK.vocab_size == 3 + len(CHARS)
+    assert TOK.encode("12", eos=True) == [TOK.stoi["1"], TOK.stoi["2"], 2]
+    assert TOK.decode([5, 2, 6]) == TOK.itos[5]  # stops at <eos>
+
+
+def test_unknown_character_raises_clear_error():
+    with pytest.raises(ValueError, match=r"\['x'\].*not in the vocabulary"):
+        TOK.encode("12x")
+
+
+def test_left_padded_batch():
+    tokens, mask = TOK.encode_prompts(["1+1=", "10+10="])
+    assert tokens.shape == (2, 7)
+    assert mask[0].tolist() == [False, False] + [True] * 5
+    assert tokens[0, :2].tolist() == [0, 0] and tokens[0, 2].item() == TOK.bos_id
