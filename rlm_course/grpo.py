@@ -46,7 +46,8 @@ class GRPOConfig:
     group_size: int = 8
     ppo_epochs: int = 1
     minibatches: int = 2
-    lr: float = 5e-4
+    lr: float = 3e-4
+    warmup_steps: int = 20
     clip_eps: float = 0.2
     kl_coef: float = 0.005
     normalize_std: bool = True
@@ -59,6 +60,8 @@ class GRPOConfig:
         if self.group_size < 2:
             raise ValueError(f"group_size={self.group_size}: GRPO's group baseline needs at least "
                              "2 samples per prompt; use --group-size 2 or more (8 is typical).")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0.")
         for name in ("steps", "prompts_per_step", "ppo_epochs", "minibatches", "eval_every"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer.")
@@ -139,6 +142,9 @@ class GRPOTrainer:
         n_updates = 0
         with timer("training"):
             self.policy.train()
+            # linear warm-up: Adam's first updates move every weight by ~lr whatever its gradient
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.lr * min(1.0, step / max(cfg.warmup_steps, 1))
             batch = rollout.tokens.shape[0]
             size = batch // cfg.minibatches
             for epoch in range(cfg.ppo_epochs):

@@ -41,7 +41,8 @@ def plot_learning_curve(metrics: list[dict], path: str | Path | None = None,
         ax2.bar(steps, values, bottom=bottom, width=1.0, color=color, label=stage)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax2.set(xlabel="GRPO step", ylabel="seconds", title="time per step, by stage")
-    ax2.legend(fontsize=8)
+    ax2.set_ylim(0, 1.3 * max(bottom, default=1.0))
+    ax2.legend(fontsize=8, ncol=3, loc="upper center")
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)

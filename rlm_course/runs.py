@@ -59,6 +59,31 @@ def make_sft_checkpoint(task: Task, tokenizer: CharTokenizer, path: Path | None 
     return path
 
 
+def load_sft_policy(task: Task, tokenizer: CharTokenizer, sft_checkpoint: str | Path | None = None,
+                    progress: bool = True, log=print):
+    """The warm-start policy of ``task``: from ``sft_checkpoint``, or from the default checkpoint,
+    which is made first (about a minute) if it does not exist.
+
+    Returns:
+        ``(model, info)`` with ``info``: checkpoint path, SFT steps, the command that made it.
+
+    Raises:
+        ValueError: if an explicit ``sft_checkpoint`` is missing, or a checkpoint is corrupt or
+            belongs to another task.
+    """
+    path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
+    if not path.exists() and sft_checkpoint is None:
+        log(f"No SFT checkpoint at {path}: running the warm start ({sft_command(task)}).")
+        make_sft_checkpoint(task, tokenizer, path, progress=progress)
+    loaded = load_checkpoint(path)
+    if loaded.get("task") != task.key:
+        raise ValueError(f"SFT checkpoint {path} is for task {loaded.get('task')!r}, not "
+                         f"{task.key!r}; pass the matching --sft-checkpoint.")
+    info = {"checkpoint": str(path), "steps": loaded.get("sft_steps"),
+            "command": loaded.get("command")}
+    return loaded["model"], info
+
+
 class _GracefulInterrupt:
     """First SIGINT: set a flag (stop after this step). Second: raise KeyboardInterrupt."""
 
@@ -130,25 +155,17 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
     setup_start = time.perf_counter()
     if resume:
         state = load_checkpoint(ckpt_path)
-        if state.get("task") != task.key or state.get("config") != asdict(config):
+        saved = {k: v for k, v in (state.get("config") or {}).items() if k != "steps"}
+        if state.get("task") != task.key or saved != {k: v for k, v in asdict(config).items()
+                                                       if k != "steps"}:
             raise ValueError(f"--resume: {ckpt_path} was made for task {state.get('task')} with "
                              f"config {state.get('config')}, not {task.key} with {asdict(config)}; "
-                             "resume with the same options, or start a new run with --name.")
+                             "resume with the same options (only --steps may change), or start a new run with --name.")
         policy, accuracy_before = state["model"], state["accuracy_before"]
         sft_info = state["sft"]
         log(f"Resuming {run_dir} from step {state['trainer']['step']}.")
     else:
-        path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
-        if not path.exists() and sft_checkpoint is None:
-            log(f"No SFT checkpoint at {path}: running the warm start ({sft_command(task)}).")
-            make_sft_checkpoint(task, tokenizer, path, progress=progress)
-        loaded = load_checkpoint(path)
-        if loaded.get("task") != task.key:
-            raise ValueError(f"SFT checkpoint {path} is for task {loaded.get('task')!r}, not "
-                             f"{task.key!r}; pass the matching --sft-checkpoint.")
-        policy = loaded["model"]
-        sft_info = {"checkpoint": str(path), "steps": loaded.get("sft_steps"),
-                    "command": loaded.get("command")}
+        policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log)
         accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in (metrics_path, summary_path, ckpt_path, run_dir / "learning_curve.png"):

@@ -1,0 +1,135 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · Orientation: one iteration of RL for a reasoning model
+#
+# Reasoning language models (DeepSeek-R1, o3, Kimi k1.5) are post-trained with reinforcement
+# learning: the model writes answers, a **verifier** scores them, and the model is pushed towards
+# what scored well. This course is about what that costs and how the systems that run it split the
+# work across devices. Everything starts from a loop small enough to run on a laptop CPU in
+# minutes, which we measure, model and then split.
+#
+# **One iteration** of the loop has four stages:
+#
+# | stage | what happens | models involved |
+# |---|---|---|
+# | 1. rollout (generation) | for each prompt, sample a *group* of G responses, token by token | policy (actor) |
+# | 2. experience preparation (scoring) | rewards from the verifier; log-probs of the sampled tokens under the old policy and the frozen reference; values from a critic (PPO only) | verifier, policy, reference, (critic) |
+# | 3. training | a few gradient steps on the clipped policy loss (+ critic loss for PPO) | policy, (critic) |
+# | 4. weight sync | copy the new weights to the rollout engine | (same module here) |
+#
+# RL with verifiable rewards (RLVR) needs no reward model: exact-answer checks or unit tests score
+# a response. Our tasks are multi-digit addition and Countdown.
+#
+# In this notebook you will: look at the tiny policy and its verifier, run a short GRPO loop end
+# to end, and read where its seconds go.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import platform
+
+import torch
+
+import rlm_course
+from rlm_course.utils import seed_everything
+
+seed_everything(0)
+print(f"rlm_course {rlm_course.__version__}, torch {torch.__version__}, python {platform.python_version()}, "
+      f"{torch.get_num_threads()} CPU threads")
+
+# %% [markdown]
+# ## The policy, the task and the verifier
+#
+# The policy is a 4-layer transformer of about 0.8M parameters that has had a short supervised
+# warm start (SFT) on addition demonstrations, just enough to answer in the right format and be
+# right some of the time. The checkpoint ships in `data/checkpoints/`; the JSON beside it names the
+# command that made it.
+
+# %%
+from rlm_course.evaluate import evaluate
+from rlm_course.runs import load_sft_policy
+from rlm_course.tasks import get_task, load_eval_set
+from rlm_course.tokenizer import CharTokenizer
+
+tokenizer = CharTokenizer()
+task = get_task("addition", digits=3)
+policy, sft_info = load_sft_policy(task, tokenizer)
+held_out = load_eval_set(task)
+print(f"{policy.num_parameters():,} parameters; warm start made by: {sft_info['command']}")
+
+before = evaluate(policy, task, held_out, tokenizer)
+for problem, response in list(zip(held_out, before.responses))[:6]:
+    verdict = task.verify(problem, response)
+    print(f"{problem.prompt}{response:<6} reward {verdict.reward:.1f}  {verdict.reason or 'correct'}")
+print(f"greedy accuracy on {len(held_out)} held-out problems: {before.accuracy:.1%}")
+assert 0.1 <= before.accuracy <= 0.4, "the warm start should be weak but not hopeless"
+
+# %% [markdown]
+# The reward has a **format** part (0.1 for a well-formed number) and a **correctness** part (0.9).
+# Accuracy counts correctness only.
+#
+# ## Run the loop
+#
+# `GRPOTrainer.step()` runs one iteration: 64 prompts x 8 samples = 512 rollouts, verifier rewards,
+# a scoring pass with the policy and the reference, then a policy update. Thirty steps take well
+# under a minute here.
+
+# %%
+from tqdm.auto import tqdm
+
+from rlm_course.grpo import GRPOConfig, GRPOTrainer
+
+trainer = GRPOTrainer(policy, task, tokenizer, GRPOConfig(steps=30, eval_every=10), held_out)
+metrics = [trainer.step() for _ in tqdm(range(30), desc="GRPO")]
+print({k: round(v, 3) for k, v in metrics[-1].items()})
+
+# %%
+from rlm_course.plots import plot_learning_curve
+
+plot_learning_curve(metrics, accuracy_before=before.accuracy, title="30 GRPO steps on addition-3");
+
+# %% [markdown]
+# ## Where do the seconds go?
+
+# %%
+stages = ("generation", "scoring", "training")
+totals = {s: sum(m[f"seconds_{s}"] for m in metrics) for s in stages}
+whole = sum(totals.values())
+for s in stages:
+    print(f"{s:<11} {totals[s]:6.2f} s  {totals[s] / whole:5.1%}")
+assert all(totals[s] > 0 for s in stages)
+
+# %% [markdown]
+# On this tiny model with 4-token answers, generation is a *minority* of the time: answers are
+# short, and a CPU runs the small decode steps nearly as efficiently as the big training matmuls.
+# In real RLM training the picture flips: every open system reports that **generation takes
+# 70-90% of the wall time**, because responses are thousands of tokens long and each decode step
+# re-reads all the weights from memory to produce one token per sequence. Its *depth* (sequential
+# steps) grows with the longest response, and no number of devices removes it. Chapters 05-06 make
+# that precise; chapters 07-13 are ways to split, hide or shorten it.
+#
+# ## The course
+#
+# | # | notebook | status |
+# |---|---|---|
+# | 00 | orientation | ready |
+# | 01 | a tiny reasoning LM | ready |
+# | 02 | GRPO from scratch | ready |
+# | 03-04 | PPO; the GRPO family | planned |
+# | 05-06 | anatomy of an RL step; work and depth | planned |
+# | 07-11 | data, tensor, sequence, pipeline, context, expert parallelism; real `torchrun` runs | planned |
+# | 12-14 | placement and hybrid engines; asynchronous RL; capstone | planned |
+#
+# **Try it:** from a terminal, `python -m rlm_course grpo --task addition` runs the full job (about
+# four minutes) and writes `runs/<name>/metrics.jsonl`, `summary.json` and a learning-curve PNG.

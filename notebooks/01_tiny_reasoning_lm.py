@@ -1,0 +1,160 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · A tiny reasoning LM: tokenizer, tasks, transformer, KV cache, sampling
+#
+# Every later chapter measures and splits the pieces built here, so we look at each one:
+#
+# 1. a character **tokenizer**;
+# 2. two **verifiable tasks** (addition, Countdown) with verifiers that never call `eval`;
+# 3. a decoder-only **transformer** (`rlm_course/model.py`, one readable file), its parameter
+#    count and its forward FLOPs, checked against `torch.utils.flop_counter`;
+# 4. **sampling** with and without a **KV cache**.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import time
+
+import matplotlib.pyplot as plt
+import torch
+
+from rlm_course.utils import seed_everything
+
+seed_everything(0)
+print(torch.__version__)
+
+# %% [markdown]
+# ## 1. Tokenizer
+#
+# One token per character, plus `<pad>` (id 0), `<bos>` (1) and `<eos>` (2). Prompts are
+# left-padded in a batch so that all sequences end in the same column and generation appends on
+# the right.
+
+# %%
+from rlm_course.tokenizer import CharTokenizer
+
+tok = CharTokenizer()
+ids = tok.encode("47+85=", bos=True)
+print(tok.vocab_size, "tokens in the vocabulary;", ids, "->", repr(tok.decode(ids)))
+tokens, mask = tok.encode_prompts(["7+8=", "123+456="])
+print(tokens)
+print(mask.int())
+try:
+    tok.encode("12 apples")
+except ValueError as err:
+    print("ValueError:", err)
+
+# %% [markdown]
+# ## 2. Verifiable tasks
+#
+# A verifier returns a `Verdict` with a format part and a correctness part. Countdown's verifier
+# parses the expression with a small recursive-descent parser over exact fractions, and rejects
+# division by zero, non-integer intermediate results, numbers that were not given or are used too
+# often, huge numbers and trailing text.
+
+# %%
+from rlm_course.tasks import get_task
+
+addition, countdown = get_task("addition", digits=3), get_task("countdown")
+problem = countdown.problems(1, seed=3)[0]
+print("prompt:", problem.prompt, " a demonstration:", problem.answer)
+for response in [problem.answer, "(3+5)*2", f"{problem.numbers[0]}/0", "1+1+1+1", problem.answer + "!"]:
+    try:
+        v = countdown.verify(problem, response)
+        print(f"{response:<12} format={v.format_ok!s:<5} correct={v.correct!s:<5} reward={v.reward:.1f} {v.reason}")
+    except ValueError as err:  # '!' is not even in the vocabulary of the verifier's grammar
+        print(response, err)
+
+# %% [markdown]
+# ## 3. The transformer and its FLOPs
+#
+# Per token, a forward pass costs about **2 FLOPs per matmul parameter** (one multiply, one add)
+# plus the attention scores: `2 * N_matmul + 4 * n_layer * d_model * ctx`
+# (`rlm_course.model.forward_flops`). We check the formula against PyTorch's own FLOP counter.
+
+# %%
+from rlm_course.flops import count_flops
+from rlm_course.model import ModelConfig, TinyGPT, forward_flops, matmul_parameters
+
+config = ModelConfig(vocab_size=tok.vocab_size, n_layer=4, n_head=4, d_model=128, max_seq_len=128)
+model = TinyGPT(config).eval()
+print(f"parameters: {model.num_parameters():,} (matmul parameters {matmul_parameters(config):,})")
+rows = []
+for seq in (8, 32, 128):
+    x = torch.randint(3, tok.vocab_size, (4, seq))
+    with torch.no_grad():
+        measured, _ = count_flops(model, x)
+    predicted = forward_flops(config, seq, batch=4)
+    rows.append((seq, predicted, measured))
+    print(f"seq {seq:>3}: predicted {predicted / 1e6:8.1f} MFLOP, flop_counter {measured / 1e6:8.1f} MFLOP")
+    assert abs(predicted - measured) / measured < 0.02
+
+# %% [markdown]
+# ## 4. Sampling and the KV cache
+#
+# Without a cache, producing token `t` re-runs the model over all `t` previous tokens. With a
+# cache, each layer keeps the keys and values of earlier positions, and one decode step processes
+# a single token that attends to the cache. Same samples, far fewer FLOPs, as long as the cache
+# fits in memory. (`attend_with_kv_cache` in `model.py` is the heart of it, and your first
+# exercise.)
+
+# %%
+from rlm_course.sampling import generate
+
+prompts, prompt_mask = tok.encode_prompts([p.prompt for p in addition.problems(32, seed=0)])
+lengths, times = [8, 16, 32, 64], {"KV cache": [], "recompute": []}
+for n in lengths:
+    for name, use_cache in (("KV cache", True), ("recompute", False)):
+        start = time.perf_counter()
+        out = generate(model, prompts, prompt_mask, n, eos_id=-1,
+                       generator=torch.Generator().manual_seed(0), use_cache=use_cache)
+        times[name].append(time.perf_counter() - start)
+    assert out.responses.shape[1] == n
+same = torch.equal(
+    generate(model, prompts, prompt_mask, 16, eos_id=-1, generator=torch.Generator().manual_seed(1)).tokens,
+    generate(model, prompts, prompt_mask, 16, eos_id=-1, generator=torch.Generator().manual_seed(1),
+             use_cache=False).tokens)
+print("identical samples with and without the cache:", same)
+assert same
+for name, ts in times.items():
+    plt.plot(lengths, ts, "o-", label=name)
+plt.xlabel("new tokens"); plt.ylabel("seconds (32 sequences)"); plt.legend(); plt.title("decoding cost");
+
+# %% [markdown]
+# Recomputation grows quadratically with the number of new tokens; the cache makes it linear.
+# `python -m rlm_course bench sampling` measures the ratio at 64 new tokens.
+#
+# **Temperature** trades diversity for accuracy. GRPO needs diversity: a group whose 8 samples are
+# identical gets identical rewards and so zero advantage.
+
+# %%
+from rlm_course.runs import load_sft_policy
+
+policy, _ = load_sft_policy(addition, tok)
+one = addition.problems(1, seed=11)[0]
+prompt, pmask = tok.encode_prompts([one.prompt] * 16)
+for temperature in (0.3, 1.0, 2.0):
+    r = generate(policy, prompt, pmask, addition.max_response_len, tok.eos_id, temperature=temperature,
+                 generator=torch.Generator().manual_seed(0))
+    answers = [tok.decode(x) for x in r.responses]
+    right = sum(addition.verify(one, a).correct for a in answers)
+    print(f"T={temperature}: {len(set(answers)):>2} distinct answers, {right}/16 correct "
+          f"(answer {one.answer}): {sorted(set(answers))[:6]}")
+
+# %% [markdown]
+# ## Exercise
+#
+# Open `exercises/ex01_kv_cache.py` and write `attend_with_kv_cache`; then run
+# `exercises/ex01_kv_cache.ipynb` or `python -m rlm_course grade 01`. The worked version is in
+# `solutions/`.

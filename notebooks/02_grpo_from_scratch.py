@@ -1,0 +1,182 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · GRPO from scratch
+#
+# Group Relative Policy Optimization (Shao et al. 2024, *DeepSeekMath*, arXiv:2402.03300) is PPO
+# without a critic: the baseline for a response is the mean reward of the other responses to the
+# same prompt. Its loss, for a group of G responses `o_1..o_G` to a prompt `q`:
+#
+# $$
+# \mathcal{L} = \frac{1}{G}\sum_{i=1}^{G}\frac{1}{|o_i|}\sum_{t=1}^{|o_i|}
+# \Big[-\min\big(r_{i,t}A_i,\ \mathrm{clip}(r_{i,t},1-\epsilon,1+\epsilon)A_i\big)
+# + \beta\,\mathrm{KL}_{k3}\big(\pi_\theta\,\|\,\pi_{\mathrm{ref}}\big)_{i,t}\Big],
+# \qquad A_i = \frac{R_i-\mathrm{mean}(R)}{\mathrm{std}(R)},
+# \qquad r_{i,t} = \frac{\pi_\theta(o_{i,t}\mid q,o_{i,<t})}{\pi_{\mathrm{old}}(o_{i,t}\mid q,o_{i,<t})}
+# $$
+#
+# We build it in four pieces (all in `rlm_course/rl.py`): group sampling, group-relative
+# advantages, the clipped surrogate, and the k3 KL to the frozen reference; then train.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import matplotlib.pyplot as plt
+import torch
+
+from rlm_course.utils import seed_everything
+
+seed_everything(0)
+print(torch.__version__)
+
+# %% [markdown]
+# ## 1. Group sampling
+#
+# Each prompt is repeated G times in the batch (groups contiguous) and sampled at temperature 1.
+
+# %%
+from rlm_course.rl import group_advantages
+from rlm_course.runs import load_sft_policy
+from rlm_course.sampling import generate
+from rlm_course.tasks import get_task
+from rlm_course.tokenizer import CharTokenizer
+
+tok, task = CharTokenizer(), get_task("addition", digits=3)
+policy, _ = load_sft_policy(task, tok)
+G = 8
+problems = task.problems(4, seed=5)
+group = [p for p in problems for _ in range(G)]
+tokens, mask = tok.encode_prompts([p.prompt for p in group])
+rollout = generate(policy, tokens, mask, task.max_response_len, tok.eos_id,
+                   generator=torch.Generator().manual_seed(0))
+responses = [tok.decode(r) for r in rollout.responses]
+rewards = torch.tensor([task.verify(p, r).reward for p, r in zip(group, responses)])
+advantages = group_advantages(rewards, G)
+for i, p in enumerate(problems):
+    row = slice(i * G, (i + 1) * G)
+    print(f"{p.prompt:<9} answer {p.answer:<5}| " + " ".join(f"{r:>4}" for r in responses[row]))
+    print(f"{'':<9} rewards     | " + " ".join(f"{x:4.1f}" for x in rewards[row].tolist()))
+    print(f"{'':<9} advantages  | " + " ".join(f"{x:4.1f}" for x in advantages[row].tolist()))
+
+# %% [markdown]
+# ## 2. Group-relative advantages
+#
+# Correct answers in a group that is mostly wrong get a large positive advantage; a group where
+# every sample gets the same reward gets **zero advantage and teaches nothing**: that is why the
+# warm start must be neither hopeless nor perfect. Dr. GRPO (arXiv:2503.20783) drops the division
+# by the std, which otherwise up-weights prompts that are nearly always right or nearly always
+# wrong.
+
+# %%
+example = torch.tensor([1.0, 0.1, 0.1, 0.1, 1.0, 1.0, 1.0, 0.1])
+print("rewards          ", example.tolist())
+print("GRPO advantages  ", [round(x, 2) for x in group_advantages(example, 4).tolist()])
+print("Dr. GRPO (no std)", [round(x, 2) for x in group_advantages(example, 4, normalize_std=False).tolist()])
+assert abs(group_advantages(example, 4).view(2, 4).sum(1)).max() < 1e-5
+
+# %% [markdown]
+# ## 3. The clipped surrogate
+#
+# Each rollout batch is reused for several gradient steps, so the policy drifts from the one that
+# sampled it (`pi_old`). The ratio `r = pi_theta / pi_old` corrects for that, and PPO's clip stops
+# following the gradient once `r` leaves `[1 - eps, 1 + eps]` in the direction that the advantage
+# favours.
+
+# %%
+from rlm_course.rl import clipped_surrogate
+
+ratio = torch.linspace(0.5, 1.5, 101)
+fig, axes = plt.subplots(1, 2, figsize=(9, 3))
+for ax, a in zip(axes, (1.0, -1.0)):
+    loss = clipped_surrogate(ratio.log()[None], torch.zeros(1, 101), torch.tensor([a]), 0.2)[0]
+    ax.plot(ratio, -loss, label="-loss = min(rA, clip(r)A)")
+    ax.plot(ratio, ratio * a, "--", alpha=0.5, label="rA (unclipped)")
+    ax.set(title=f"A = {a:+.0f}", xlabel="ratio r")
+    ax.legend(fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# ## 4. KL to the reference: the k3 estimator
+#
+# GRPO keeps the policy near the frozen SFT model with the per-token estimator
+# `k3 = rho - log(rho) - 1`, `rho = pi_ref / pi_theta`, evaluated on tokens sampled from the
+# policy. It is unbiased for KL(pi_theta || pi_ref) and never negative (Schulman, *Approximating
+# KL divergence*). Below, its Monte Carlo mean against the exact KL of two categorical
+# distributions, for growing distance.
+
+# %%
+from rlm_course.rl import kl_k3
+
+g = torch.Generator().manual_seed(0)
+base = torch.randn(12, generator=g)
+direction = torch.randn(12, generator=g)
+exact, estimate = [], []
+for s in torch.linspace(0, 2, 9):
+    p = torch.softmax(base + s * direction, 0)
+    q = torch.softmax(base, 0)
+    samples = torch.multinomial(p, 20000, replacement=True, generator=g)
+    exact.append((p * (p / q).log()).sum().item())
+    estimate.append(kl_k3(p.log()[samples], q.log()[samples]).mean().item())
+plt.figure(figsize=(4, 3))
+plt.plot(exact, exact, "k:", label="y = x")
+plt.plot(exact, estimate, "o", label="mean of k3")
+plt.xlabel("exact KL"); plt.ylabel("estimate"); plt.legend();
+assert max(abs(a - b) for a, b in zip(exact, estimate)) < 0.05
+
+# %% [markdown]
+# ## 5. Train
+#
+# `GRPOTrainer.step()` puts the pieces together: rollout (64 prompts x 8 samples), rewards,
+# advantages, the scoring pass (old-policy and reference log-probs), then one pass over the batch
+# in two mini-batches. 80 steps take about a minute here; the full job
+# (`python -m rlm_course grpo --task addition`) runs 300.
+
+# %%
+from tqdm.auto import tqdm
+
+from rlm_course.evaluate import evaluate
+from rlm_course.grpo import GRPOConfig, GRPOTrainer
+from rlm_course.plots import plot_learning_curve
+from rlm_course.tasks import load_eval_set
+
+held_out = load_eval_set(task)
+policy, _ = load_sft_policy(task, tok)  # fresh copy of the warm start
+accuracy_before = evaluate(policy, task, held_out, tok).accuracy
+trainer = GRPOTrainer(policy, task, tok, GRPOConfig(steps=80, eval_every=20, seed=0), held_out)
+metrics = [trainer.step() for _ in tqdm(range(80), desc="GRPO")]
+accuracy_after = evaluate(policy, task, held_out, tok).accuracy
+print(f"held-out greedy accuracy {accuracy_before:.1%} -> {accuracy_after:.1%}")
+plot_learning_curve(metrics, accuracy_before=accuracy_before, title="GRPO, addition-3");
+assert accuracy_after > accuracy_before + 0.05, "GRPO should improve the held-out accuracy"
+
+# %% [markdown]
+# What to read in `metrics` (one dict per step, the same as `runs/<name>/metrics.jsonl`):
+#
+# * `reward_mean`, `accuracy_train`: how the sampled responses score (noisy: new prompts each step);
+# * `groups_with_signal`: groups whose rewards differ, the only ones with non-zero advantages;
+# * `kl`: mean k3 per token against the reference; `clip_fraction`: tokens whose ratio was clipped;
+# * `entropy`: falls as the policy sharpens; `response_length`;
+# * `seconds_generation / scoring / training`: the cost of each stage (chapter 05 predicts them).
+
+# %%
+for key in ("reward_mean", "groups_with_signal", "kl", "clip_fraction", "entropy"):
+    first, last = metrics[0][key], sum(m[key] for m in metrics[-10:]) / 10
+    print(f"{key:<20} step 1: {first:8.3f}   mean of last 10 steps: {last:8.3f}")
+
+# %% [markdown]
+# ## Exercises
+#
+# Write `group_advantages`, `clipped_surrogate` and `kl_k3` in `exercises/ex02_grpo.py`, check
+# them with `exercises/ex02_grpo.ipynb` or `python -m rlm_course grade 02`. Then try: set
+# `normalize_std=False` (Dr. GRPO) or `kl_coef=0` (no reference model at all) and compare the
+# curves and the seconds spent in scoring.

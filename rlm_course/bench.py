@@ -1,0 +1,161 @@
+"""Benchmarks: ``python -m rlm_course bench sampling`` and ``python -m rlm_course bench train``.
+
+Each prints a readable table and, as its last line, one JSON object with its figures. Every
+ratio is measured side by side in the same run (baseline and candidate alternate), never against
+a number remembered from another machine.
+
+* ``sampling``: generating 64 new tokens for a batch of 64 prompts with the KV cache vs
+  recomputing the whole prefix at every step (the same samples; see
+  :func:`rlm_course.sampling.generate`). Key: ``kv_cache_speedup``.
+* ``train``: one GRPO training step (forward, clipped loss, backward, AdamW) at the default
+  mini-batch; tokens/s, achieved FLOP/s from the analytic count (checked against
+  ``torch.utils.flop_counter``), and MFU = achieved / peak, where the peak is the best fp32
+  matmul throughput measured in the same run. Key: ``mfu``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+
+from .flops import count_flops
+from .model import ModelConfig, TinyGPT, forward_flops
+from .rl import group_advantages, grpo_loss
+from .sampling import generate, response_log_probs
+from .sft import default_model_config
+from .tasks import get_task
+from .tokenizer import CharTokenizer
+from .utils import seed_everything
+
+
+def _time(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64) -> dict:
+    """KV-cache decoding vs recomputing the prefix, same model, prompts and seed."""
+    seed_everything(0)
+    tok = CharTokenizer()
+    base = default_model_config(tok)
+    config = ModelConfig(**{**base.to_dict(), "max_seq_len": 128})
+    model = TinyGPT(config).eval()
+    problems = get_task("addition").problems(batch, seed=0)
+    prompts, mask = tok.encode_prompts([p.prompt for p in problems])
+
+    def run(use_cache: bool):
+        # eos_id=-1 never matches: every sequence generates exactly new_tokens tokens
+        return generate(model, prompts, mask, new_tokens, eos_id=-1, pad_id=tok.pad_id,
+                        generator=torch.Generator().manual_seed(0), use_cache=use_cache)
+
+    same = torch.equal(run(True).tokens, run(False).tokens)
+    cached, recomputed = [], []
+    for _ in range(repeats):  # alternate so that machine noise hits both alike
+        cached += _time(lambda: run(True), 1)
+        recomputed += _time(lambda: run(False), 1)
+    t_cache, t_recompute = statistics.median(cached), statistics.median(recomputed)
+    p = prompts.shape[1]
+    flops_cache = forward_flops(config, p, batch=batch) + sum(
+        forward_flops(config, 1, p + t + 1, batch) for t in range(new_tokens - 1))
+    flops_recompute = forward_flops(config, p, batch=batch) + sum(
+        forward_flops(config, p + t + 1, batch=batch) for t in range(new_tokens - 1))
+    tokens = batch * new_tokens
+    print(f"Sampling {new_tokens} new tokens for {batch} prompts ({p} prompt columns), "
+          f"median of {repeats}; identical samples: {same}")
+    print(_table([
+        ["KV cache", f"{t_cache * 1e3:.1f}", f"{tokens / t_cache:,.0f}", f"{flops_cache / 1e9:.2f}", "1.00"],
+        ["recompute prefix", f"{t_recompute * 1e3:.1f}", f"{tokens / t_recompute:,.0f}",
+         f"{flops_recompute / 1e9:.2f}", f"{t_recompute / t_cache:.2f}"],
+    ], ["method", "ms", "tokens/s", "GFLOP", "time vs cache"]))
+    return {"bench": "sampling", "batch": batch, "new_tokens": new_tokens, "prompt_len": p,
+            "identical_samples": same, "kv_cache_seconds": t_cache,
+            "recompute_seconds": t_recompute, "kv_cache_tokens_per_s": tokens / t_cache,
+            "recompute_tokens_per_s": tokens / t_recompute,
+            "kv_cache_gflop": flops_cache / 1e9, "recompute_gflop": flops_recompute / 1e9,
+            "kv_cache_speedup": t_recompute / t_cache}
+
+
+def matmul_peak(sizes=(512, 1024, 2048), repeats: int = 3) -> tuple[float, dict]:
+    """Best fp32 ``n x n`` matmul throughput (FLOP/s) over ``sizes``: this machine's peak."""
+    results = {}
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b  # warm-up
+        t = min(_time(lambda: a @ b, repeats))
+        results[n] = 2 * n**3 / t
+    return max(results.values()), results
+
+
+def bench_train(repeats: int = 5) -> dict:
+    """One GRPO training step at the default mini-batch, against the measured matmul peak."""
+    from .grpo import GRPOConfig
+
+    seed_everything(0)
+    tok, task, cfg = CharTokenizer(), get_task("addition"), GRPOConfig()
+    model = TinyGPT(default_model_config(tok))
+    batch = cfg.prompts_per_step * cfg.group_size // cfg.minibatches
+    problems = task.problems(batch, seed=0)
+    prompts, mask = tok.encode_prompts([p.prompt for p in problems])
+    rollout = generate(model, prompts, mask, task.max_response_len, tok.eos_id, tok.pad_id,
+                       generator=torch.Generator().manual_seed(0))
+    seq = rollout.tokens.shape[1]
+    old = response_log_probs(model, rollout.tokens, rollout.attention_mask, rollout.prompt_len).detach()
+    advantages = group_advantages(torch.rand(batch), cfg.group_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def step():
+        logp = response_log_probs(model, rollout.tokens, rollout.attention_mask, rollout.prompt_len)
+        loss, _ = grpo_loss(logp, old, None, advantages, rollout.response_mask, cfg.clip_eps)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    step()  # warm-up
+    measured_flops, _ = count_flops(step)
+    predicted = 3 * forward_flops(model.config, seq, batch=batch)
+    peak, per_size = matmul_peak()
+    times = []
+    for _ in range(repeats):
+        times += _time(step, 1)
+        peak = max(peak, matmul_peak(sizes=(max(per_size, key=per_size.get),), repeats=1)[0])
+    t = statistics.median(times)
+    achieved = predicted / t
+    mfu = achieved / peak
+    tokens = batch * seq
+    print(f"GRPO training step: {batch} sequences x {seq} tokens, threads={torch.get_num_threads()}, "
+          f"median of {repeats}")
+    print(_table([
+        ["train step", f"{t * 1e3:.1f}", f"{tokens / t:,.0f}", f"{predicted / 1e9:.2f}",
+         f"{achieved / 1e9:.1f}", f"{mfu:.2f}"],
+        ["fp32 matmul peak", "", "", "", f"{peak / 1e9:.1f}", "1.00"],
+    ], ["what", "ms", "tokens/s", "GFLOP", "GFLOP/s", "of peak"]))
+    print(f"analytic FLOPs / flop_counter FLOPs = {predicted / measured_flops:.3f}; matmul GFLOP/s by "
+          "size: " + ", ".join(f"{n}: {v / 1e9:.0f}" for n, v in per_size.items()))
+    return {"bench": "train", "batch": batch, "seq_len": seq, "threads": torch.get_num_threads(),
+            "step_seconds": t, "tokens_per_s": tokens / t, "flops_per_step": predicted,
+            "flop_counter_flops_per_step": measured_flops, "achieved_flops_per_s": achieved,
+            "matmul_peak_flops_per_s": peak, "mfu": mfu}
+
+
+def main(what: str, args) -> int:
+    repeats = getattr(args, "repeats", 5)
+    if repeats <= 0:
+        raise ValueError(f"--repeats={repeats} must be positive.")
+    result = bench_sampling(repeats) if what == "sampling" else bench_train(repeats)
+    print(json.dumps(result))
+    return 0

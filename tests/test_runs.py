@@ -1,0 +1,126 @@
+"""The main job end to end: learning, Ctrl-C and --resume, and bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlm_course.cli import main
+from rlm_course.grpo import GRPOConfig
+from rlm_course.runs import run_grpo
+from rlm_course.tasks import get_task
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK = get_task("addition", digits=3)
+
+
+def test_short_grpo_run_raises_held_out_accuracy(tmp_path):
+    summary = run_grpo(TASK, GRPOConfig(steps=40, eval_every=20, seed=0), out_dir=tmp_path,
+                       progress=False, log=lambda *a: None)
+    assert 0.1 <= summary["accuracy_before"] <= 0.4  # the committed warm start: weak, not hopeless
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.05
+    run = tmp_path / "grpo-addition-3-seed0"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    for key in ("reward_mean", "kl", "clip_fraction", "entropy", "response_length",
+                "seconds_generation", "seconds_scoring", "seconds_training"):
+        assert all(key in r for r in rows), key
+    assert [r["step"] for r in rows if "accuracy_eval" in r] == [20, 40]
+    saved = json.loads((run / "summary.json").read_text())
+    for key in ("task", "seed", "steps", "accuracy_before", "accuracy_after", "wall_seconds",
+                "stage_seconds", "tokens_generated"):
+        assert key in saved
+    assert set(saved["stage_seconds"]) == {"generation", "scoring", "training"}
+    assert saved["tokens_generated"] == sum(r["tokens_generated"] for r in rows)
+    assert (run / "learning_curve.png").stat().st_size > 10_000
+
+
+SMALL = ["--prompts-per-step", "8", "--group-size", "4", "--eval-every", "3"]
+DETERMINISTIC = ("reward_mean", "kl", "policy_loss", "entropy", "tokens_generated", "accuracy_eval")
+
+
+def _cli(args, **kw):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "rlm_course", "grpo", "--task", "addition",
+                             "--no-progress", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _rows(path):
+    return [{k: r.get(k) for k in ("step",) + DETERMINISTIC}
+            for r in map(json.loads, path.read_text().splitlines())]
+
+
+def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_path):
+    full = _cli(["--steps", "30", "--out", str(tmp_path), "--name", "full", *SMALL])
+    assert full.wait(timeout=300) == 0, full.stdout.read()
+
+    part = _cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", *SMALL])
+    metrics = tmp_path / "cut" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 4):
+        time.sleep(0.05)
+    part.send_signal(signal.SIGINT)
+    out = part.communicate(timeout=120)[0]
+    assert part.returncode == 130, out
+    assert "same command with --resume" in out
+    stopped = _rows(metrics)
+    assert 4 <= len(stopped) < 30
+    assert (tmp_path / "cut" / "checkpoint.pt").exists()
+    assert not (tmp_path / "cut" / "summary.json").exists()
+
+    resumed = _cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", "--resume", *SMALL])
+    out = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, out
+    assert f"from step {len(stopped)}" in out
+    assert _rows(metrics) == _rows(tmp_path / "full" / "metrics.jsonl")
+    a = json.loads((tmp_path / "cut" / "summary.json").read_text())
+    b = json.loads((tmp_path / "full" / "summary.json").read_text())
+    assert (a["accuracy_before"], a["accuracy_after"], a["tokens_generated"]) == \
+           (b["accuracy_before"], b["accuracy_after"], b["tokens_generated"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--task", "chess"], "unknown task 'chess'"),
+    (["--task", "addition", "--group-size", "1"], "group_size=1"),
+    (["--task", "addition", "--steps", "0"], "steps=0 must be a positive integer"),
+    (["--task", "addition", "--digits", "0"], "digits=0"),
+    (["--task", "countdown", "--digits", "3"], "--digits does not apply to task 'countdown'"),
+    (["--task", "addition", "--sft-checkpoint", "nowhere.pt"], "nowhere.pt does not exist"),
+    (["--task", "addition", "--resume", "--name", "never-ran"], "no run to resume"),
+])
+def test_bad_input_is_a_clear_error(args, message, tmp_path, capsys):
+    assert main(["grpo", *args, "--out", str(tmp_path), "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    assert main(["grpo", "--task", "addition", "--sft-checkpoint", str(bad), "--out",
+                 str(tmp_path), "--no-progress"]) == 2
+    assert "corrupt" in capsys.readouterr().err
+    assert main(["eval", "--task", "addition", "--checkpoint", str(bad)]) == 2
+
+
+def test_existing_run_is_not_overwritten_by_accident(tmp_path, capsys):
+    run = tmp_path / "mine"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["grpo", "--task", "addition", "--out", str(tmp_path), "--name", "mine",
+                 "--no-progress"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_resume_with_other_options_is_refused(tmp_path, capsys):
+    assert main(["grpo", "--task", "addition", "--steps", "2", "--out", str(tmp_path),
+                 "--no-progress", *SMALL]) == 0
+    assert main(["grpo", "--task", "addition", "--steps", "2", "--lr", "0.1", "--resume",
+                 "--out", str(tmp_path), "--no-progress", *SMALL]) == 2
+    assert "resume with the same options" in capsys.readouterr().err
