@@ -69,12 +69,12 @@ from rlm_course.tasks import get_task
 addition, countdown = get_task("addition", digits=3), get_task("countdown")
 problem = countdown.problems(1, seed=3)[0]
 print("prompt:", problem.prompt, " a demonstration:", problem.answer)
-for response in [problem.answer, "(3+5)*2", f"{problem.numbers[0]}/0", "1+1+1+1", problem.answer + "!"]:
-    try:
-        v = countdown.verify(problem, response)
-        print(f"{response:<12} format={v.format_ok!s:<5} correct={v.correct!s:<5} reward={v.reward:.1f} {v.reason}")
-    except ValueError as err:  # '!' is not even in the vocabulary of the verifier's grammar
-        print(response, err)
+first, second = problem.numbers[0], problem.numbers[1]
+for response in [problem.answer, f"{first}*{first}", f"{first}/0", f"{first}+{second}",
+                 f"{first}/{second}*{second}" if first % second else f"{first}-{second}-{second}",
+                 "99*99", problem.answer + "=", ""]:
+    v = countdown.verify(problem, response)
+    print(f"{response!r:<14} format={v.format_ok!s:<5} correct={v.correct!s:<5} reward={v.reward:.1f}  {v.reason}")
 
 # %% [markdown]
 # ## 3. The transformer and its FLOPs

@@ -66,7 +66,7 @@ for i, p in enumerate(problems):
     row = slice(i * G, (i + 1) * G)
     print(f"{p.prompt:<9} answer {p.answer:<5}| " + " ".join(f"{r:>4}" for r in responses[row]))
     print(f"{'':<9} rewards     | " + " ".join(f"{x:4.1f}" for x in rewards[row].tolist()))
-    print(f"{'':<9} advantages  | " + " ".join(f"{x:4.1f}" for x in advantages[row].tolist()))
+    print(f"{'':<9} advantages  | " + " ".join(f"{x + 0.0:4.1f}" for x in advantages[row].tolist()))
 
 # %% [markdown]
 # ## 2. Group-relative advantages
@@ -79,7 +79,7 @@ for i, p in enumerate(problems):
 
 # %%
 example = torch.tensor([1.0, 0.1, 0.1, 0.1, 1.0, 1.0, 1.0, 0.1])
-print("rewards          ", example.tolist())
+print("rewards          ", [round(x, 2) for x in example.tolist()])
 print("GRPO advantages  ", [round(x, 2) for x in group_advantages(example, 4).tolist()])
 print("Dr. GRPO (no std)", [round(x, 2) for x in group_advantages(example, 4, normalize_std=False).tolist()])
 assert abs(group_advantages(example, 4).view(2, 4).sum(1)).max() < 1e-5
