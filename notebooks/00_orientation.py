@@ -131,5 +131,5 @@ assert all(totals[s] > 0 for s in stages)
 # | 07-11 | data, tensor, sequence, pipeline, context, expert parallelism; real `torchrun` runs | planned |
 # | 12-14 | placement and hybrid engines; asynchronous RL; capstone | planned |
 #
-# **Try it:** from a terminal, `python -m rlm_course grpo --task addition` runs the full job (about
-# four minutes) and writes `runs/<name>/metrics.jsonl`, `summary.json` and a learning-curve PNG.
+# **Try it:** from a terminal, `python -m rlm_course grpo --task addition` runs the full job (under
+# three minutes) and writes `runs/<name>/metrics.jsonl`, `summary.json` and a learning-curve PNG.

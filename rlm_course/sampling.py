@@ -32,7 +32,8 @@ class Rollout:
         attention_mask: ``(batch, P + R)`` bool.
         response_mask: ``(batch, R)`` bool.
         log_probs: ``(batch, R)`` float, log-probability of each sampled token under the sampling
-            distribution (temperature and top-k applied); 0 where ``response_mask`` is False.
+            distribution (temperature and top-k applied); 0 where ``response_mask`` is False, and
+            0 everywhere under greedy decoding (which samples nothing).
         prompt_len: ``P``.
     """
 
