@@ -25,7 +25,7 @@
 # | stage | what happens | models involved |
 # |---|---|---|
 # | 1. rollout (generation) | for each prompt, sample a *group* of G responses, token by token | policy (actor) |
-# | 2. experience preparation (scoring) | rewards from the verifier; log-probs of the sampled tokens under the old policy and the frozen reference; values from a critic (PPO only) | verifier, policy, reference, (critic) |
+# | 2. experience preparation (reward, scoring) | rewards from the verifier; log-probs of the sampled tokens under the old policy and the frozen reference; values from a critic (PPO only) | verifier, policy, reference, (critic) |
 # | 3. training | a few gradient steps on the clipped policy loss (+ critic loss for PPO) | policy, (critic) |
 # | 4. weight sync | copy the new weights to the rollout engine | (same module here) |
 #
@@ -103,7 +103,7 @@ plot_learning_curve(metrics, accuracy_before=before.accuracy, title="30 GRPO ste
 # ## Where do the seconds go?
 
 # %%
-stages = ("generation", "scoring", "training")
+stages = ("generation", "reward", "scoring", "training")
 totals = {s: sum(m[f"seconds_{s}"] for m in metrics) for s in stages}
 whole = sum(totals.values())
 for s in stages:

@@ -166,7 +166,8 @@ assert accuracy_after > accuracy_before + 0.05, "GRPO should improve the held-ou
 # * `groups_with_signal`: groups whose rewards differ, the only ones with non-zero advantages;
 # * `kl`: mean k3 per token against the reference; `clip_fraction`: tokens whose ratio was clipped;
 # * `entropy`: falls as the policy sharpens; `response_length`;
-# * `seconds_generation / scoring / training`: the cost of each stage (chapter 05 predicts them).
+# * `seconds_generation / reward / scoring / training`: the cost of each stage (chapter 05 predicts
+#   them); `scoring` is the old-policy and reference log-prob passes.
 
 # %%
 for key in ("reward_mean", "groups_with_signal", "kl", "clip_fraction", "entropy"):

@@ -4,9 +4,9 @@ One iteration (``step``) of :class:`GRPOTrainer`:
 
 1. **generation** (rollout): ``prompts_per_step`` problems, ``group_size`` samples each, from the
    current policy with a KV cache;
-2. **scoring** (experience preparation): rewards from the task's verifier, group-relative
-   advantages, log-probs of the sampled tokens under the policy before the update (``pi_old``)
-   and under the frozen reference (``pi_ref``, only if ``kl_coef > 0``);
+2. experience preparation: **reward** (the task's verifier scores each response; group-relative
+   advantages) and **scoring** (log-probs of the sampled tokens under the policy before the
+   update, ``pi_old``, and under the frozen reference, ``pi_ref``, only if ``kl_coef > 0``);
 3. **training**: ``ppo_epochs`` passes over the batch in ``minibatches`` mini-batches, each a
    gradient step on the clipped surrogate plus the k3 KL penalty (:mod:`rlm_course.rl`).
 
@@ -125,10 +125,12 @@ class GRPOTrainer:
             rollout = generate(self.policy, tokens, mask, self.task.max_response_len, tok.eos_id,
                                tok.pad_id, temperature=cfg.temperature, generator=generator)
 
-        with timer("scoring"):
+        with timer("reward"):
             verdicts = [self.task.verify(p, tok.decode(r)) for p, r in zip(group, rollout.responses)]
             rewards = torch.tensor([v.reward for v in verdicts])
             advantages = group_advantages(rewards, cfg.group_size, cfg.normalize_std)
+
+        with timer("scoring"):
             with torch.no_grad():
                 old_log_probs = response_log_probs(self.policy, rollout.tokens,
                                                    rollout.attention_mask, rollout.prompt_len)
@@ -182,6 +184,7 @@ class GRPOTrainer:
             "tokens_generated": int(rollout.response_mask.sum()),
             "groups_with_signal": int((rewards.view(-1, cfg.group_size).std(1) > 0).sum()),
             "seconds_generation": seconds.get("generation", 0.0),
+            "seconds_reward": seconds.get("reward", 0.0),
             "seconds_scoring": seconds.get("scoring", 0.0),
             "seconds_training": seconds.get("training", 0.0),
         }

@@ -16,7 +16,8 @@ if matplotlib.get_backend().lower() not in ("agg",) and not matplotlib.is_intera
         matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-STAGE_COLORS = {"generation": "#d95f02", "scoring": "#7570b3", "training": "#1b9e77"}
+STAGE_COLORS = {"generation": "#d95f02", "reward": "#e6ab02", "scoring": "#7570b3",
+                "training": "#1b9e77"}
 
 
 def plot_learning_curve(metrics: list[dict], path: str | Path | None = None,
@@ -42,7 +43,7 @@ def plot_learning_curve(metrics: list[dict], path: str | Path | None = None,
         bottom = [b + v for b, v in zip(bottom, values)]
     ax2.set(xlabel="GRPO step", ylabel="seconds", title="time per step, by stage")
     ax2.set_ylim(0, 1.3 * max(bottom, default=1.0))
-    ax2.legend(fontsize=8, ncol=3, loc="upper center")
+    ax2.legend(fontsize=8, ncol=4, loc="upper center")
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)

@@ -32,7 +32,7 @@ from .tasks import Task, data_dir, load_eval_set
 from .tokenizer import CharTokenizer
 from .utils import atomic_write_json, atomic_write_text, seed_everything
 
-STAGES = ("generation", "scoring", "training")
+STAGES = ("generation", "reward", "scoring", "training")
 
 
 def default_sft_checkpoint(task: Task) -> Path:
@@ -244,6 +244,5 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
                         title=f"GRPO on {task.key}")
     log(f"Held-out greedy accuracy: {accuracy_before:.1%} -> {accuracy_after:.1%} "
         f"({summary['accuracy_gain_points']:+.1f} points) in {summary['wall_seconds']:.0f} s of GRPO "
-        f"(generation {totals['generation']:.0f} s, scoring {totals['scoring']:.0f} s, "
-        f"training {totals['training']:.0f} s). Run files: {run_dir}/")
+        "(" + ", ".join(f"{s} {totals[s]:.0f} s" for s in STAGES) + f"). Run files: {run_dir}/")
     return summary

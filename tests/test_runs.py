@@ -28,14 +28,14 @@ def test_short_grpo_run_raises_held_out_accuracy(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 41))
     for key in ("reward_mean", "kl", "clip_fraction", "entropy", "response_length",
-                "seconds_generation", "seconds_scoring", "seconds_training"):
+                "seconds_generation", "seconds_reward", "seconds_scoring", "seconds_training"):
         assert all(key in r for r in rows), key
     assert [r["step"] for r in rows if "accuracy_eval" in r] == [20, 40]
     saved = json.loads((run / "summary.json").read_text())
     for key in ("task", "seed", "steps", "accuracy_before", "accuracy_after", "wall_seconds",
                 "stage_seconds", "tokens_generated"):
         assert key in saved
-    assert set(saved["stage_seconds"]) == {"generation", "scoring", "training"}
+    assert set(saved["stage_seconds"]) == {"generation", "reward", "scoring", "training"}
     assert saved["tokens_generated"] == sum(r["tokens_generated"] for r in rows)
     assert (run / "learning_curve.png").stat().st_size > 10_000
 
