@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/python -m rlm_course grpo --task addition --overwrite
+	$(BIN)/python -m rlm_course grpo --task addition --name demo --overwrite
 
 test: setup
 	$(BIN)/python -m rlm_course exercises --check

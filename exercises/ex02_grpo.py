@@ -39,8 +39,8 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
     if rewards.numel() % group_size:
         raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups "
                          f"of {group_size}.")
-    # TODO: view the rewards as (num_prompts, group_size); subtract each row's mean; if normalize_std, divide by the row's std (torch.std, unbiased) plus eps; flatten back
-    raise NotImplementedError("not implemented yet: view the rewards as (num_prompts, group_size); subtract each row's mean; if normalize_std, divide by the row's std (torch.std, unbiased) plus eps; flatten back")
+    # TODO: reshape so that each row is one group, compare each reward with its group's statistics, and return the same shape as rewards
+    raise NotImplementedError("not implemented yet: reshape so that each row is one group, compare each reward with its group's statistics, and return the same shape as rewards")
 
 
 def clipped_surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
@@ -58,8 +58,8 @@ def clipped_surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tens
     Returns:
         ``(batch, R)`` per-token loss (aggregate it with a mask, e.g. :func:`sequence_mean`).
     """
-    # TODO: ratio = exp(log_probs - old_log_probs); A = advantages[:, None]; return -min(ratio * A, clamp(ratio, 1-eps, 1+eps) * A)
-    raise NotImplementedError('not implemented yet: ratio = exp(log_probs - old_log_probs); A = advantages[:, None]; return -min(ratio * A, clamp(ratio, 1-eps, 1+eps) * A)')
+    # TODO: the ratio comes from the two log-probs; broadcast one advantage over a response's tokens; take the pessimistic (smaller) of the clipped and unclipped objectives
+    raise NotImplementedError("not implemented yet: the ratio comes from the two log-probs; broadcast one advantage over a response's tokens; take the pessimistic (smaller) of the clipped and unclipped objectives")
 
 
 def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
@@ -75,5 +75,5 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     Returns:
         ``(batch, R)`` non-negative estimates.
     """
-    # TODO: log_rho = ref_log_probs - log_probs; return exp(log_rho) - log_rho - 1
-    raise NotImplementedError('not implemented yet: log_rho = ref_log_probs - log_probs; return exp(log_rho) - log_rho - 1')
+    # TODO: work with log rho (a difference of log-probs) and follow the formula in the docstring
+    raise NotImplementedError('not implemented yet: work with log rho (a difference of log-probs) and follow the formula in the docstring')

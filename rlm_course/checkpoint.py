@@ -35,23 +35,28 @@ def load_checkpoint(path: str | Path) -> dict:
         ValueError: if the file is missing, unreadable, or not a course checkpoint.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"checkpoint {path} is a folder; pass the .pt file inside it (e.g. "
+                         f"{path / 'checkpoint.pt'}).")
     if not path.is_file():
         raise ValueError(f"checkpoint {path} does not exist; create it (e.g. `python -m rlm_course "
                          "sft --task addition`) or pass the right path.")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files
-        raise ValueError(f"checkpoint {path} is corrupt or not a torch file ({type(err).__name__}: "
-                         f"{str(err)[:200]}); delete it and make it again.") from None
+        first_line = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
+        raise ValueError(f"checkpoint {path} is corrupt or not a torch checkpoint "
+                         f"({type(err).__name__}: {first_line}); pass a file written by "
+                         "`python -m rlm_course sft` or `grpo`, or make it again.") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"checkpoint {path} is not an rlm_course checkpoint (format "
                          f"{payload.get('format') if isinstance(payload, dict) else type(payload)}); "
-                         "delete it and make it again.")
+                         "pass a file written by `python -m rlm_course sft` or `grpo`.")
     try:
         model = TinyGPT(ModelConfig(**payload["model_config"]))
         model.load_state_dict(payload["state_dict"])
     except (KeyError, TypeError, RuntimeError, ValueError) as err:
-        raise ValueError(f"checkpoint {path} does not hold a valid model ({err}); delete it and "
-                         "make it again.") from None
+        raise ValueError(f"checkpoint {path} does not hold a valid model ({str(err)[:160]}); "
+                         "make it again with the command that wrote it.") from None
     payload["model"] = model
     return payload

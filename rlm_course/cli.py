@@ -44,7 +44,8 @@ def _grpo(args) -> int:
 
     task = _task_from_args(args)
     overrides = {k: getattr(args, k) for k in ("steps", "group_size", "prompts_per_step", "lr",
-                                               "kl_coef", "seed", "ppo_epochs", "eval_every")
+                                               "kl_coef", "seed", "ppo_epochs", "minibatches",
+                                               "eval_every")
                  if getattr(args, k) is not None}
     config = GRPOConfig(**overrides)
     summary = run_grpo(task, config, name=args.name, out_dir=args.out, resume=args.resume,
@@ -73,7 +74,13 @@ def _eval(args) -> int:
     from .tokenizer import CharTokenizer
 
     task = _task_from_args(args)
-    model = load_checkpoint(args.checkpoint)["model"]
+    if args.show < 0:
+        raise ValueError(f"--show {args.show}: give the number of responses to print (0 or more).")
+    checkpoint = load_checkpoint(args.checkpoint)
+    if checkpoint.get("task") not in (None, task.key):
+        raise ValueError(f"checkpoint {args.checkpoint} was trained on {checkpoint['task']}, not "
+                         f"{task.key}; pass the matching --task and task options.")
+    model = checkpoint["model"]
     problems = load_eval_set(task)
     result = evaluate(model, task, problems, CharTokenizer())
     for p, r in list(zip(problems, result.responses))[: args.show]:
@@ -98,7 +105,7 @@ def _grade(args) -> int:
 def _exercises(args) -> int:
     from .exercisegen import main as gen_main
 
-    return gen_main(check=args.check)
+    return gen_main(check=args.check, force=args.force)
 
 
 def _make_eval_sets(args) -> int:
@@ -117,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_task_args(p)
     for flag, kind in (("steps", int), ("group-size", int), ("prompts-per-step", int),
                        ("lr", float), ("kl-coef", float), ("seed", int), ("ppo-epochs", int),
-                       ("eval-every", int)):
+                       ("minibatches", int), ("eval-every", int)):
         p.add_argument(f"--{flag}", type=kind, default=None)
     p.add_argument("--name", default=None, help="run folder name (default grpo-<task>-seed<seed>)")
     p.add_argument("--out", default="runs", help="parent folder of runs (default runs/)")
@@ -153,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("exercises", help="regenerate exercises/ and solutions/ from the package")
     p.add_argument("--check", action="store_true", help="fail if the committed files are stale")
+    p.add_argument("--force", action="store_true",
+                   help="also overwrite exercise files that differ from their stub (your work!)")
     p.set_defaults(func=_exercises)
 
     p = sub.add_parser("make-eval-sets", help="rewrite data/eval/*.jsonl (fixed seeds)")
@@ -164,6 +173,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as err:
+    except (ValueError, FloatingPointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        print(f"error: {err.strerror or err} ({err.filename or ''}); check the paths you passed.",
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nInterrupted. Files written so far are kept (checkpoints are written atomically); "
+              "a GRPO run continues from its last checkpoint with the same command plus --resume.",
+              file=sys.stderr)
+        return 130
+    except RuntimeError as err:
+        if "allocate" in str(err) or "out of memory" in str(err).lower():
+            print("error: out of memory; lower --prompts-per-step or --group-size.", file=sys.stderr)
+            return 2
+        raise

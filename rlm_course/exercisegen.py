@@ -168,19 +168,35 @@ def expected_files(root: Path | None = None) -> dict[Path, str]:
     return files
 
 
-def main(check: bool = False) -> int:
-    stale = []
+def main(check: bool = False, force: bool = False) -> int:
+    """Write the generated files (or, with ``check``, report the stale ones).
+
+    Exercise modules that differ from their stub may hold a learner's work: they are only
+    overwritten with ``force``.
+    """
+    root = repo_root()
+    stale = [p for p, text in expected_files().items() if not p.exists() or p.read_text() != text]
+    if check:
+        if stale:
+            names = ", ".join(str(p.relative_to(root)) for p in stale)
+            print(f"error: {names} differ from what the package generates. If you are working on the "
+                  "exercises, that is expected: grade your work with `python -m rlm_course grade` "
+                  "(this check is for the committed stubs; `git stash` puts them back while it runs). "
+                  "If you changed the package, run `python -m rlm_course exercises --force` and "
+                  "commit the result.", file=sys.stderr)
+            return 1
+        return 0
+    kept = [p for p in stale if p.parent.name == "exercises" and p.suffix == ".py" and p.exists()
+            and not force]
     for path, text in expected_files().items():
-        if check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(path)
-        else:
+        if path in stale and path not in kept:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            print(f"wrote {path.relative_to(repo_root())}")
-    if stale:
-        names = ", ".join(str(p.relative_to(repo_root())) for p in stale)
-        print(f"error: {names} differ from what the package generates; run "
-              "`python -m rlm_course exercises` and commit the result.", file=sys.stderr)
+            print(f"wrote {path.relative_to(root)}")
+    if kept:
+        names = ", ".join(str(p.relative_to(root)) for p in kept)
+        print(f"error: kept {names}: it differs from the generated stub and may hold your work. "
+              "Copy it somewhere safe, then pass --force to replace it with a fresh stub.",
+              file=sys.stderr)
         return 1
     return 0

@@ -37,7 +37,12 @@ def load_impl(chapter: str, impl: str = "exercises", root: Path | None = None) -
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # a learner's syntax error or bad import: say where, no traceback
+        where = f" (line {err.lineno})" if getattr(err, "lineno", None) else ""
+        raise ValueError(f"could not import {path}{where}: {type(err).__name__}: {err}; fix the "
+                         "file and grade again.") from None
     return module
 
 

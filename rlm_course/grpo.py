@@ -32,6 +32,9 @@ from .tokenizer import CharTokenizer
 from .utils import StageTimer, derived_seed
 
 
+MAX_BATCH = 16384  # responses per step; more does not fit a laptop's memory comfortably
+
+
 @dataclass
 class GRPOConfig:
     """Hyper-parameters of GRPO; the defaults are the course's addition run.
@@ -48,6 +51,7 @@ class GRPOConfig:
     minibatches: int = 2
     lr: float = 3e-4
     warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
     clip_eps: float = 0.2
     kl_coef: float = 0.005
     normalize_std: bool = True
@@ -60,20 +64,44 @@ class GRPOConfig:
         if self.group_size < 2:
             raise ValueError(f"group_size={self.group_size}: GRPO's group baseline needs at least "
                              "2 samples per prompt; use --group-size 2 or more (8 is typical).")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0.")
         for name in ("steps", "prompts_per_step", "ppo_epochs", "minibatches", "eval_every"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer.")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0.")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1].")
         batch = self.prompts_per_step * self.group_size
+        if batch > MAX_BATCH:
+            raise ValueError(f"prompts_per_step x group_size = {batch} responses per step is more "
+                             f"than {MAX_BATCH}; lower --prompts-per-step or --group-size.")
         if batch % self.minibatches:
             raise ValueError(f"minibatches={self.minibatches} does not divide the batch of "
-                             f"{batch} responses (prompts_per_step x group_size).")
+                             f"{batch} responses (prompts_per_step x group_size); change "
+                             "--minibatches or --prompts-per-step.")
         for name in ("lr", "clip_eps", "temperature", "max_grad_norm"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be positive.")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef={self.kl_coef} must be >= 0 (0 drops the reference model).")
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={value} must be a positive finite number.")
+        if self.lr > 1.0:
+            raise ValueError(f"lr={self.lr} is far too large for Adam (use 1e-4 to 1e-3).")
+        if not (math.isfinite(self.kl_coef) and self.kl_coef >= 0):
+            raise ValueError(f"kl_coef={self.kl_coef} must be a finite number >= 0 (0 drops the "
+                             "reference model).")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed={self.seed} must be in [0, 2**63).")
+
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of ``step`` (1-based): linear warm-up over ``warmup_steps`` (Adam's first
+        updates move every weight by about ``lr`` whatever its gradient), then a cosine decay to
+        ``min_lr_ratio * lr`` at ``steps`` (Loshchilov & Hutter 2017, arXiv:1608.03983), so the
+        final policy is not the noisiest one."""
+        if step <= self.warmup_steps:
+            return self.lr * step / max(self.warmup_steps, 1)
+        progress = min(1.0, (step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1))
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine)
 
 
 class GRPOTrainer:
@@ -144,9 +172,8 @@ class GRPOTrainer:
         n_updates = 0
         with timer("training"):
             self.policy.train()
-            # linear warm-up: Adam's first updates move every weight by ~lr whatever its gradient
             for group in self.optimizer.param_groups:
-                group["lr"] = cfg.lr * min(1.0, step / max(cfg.warmup_steps, 1))
+                group["lr"] = cfg.lr_at(step)
             batch = rollout.tokens.shape[0]
             size = batch // cfg.minibatches
             for epoch in range(cfg.ppo_epochs):
@@ -161,6 +188,10 @@ class GRPOTrainer:
                     loss, s = grpo_loss(log_probs, old_log_probs[idx],
                                         None if ref_log_probs is None else ref_log_probs[idx],
                                         advantages[idx], rmask, cfg.clip_eps, cfg.kl_coef)
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(
+                            f"GRPO loss is {loss.item()} at step {step}: training diverged; lower "
+                            "--lr (the default is 3e-4) or raise --kl-coef.")
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(),

@@ -113,7 +113,7 @@ def attend_with_kv_cache(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tenso
         ``(batch, n_head, seq, d_head)``: softmax(q k^T / sqrt(d_head) + mask) v over the
         ``start + seq`` visible keys (Vaswani et al. 2017, eq. 1).
     """
-    # BEGIN SOLUTION: write k_new/v_new into the caches at [start, start+seq), slice the first start+seq keys and values, then call F.scaled_dot_product_attention with attn_mask
+    # BEGIN SOLUTION: store the new keys/values in the caches at positions start.., then attend over every position filled so far (the mask tells SDPA what each query may see)
     end = start + q.shape[2]
     k_cache[:, :, start:end] = k_new
     v_cache[:, :, start:end] = v_new

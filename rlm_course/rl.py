@@ -56,7 +56,7 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
     if rewards.numel() % group_size:
         raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups "
                          f"of {group_size}.")
-    # BEGIN SOLUTION: view the rewards as (num_prompts, group_size); subtract each row's mean; if normalize_std, divide by the row's std (torch.std, unbiased) plus eps; flatten back
+    # BEGIN SOLUTION: reshape so that each row is one group, compare each reward with its group's statistics, and return the same shape as rewards
     grouped = rewards.view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_std:
@@ -80,7 +80,7 @@ def clipped_surrogate(log_probs: Tensor, old_log_probs: Tensor, advantages: Tens
     Returns:
         ``(batch, R)`` per-token loss (aggregate it with a mask, e.g. :func:`sequence_mean`).
     """
-    # BEGIN SOLUTION: ratio = exp(log_probs - old_log_probs); A = advantages[:, None]; return -min(ratio * A, clamp(ratio, 1-eps, 1+eps) * A)
+    # BEGIN SOLUTION: the ratio comes from the two log-probs; broadcast one advantage over a response's tokens; take the pessimistic (smaller) of the clipped and unclipped objectives
     ratio = torch.exp(log_probs - old_log_probs)
     adv = advantages[:, None]
     unclipped = ratio * adv
@@ -102,7 +102,7 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     Returns:
         ``(batch, R)`` non-negative estimates.
     """
-    # BEGIN SOLUTION: log_rho = ref_log_probs - log_probs; return exp(log_rho) - log_rho - 1
+    # BEGIN SOLUTION: work with log rho (a difference of log-probs) and follow the formula in the docstring
     log_rho = ref_log_probs - log_probs
     return torch.exp(log_rho) - log_rho - 1.0
     # END SOLUTION
@@ -125,18 +125,26 @@ def clip_fraction(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, 
     return masked_mean(clipped.float(), response_mask)
 
 
+KL_CLAMP = 10.0
+
+
 def grpo_loss(log_probs: Tensor, old_log_probs: Tensor, ref_log_probs: Tensor | None,
               advantages: Tensor, response_mask: Tensor, clip_eps: float = 0.2,
-              kl_coef: float = 0.0) -> tuple[Tensor, dict[str, float]]:
+              kl_coef: float = 0.0, kl_clamp: float = KL_CLAMP) -> tuple[Tensor, dict[str, float]]:
     """The GRPO loss of a (mini-)batch and its diagnostics.
 
     Args:
         log_probs, old_log_probs, ref_log_probs: ``(batch, R)``; ``ref_log_probs`` may be None
             when ``kl_coef == 0`` (then no reference model is needed at all).
         advantages: ``(batch,)``; response_mask: ``(batch, R)`` bool.
+        kl_clamp: per-token k3 values are capped at this (nats). k3 grows like ``exp(log rho)``:
+            one sampled token that the policy now finds very unlikely but the reference does not
+            can dominate a whole batch's KL and gradient. verl caps it the same way (``kl_penalty``,
+            "low_var_kl", in ``verl/trainer/ppo/core_algos.py``); a capped token gets no KL gradient.
 
     Returns:
-        ``(loss, stats)`` with stats ``policy_loss``, ``kl`` (mean k3 per token), ``clip_fraction``.
+        ``(loss, stats)`` with stats ``policy_loss``, ``kl`` (mean capped k3 per token),
+        ``clip_fraction``.
 
     Raises:
         ValueError: if ``kl_coef > 0`` and no reference log-probs are given.
@@ -146,7 +154,7 @@ def grpo_loss(log_probs: Tensor, old_log_probs: Tensor, ref_log_probs: Tensor | 
     loss = policy
     kl_value = 0.0
     if ref_log_probs is not None:
-        kl = sequence_mean(kl_k3(log_probs, ref_log_probs), response_mask)
+        kl = sequence_mean(kl_k3(log_probs, ref_log_probs).clamp(max=kl_clamp), response_mask)
         loss = loss + kl_coef * kl
         kl_value = kl.item()
     elif kl_coef > 0:

@@ -50,6 +50,13 @@ def make_sft_checkpoint(task: Task, tokenizer: CharTokenizer, path: Path | None 
     """Run SFT and save the warm-start checkpoint (with a JSON note of how it was made)."""
     config = config or SFTConfig()
     path = Path(path) if path is not None else default_sft_checkpoint(task)
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a folder; give a file path such as {path / 'sft.pt'}.")
+    try:  # fail before a minute of training, not after
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot write the checkpoint to {path} ({err.strerror}); choose another "
+                         "--out.") from None
     start = time.perf_counter()
     model, info = run_sft(task, tokenizer, config, progress=progress)
     info.update(task=task.key, command=sft_command(task, config.seed),
@@ -126,7 +133,7 @@ def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
 
 def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: str | Path = "runs",
              resume: bool = False, overwrite: bool = False, sft_checkpoint: str | Path | None = None,
-             checkpoint_every: int = 25, progress: bool = True, log=print) -> dict:
+             checkpoint_every: int = 10, progress: bool = True, log=print) -> dict:
     """SFT warm start (made if the default checkpoint is missing), then ``config.steps`` GRPO steps.
 
     Returns:
@@ -139,35 +146,61 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
     """
     if checkpoint_every <= 0:
         raise ValueError(f"checkpoint_every={checkpoint_every} must be positive.")
+    if resume and overwrite:
+        raise ValueError("--resume continues a run and --overwrite deletes it: pass only one.")
+    if resume and sft_checkpoint is not None:
+        raise ValueError("--sft-checkpoint is not used with --resume (the run's checkpoint holds "
+                         "the policy); drop one of them.")
     tokenizer = CharTokenizer()
-    name = name or f"grpo-{task.key}-seed{config.seed}"
-    run_dir = Path(out_dir) / name
+    name = name if name is not None else f"grpo-{task.key}-seed{config.seed}"
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"--name {name!r}: give a plain folder name (no slashes), e.g. my-run; "
+                         "use --out to choose the parent folder.")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a folder; pass a folder (default runs).")
+    run_dir = out_dir / name
     ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
     summary_path = run_dir / "summary.json"
+    has_files = run_dir.is_dir() and any(run_dir.iterdir())
     if resume and not ckpt_path.exists():
-        raise ValueError(f"--resume: no run to resume at {run_dir} (no checkpoint.pt); start it "
-                         "without --resume, or pass the --name of an existing run.")
-    if not resume and run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
-        raise ValueError(f"run folder {run_dir} already holds a run; pass --resume to continue it, "
-                         "--overwrite to start it again from scratch, or --name for a new run.")
+        hint = (" It holds files of a run that stopped before its first checkpoint: start it again "
+                "with --overwrite." if has_files else " Start it without --resume.")
+        raise ValueError(f"--resume: no run to resume at {run_dir} (no checkpoint.pt).{hint}")
+    if not resume and has_files and not overwrite:
+        what = ("a run; pass --resume to continue it, " if ckpt_path.exists() else
+                "files of a run that stopped before its first checkpoint; pass ")
+        raise ValueError(f"run folder {run_dir} already holds {what}--overwrite to start it again "
+                         "from scratch, or --name for a new run.")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot create the run folder {run_dir} ({err.strerror}); choose another "
+                         "--out.") from None
 
     eval_problems = load_eval_set(task)
     setup_start = time.perf_counter()
     if resume:
         state = load_checkpoint(ckpt_path)
-        saved = {k: v for k, v in (state.get("config") or {}).items() if k != "steps"}
-        if state.get("task") != task.key or saved != {k: v for k, v in asdict(config).items()
-                                                       if k != "steps"}:
-            raise ValueError(f"--resume: {ckpt_path} was made for task {state.get('task')} with "
-                             f"config {state.get('config')}, not {task.key} with {asdict(config)}; "
-                             "resume with the same options (only --steps may change), or start a new run with --name.")
+        saved, wanted = state.get("config") or {}, asdict(config)
+        differ = sorted(k for k in set(saved) | set(wanted)
+                        if k != "steps" and saved.get(k) != wanted.get(k))
+        if state.get("task") != task.key:
+            raise ValueError(f"--resume: {ckpt_path} is a run on task {state.get('task')}, not "
+                             f"{task.key}; pass the same task options as the run.")
+        if differ:
+            changes = ", ".join(f"{k}: run {saved.get(k)!r}, now {wanted.get(k)!r}" for k in differ)
+            raise ValueError(f"--resume: options differ from the run's ({changes}); resume with the "
+                             "same options (only --steps may change), or start a new run with --name.")
+        done = state["trainer"]["step"]
+        if config.steps < done:
+            raise ValueError(f"--resume: the run already has {done} steps; pass --steps {done} or more.")
         policy, accuracy_before = state["model"], state["accuracy_before"]
         sft_info = state["sft"]
         log(f"Resuming {run_dir} from step {state['trainer']['step']}.")
     else:
         policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log)
         accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy
-        run_dir.mkdir(parents=True, exist_ok=True)
         for stale in (metrics_path, summary_path, ckpt_path, run_dir / "learning_curve.png"):
             stale.unlink(missing_ok=True)
 
@@ -176,7 +209,7 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
     totals = {"wall_seconds": 0.0, **{s: 0.0 for s in STAGES}, "tokens_generated": 0}
     if resume:
         trainer.load_state_dict(state["trainer"])
-        totals = state["totals"]
+        totals.update(state["totals"])
     metrics = _read_metrics(metrics_path, trainer.step_count)
     atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in metrics))
     setup_seconds = time.perf_counter() - setup_start

@@ -82,6 +82,7 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
     Raises:
         ValueError: for a non-positive temperature or ``max_new_tokens``, or a sequence longer than
             the model's ``max_seq_len``.
+        FloatingPointError: if the model produces NaN or infinite logits.
     """
     if max_new_tokens <= 0:
         raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be positive.")
@@ -107,6 +108,9 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
     steps = 0
     for t in range(max_new_tokens):
         pos = prompt_len + t
+        if not torch.isfinite(logits).all():
+            raise FloatingPointError("generate: the policy's logits are not finite (NaN or inf): "
+                                     "its weights have diverged; lower the learning rate.")
         if greedy:
             next_token = logits.argmax(-1)
             step_log_probs = torch.zeros(batch, device=device)

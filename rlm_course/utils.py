@@ -30,6 +30,12 @@ def derived_seed(*parts: int) -> int:
     return value
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a crash or Ctrl-C leaves either the old or the new file.
 
@@ -44,6 +50,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -52,3 +52,34 @@ def test_grade_cli_exit_codes(capsys):
     assert "0/3 exercises complete" in capsys.readouterr().out
     assert main(["grade", "07"]) == 2
     assert "no exercises for chapter" in capsys.readouterr().err
+
+
+def test_grading_a_broken_file_is_a_clear_error(tmp_path):
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "ex02_grpo.py").write_text("def group_advantages(:\n")
+    with pytest.raises(ValueError, match=r"could not import .*ex02_grpo.py \(line 1\): SyntaxError"):
+        load_impl("02", "exercises", root=tmp_path)
+
+
+def test_learner_code_that_exits_is_reported_not_fatal():
+    from rlm_course.checks import run_check
+
+    def rude(*args, **kwargs):
+        raise SystemExit(3)
+
+    report = run_check("kl_k3", rude)
+    assert report.n_passed == 0 and "SystemExit" in str(report)
+
+
+def test_regenerating_keeps_edited_exercises_unless_forced(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(exercisegen, "repo_root", lambda: tmp_path)
+    assert exercisegen.main() == 0
+    mine = tmp_path / "exercises" / "ex02_grpo.py"
+    mine.write_text(mine.read_text() + "\n# my work\n")
+    assert exercisegen.main(check=True) == 1
+    assert "grade your work" in capsys.readouterr().err
+    assert exercisegen.main() == 1
+    assert "# my work" in mine.read_text()
+    assert "may hold your work" in capsys.readouterr().err
+    assert exercisegen.main(force=True) == 0
+    assert "# my work" not in mine.read_text()

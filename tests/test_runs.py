@@ -93,10 +93,42 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     (["--task", "countdown", "--digits", "3"], "--digits does not apply to task 'countdown'"),
     (["--task", "addition", "--sft-checkpoint", "nowhere.pt"], "nowhere.pt does not exist"),
     (["--task", "addition", "--resume", "--name", "never-ran"], "no run to resume"),
+    (["--task", "addition", "--lr", "inf"], "lr=inf must be a positive finite number"),
+    (["--task", "addition", "--lr", "-1"], "lr=-1.0 must be a positive finite number"),
+    (["--task", "addition", "--lr", "1e6"], "far too large"),
+    (["--task", "addition", "--kl-coef", "nan"], "kl_coef=nan"),
+    (["--task", "addition", "--group-size", "100000"], "lower --prompts-per-step or --group-size"),
+    (["--task", "addition", "--minibatches", "3"], "minibatches=3 does not divide the batch of 512"),
+    (["--task", "addition", "--seed", "-1"], "seed=-1"),
+    (["--task", "addition", "--name", "../escape"], "plain folder name"),
+    (["--task", "addition", "--name", ""], "plain folder name"),
+    (["--task", "addition", "--resume", "--overwrite"], "pass only one"),
+    (["--task", "addition", "--resume", "--sft-checkpoint", "x.pt"], "not used with --resume"),
 ])
 def test_bad_input_is_a_clear_error(args, message, tmp_path, capsys):
     assert main(["grpo", *args, "--out", str(tmp_path), "--no-progress"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_out_must_be_a_folder(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    assert main(["grpo", "--task", "addition", "--out", str(afile), "--no-progress"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert main(["sft", "--task", "addition", "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert afile.read_text() == "keep me"
+
+
+def test_eval_checks_the_task_and_arguments(capsys):
+    ckpt = str(ROOT / "data" / "checkpoints" / "sft-addition-3.pt")
+    assert main(["eval", "--task", "addition", "--checkpoint", ckpt, "--show", "2"]) == 0
+    assert "accuracy 23.0%" in capsys.readouterr().out
+    assert main(["eval", "--task", "addition", "--digits", "2", "--checkpoint", ckpt]) == 2
+    assert "trained on addition-3, not addition-2" in capsys.readouterr().err
+    assert main(["eval", "--task", "addition", "--checkpoint", ckpt, "--show", "-1"]) == 2
+    assert main(["eval", "--task", "addition", "--checkpoint", str(ROOT / "data")]) == 2
+    assert "is a folder" in capsys.readouterr().err
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
@@ -123,4 +155,19 @@ def test_resume_with_other_options_is_refused(tmp_path, capsys):
                  "--no-progress", *SMALL]) == 0
     assert main(["grpo", "--task", "addition", "--steps", "2", "--lr", "0.1", "--resume",
                  "--out", str(tmp_path), "--no-progress", *SMALL]) == 2
-    assert "resume with the same options" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "resume with the same options" in err and "lr: run 0.0003, now 0.1" in err
+    assert main(["grpo", "--task", "addition", "--steps", "1", "--resume", "--out", str(tmp_path),
+                 "--no-progress", *SMALL]) == 2
+    assert "already has 2 steps" in capsys.readouterr().err
+
+
+def test_run_files_are_readable_by_others(tmp_path):
+    from rlm_course.utils import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "f.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f.json").stat().st_mode & 0o777 == 0o644
