@@ -134,6 +134,15 @@ plt.xlabel("exact KL"); plt.ylabel("estimate"); plt.legend();
 assert max(abs(a - b) for a, b in zip(exact, estimate)) < 0.05
 
 # %% [markdown]
+# k3 has a heavy tail: `rho - log(rho) - 1` grows like `exp(log rho)`. A token the policy now
+# finds very unlikely (`log pi_theta = -12`) but the reference does not (`log pi_ref = -1`) scores
+# `e^11 - 12`, about 60,000 nats, enough to swamp a whole batch. `grpo_loss` therefore caps each
+# token's k3 at 10, as verl does.
+
+# %%
+print(kl_k3(torch.tensor([-12.0]), torch.tensor([-1.0])).item())
+
+# %% [markdown]
 # ## 5. Train
 #
 # `GRPOTrainer.step()` puts the pieces together: rollout (64 prompts x 8 samples), rewards,

@@ -277,5 +277,5 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
                         title=f"GRPO on {task.key}")
     log(f"Held-out greedy accuracy: {accuracy_before:.1%} -> {accuracy_after:.1%} "
         f"({summary['accuracy_gain_points']:+.1f} points) in {summary['wall_seconds']:.0f} s of GRPO "
-        "(" + ", ".join(f"{s} {totals[s]:.0f} s" for s in STAGES) + f"). Run files: {run_dir}/")
+        "(" + ", ".join(f"{s} {totals[s]:.1f} s" for s in STAGES) + f"). Run files: {run_dir}/")
     return summary
