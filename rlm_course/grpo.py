@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
