@@ -167,11 +167,80 @@ def _checks_attend_with_kv_cache(fn):
     yield "a masked (padding) key is ignored", mask_respected
 
 
+def _checks_gae(fn):
+    one = torch.ones(1, 2, dtype=torch.bool)
+
+    def hand():
+        adv, ret = fn(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.8]]), one, 1.0, 0.5)
+        ok_a, msg_a = _close(adv, torch.tensor([[0.4, 0.2]]))
+        ok_r, msg_r = _close(ret, torch.tensor([[0.9, 1.0]]))
+        return ok_a and ok_r, msg_a or msg_r
+
+    def monte_carlo():  # gamma = lambda = 1: A_t = (sum of rewards from t on) - V_t
+        g = torch.Generator().manual_seed(0)
+        r, v = torch.randn(2, 4, generator=g), torch.randn(2, 4, generator=g)
+        mask = torch.ones(2, 4, dtype=torch.bool)
+        to_go = r.flip(1).cumsum(1).flip(1)
+        return _close(fn(r, v, mask, 1.0, 1.0)[0], to_go - v)
+
+    def one_step():  # lambda = 0: A_t = delta_t
+        r, v = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[0.5, 0.25, 1.0]])
+        delta = torch.tensor([[1.0 + 0.9 * 0.25 - 0.5, 2.0 + 0.9 * 1.0 - 0.25, 3.0 - 1.0]])
+        return _close(fn(r, v, torch.ones(1, 3, dtype=torch.bool), 0.9, 0.0)[0], delta)
+
+    def masked():  # a 2-token response in 4 columns: padding neither contributes nor gets a value
+        r = torch.tensor([[0.0, 1.0, 99.0, 99.0]])
+        v = torch.tensor([[0.5, 0.8, 99.0, 99.0]])
+        mask = torch.tensor([[True, True, False, False]])
+        return _close(fn(r, v, mask, 1.0, 0.5)[0], torch.tensor([[0.4, 0.2, 0.0, 0.0]]))
+
+    yield "hand example (2 tokens, gamma 1, lambda 0.5) with returns", hand
+    yield "gamma = lambda = 1 gives reward-to-go minus value", monte_carlo
+    yield "lambda = 0 gives the one-step TD error", one_step
+    yield "positions after the response are ignored and zero", masked
+
+
+def _checks_rloo_advantages(fn):
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    yield "hand example: baseline of each is the mean of the other three", lambda: _close(
+        fn(r, 4), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+    x = torch.rand(12, generator=torch.Generator().manual_seed(0))
+    centred = (x.view(4, 3) - x.view(4, 3).mean(1, keepdim=True)).reshape(-1)
+    yield "equals G/(G-1) times the centred reward", lambda: _close(fn(x, 3), 1.5 * centred)
+    yield "groups are contiguous", lambda: _close(fn(torch.tensor([0.0, 2.0, 10.0, 14.0]), 2),
+                                                  torch.tensor([-2.0, 2.0, -4.0, 4.0]))
+
+
+def _checks_sequence_ratio(fn):
+    lp = torch.log(torch.tensor([[0.5, 0.5, 0.9], [0.2, 0.4, 0.4]]))
+    old = torch.log(torch.tensor([[0.25, 0.5, 0.1], [0.1, 0.1, 0.4]]))
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    yield "hand example: geometric mean of token ratios (sqrt(2*1), cbrt(2*4*1))", lambda: _close(
+        fn(lp, old, mask), torch.tensor([math.sqrt(2.0), 2.0]))
+    yield "ratio 1 when the policies agree", lambda: _close(fn(lp, lp, mask), torch.ones(2))
+    yield "masked tokens do not count", lambda: _close(
+        fn(lp[:1, :2], old[:1, :2], mask[:1, :2]), torch.tensor([math.sqrt(2.0)]))
+
+
+def _checks_aggregate_loss(fn):
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])
+    m = torch.tensor([[True, True, True], [True, False, False]])
+    yield "token-mean hand example: (1+2+3+4)/4", lambda: _close(
+        fn(x, m, "token-mean"), torch.tensor(2.5))
+    yield "token-mean weighs every token alike (not every sequence)", lambda: _close(
+        fn(torch.tensor([[1.0] * 6, [0.0] * 6]), torch.tensor([[True] * 6, [True] + [False] * 5]),
+           "token-mean"), torch.tensor(6 / 7))
+
+
 CHECKS = {
     "group_advantages": _checks_group_advantages,
     "clipped_surrogate": _checks_clipped_surrogate,
     "kl_k3": _checks_kl_k3,
     "attend_with_kv_cache": _checks_attend_with_kv_cache,
+    "gae": _checks_gae,
+    "rloo_advantages": _checks_rloo_advantages,
+    "sequence_ratio": _checks_sequence_ratio,
+    "aggregate_loss": _checks_aggregate_loss,
 }
 
 

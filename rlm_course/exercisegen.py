@@ -49,6 +49,11 @@ EXERCISES = (
     Chapter("02", "grpo", "The pieces of the GRPO loss",
             (("rlm_course.rl", "group_advantages"), ("rlm_course.rl", "clipped_surrogate"),
              ("rlm_course.rl", "kl_k3"))),
+    Chapter("03", "ppo", "Generalized Advantage Estimation",
+            (("rlm_course.objectives", "gae"),)),
+    Chapter("04", "grpo_family", "Parts of the GRPO family",
+            (("rlm_course.objectives", "rloo_advantages"), ("rlm_course.objectives", "sequence_ratio"),
+             ("rlm_course.objectives", "aggregate_loss"))),
 )
 
 HEADER = '''"""{kind} for chapter {number}: {title}.
@@ -62,8 +67,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-__all__ = {names!r}
 '''
 
 BEGIN = re.compile(r"^(\s*)# BEGIN SOLUTION(?::\s*(.*))?$")
@@ -109,18 +112,40 @@ def split_regions(source: str, keep_solution: bool) -> str:
     return "\n".join(out) + "\n"
 
 
+HEADER_NAMES = {"torch", "F", "Tensor", "annotations"}
+
+
+def helper_imports(chapter: Chapter) -> str:
+    """``from <module> import ...`` lines for the module-level helpers the functions use
+    (e.g. ``masked_mean``), so that the generated files run on their own."""
+    exercised = {n for _, n in chapter.functions}
+    lines = []
+    for module in dict.fromkeys(m for m, _ in chapter.functions):
+        namespace = vars(importlib.import_module(module))
+        used = set()
+        for m, name in chapter.functions:
+            if m == module:
+                code = namespace[name].__code__
+                used |= {n for n in code.co_names if n in namespace}
+        helpers = sorted(used - exercised - HEADER_NAMES)
+        if helpers:
+            lines.append(f"from {module} import {', '.join(helpers)}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def module_text(chapter: Chapter, keep_solution: bool) -> str:
     sources = sorted({m.replace(".", "/") + ".py" for m, _ in chapter.functions})
     names = [n for _, n in chapter.functions]
     header = HEADER.format(
         kind="Worked solutions" if keep_solution else "Exercises", number=chapter.number,
-        title=chapter.title, sources=", ".join(sources), names=names,
+        title=chapter.title, sources=", ".join(sources),
         edit_note=("Do not edit: change the package source and regenerate." if keep_solution else
                    "Keep the signatures; replace each `raise NotImplementedError` with your code, then run\n"
                    f"`python -m rlm_course grade {chapter.number}` (or the checks in "
                    f"{chapter.stem}.ipynb)."))
     bodies = [split_regions(function_source(m, n), keep_solution) for m, n in chapter.functions]
-    return header + "\n\n" + "\n\n".join(bodies)
+    imports = helper_imports(chapter)
+    return header + imports + f"\n__all__ = {names!r}\n\n\n" + "\n\n".join(bodies)
 
 
 def _cell(kind: str, source: str) -> dict:

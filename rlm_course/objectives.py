@@ -67,9 +67,11 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
         ValueError: if ``group_size < 2`` or does not divide the number of rewards.
     """
     _check_groups(rewards, group_size, "rloo_advantages")
+    # BEGIN SOLUTION: one row per group; each response's baseline is the mean of the *other* G-1 rewards of its row
     grouped = rewards.view(-1, group_size)
     baseline = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)
     return (grouped - baseline).reshape(-1)
+    # END SOLUTION
 
 
 def reinforce_pp_advantages(rewards: Tensor, group_size: int | None = None,
@@ -110,6 +112,7 @@ def gae(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1
     if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"gae: gamma={gamma} and lam={lam} must be in [0, 1].")
     mask = response_mask.to(values.dtype)
+    # BEGIN SOLUTION: scan t from the last position to the first, carrying V_{t+1} and A_{t+1} (both 0 past the end of a response); zero everything outside the mask
     advantages = torch.zeros_like(values)
     next_value = torch.zeros_like(values[:, 0])
     next_advantage = torch.zeros_like(values[:, 0])
@@ -120,6 +123,7 @@ def gae(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1
         next_value = values[:, t] * mask[:, t]
         next_advantage = advantage
     return advantages, (advantages + values) * mask
+    # END SOLUTION
 
 
 def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tensor) -> Tensor:
@@ -128,7 +132,9 @@ def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tens
     ``s_i = (pi_theta(o_i) / pi_old(o_i)) ** (1/|o_i|) = exp(mean_t (logp - old_logp))``.
     Inputs ``(batch, R)``; returns ``(batch,)``.
     """
+    # BEGIN SOLUTION: average the per-token log-ratios over each response's real tokens, then exponentiate
     return torch.exp(masked_mean(log_probs - old_log_probs, response_mask, dim=1))
+    # END SOLUTION
 
 
 def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
@@ -173,7 +179,9 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
     if mode == "seq-mean-token-mean":
         return masked_mean(per_token, response_mask, dim=1).mean()
     if mode == "token-mean":
-        return masked_mean(per_token, response_mask)
+        # BEGIN SOLUTION: sum the loss over every real token of the batch and divide by the number of real tokens
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+        # END SOLUTION
     if constant_length is None or constant_length <= 0:
         raise ValueError("seq-mean-token-sum-norm needs constant_length > 0 (e.g. the maximum "
                          "response length).")

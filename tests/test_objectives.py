@@ -132,3 +132,11 @@ def test_dynamic_sampling_keeps_groups_with_signal():
     kept = ob.groups_with_signal(r, 2)
     adv = group_advantages(r, 2).view(4, 2)
     assert (adv[~kept] == 0).all()  # what dynamic sampling drops carried no gradient anyway
+
+
+@pytest.mark.parametrize("name", ["gae", "rloo_advantages", "sequence_ratio", "aggregate_loss"])
+def test_package_functions_pass_their_exercise_checks(name):
+    from rlm_course.checks import run_check
+
+    report = run_check(name, getattr(ob, name))
+    assert report.all_passed, str(report)
