@@ -38,19 +38,25 @@ def _task_from_args(args):
     return get_task(args.task, **settings)
 
 
-def _grpo(args) -> int:
+RL_FLAGS = (("steps", int), ("group-size", int), ("prompts-per-step", int), ("lr", float),
+            ("kl-coef", float), ("seed", int), ("ppo-epochs", int), ("minibatches", int),
+            ("eval-every", int))
+PPO_FLAGS = (("critic-lr", float), ("gamma", float), ("lam", float))
+
+
+def _rl(args) -> int:
     from .grpo import GRPOConfig
-    from .runs import run_grpo
+    from .ppo import PPOConfig
+    from .runs import run_rl
 
     task = _task_from_args(args)
-    overrides = {k: getattr(args, k) for k in ("steps", "group_size", "prompts_per_step", "lr",
-                                               "kl_coef", "seed", "ppo_epochs", "minibatches",
-                                               "eval_every")
-                 if getattr(args, k) is not None}
-    config = GRPOConfig(**overrides)
-    summary = run_grpo(task, config, name=args.name, out_dir=args.out, resume=args.resume,
-                       overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
-                       progress=not args.no_progress)
+    flags = RL_FLAGS + (PPO_FLAGS if args.command == "ppo" else ())
+    overrides = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name, _ in flags
+                 if getattr(args, name.replace("-", "_")) is not None}
+    config = (PPOConfig if args.command == "ppo" else GRPOConfig)(**overrides)
+    summary = run_rl(task, config, name=args.name, out_dir=args.out, resume=args.resume,
+                     overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
+                     progress=not args.no_progress)
     return 130 if summary.get("interrupted") else 0
 
 
@@ -120,20 +126,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rlm_course", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("grpo", help="SFT warm start if needed, then GRPO; writes runs/<name>/")
-    _add_task_args(p)
-    for flag, kind in (("steps", int), ("group-size", int), ("prompts-per-step", int),
-                       ("lr", float), ("kl-coef", float), ("seed", int), ("ppo-epochs", int),
-                       ("minibatches", int), ("eval-every", int)):
-        p.add_argument(f"--{flag}", type=kind, default=None)
-    p.add_argument("--name", default=None, help="run folder name (default grpo-<task>-seed<seed>)")
-    p.add_argument("--out", default="runs", help="parent folder of runs (default runs/)")
-    p.add_argument("--resume", action="store_true", help="continue the run from its checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
-    p.add_argument("--sft-checkpoint", default=None,
-                   help="warm-start checkpoint (default data/checkpoints/sft-<task>.pt, made if missing)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_grpo)
+    for command, help_text in (("grpo", "SFT warm start if needed, then GRPO; writes runs/<name>/"),
+                               ("ppo", "SFT warm start if needed, then PPO with a critic")):
+        p = sub.add_parser(command, help=help_text)
+        _add_task_args(p)
+        for flag, kind in RL_FLAGS + (PPO_FLAGS if command == "ppo" else ()):
+            p.add_argument(f"--{flag}", type=kind, default=None)
+        p.add_argument("--name", default=None,
+                       help=f"run folder name (default {command}-<task>-seed<seed>)")
+        p.add_argument("--out", default="runs", help="parent folder of runs (default runs/)")
+        p.add_argument("--resume", action="store_true", help="continue the run from its checkpoint")
+        p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+        p.add_argument("--sft-checkpoint", default=None,
+                       help="warm-start checkpoint (default data/checkpoints/sft-<task>.pt, made if "
+                            "missing)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+        p.set_defaults(func=_rl)
 
     p = sub.add_parser("sft", help="make the supervised warm-start checkpoint")
     _add_task_args(p)

@@ -59,8 +59,11 @@ class GRPOConfig:
     eval_every: int = 25
     seed: int = 0
 
+    min_group_size = 2  # class constants, not fields: GRPO's baseline needs a group
+    algorithm = "grpo"
+
     def __post_init__(self) -> None:
-        if self.group_size < 2:
+        if self.group_size < self.min_group_size:
             raise ValueError(f"group_size={self.group_size}: GRPO's group baseline needs at least "
                              "2 samples per prompt; use --group-size 2 or more (8 is typical).")
         for name in ("steps", "prompts_per_step", "ppo_epochs", "minibatches", "eval_every"):
@@ -137,25 +140,54 @@ class GRPOTrainer:
         if self.reference is not None and state.get("reference") is not None:
             self.reference.load_state_dict(state["reference"])
 
-    def step(self) -> dict:
-        """Run one GRPO iteration and return its metrics (see module docstring)."""
+    def rollout_and_reward(self, step: int):
+        """Stages 1 and 2a of iteration ``step``: sample the group responses, score them.
+
+        Returns:
+            ``(problems, rollout, verdicts, rewards)``: the ``prompts_per_step * group_size``
+            problems (groups contiguous), the :class:`Rollout`, the verifier's verdicts and the
+            ``(batch,)`` reward tensor.
+        """
         cfg, tok, timer = self.config, self.tokenizer, self.timer
-        self.step_count += 1
-        step = self.step_count
         problems = self.task.problems(cfg.prompts_per_step, derived_seed(cfg.seed, step, 1),
                                       self.exclude)
         group = [p for p in problems for _ in range(cfg.group_size)]  # groups contiguous
-
         with timer("generation"):
             tokens, mask = tok.encode_prompts([p.prompt for p in group])
             generator = torch.Generator().manual_seed(derived_seed(cfg.seed, step, 2))
             rollout = generate(self.policy, tokens, mask, self.task.max_response_len, tok.eos_id,
                                tok.pad_id, temperature=cfg.temperature, generator=generator)
-
         with timer("reward"):
             verdicts = [self.task.verify(p, tok.decode(r)) for p, r in zip(group, rollout.responses)]
             rewards = torch.tensor([v.reward for v in verdicts])
-            advantages = group_advantages(rewards, cfg.group_size, cfg.normalize_std)
+        return group, rollout, verdicts, rewards
+
+    def lr_schedule(self, optimizer: torch.optim.Optimizer, step: int, base_lr: float) -> None:
+        """Set ``optimizer``'s learning rate for ``step``: the schedule of
+        :meth:`GRPOConfig.lr_at`, scaled to ``base_lr`` (e.g. the critic's)."""
+        for param_group in optimizer.param_groups:
+            param_group["lr"] = self.config.lr_at(step) * (base_lr / self.config.lr)
+
+    def rollout_metrics(self, step: int, rollout, verdicts, rewards, seconds: dict) -> dict:
+        """Metrics shared by every algorithm (one row of ``metrics.jsonl``)."""
+        return {
+            "step": step,
+            "reward_mean": rewards.mean().item(),
+            "accuracy_train": sum(v.correct for v in verdicts) / len(verdicts),
+            "format_rate": sum(v.format_ok for v in verdicts) / len(verdicts),
+            "response_length": rollout.response_lengths().float().mean().item(),
+            "tokens_generated": int(rollout.response_mask.sum()),
+            **{f"seconds_{s}": seconds.get(s, 0.0) for s in ("generation", "reward", "scoring",
+                                                              "training")},
+        }
+
+    def step(self) -> dict:
+        """Run one GRPO iteration and return its metrics (see module docstring)."""
+        cfg, timer = self.config, self.timer
+        self.step_count += 1
+        step = self.step_count
+        group, rollout, verdicts, rewards = self.rollout_and_reward(step)
+        advantages = group_advantages(rewards, cfg.group_size, cfg.normalize_std)
 
         with timer("scoring"):
             with torch.no_grad():
@@ -171,8 +203,7 @@ class GRPOTrainer:
         n_updates = 0
         with timer("training"):
             self.policy.train()
-            for group in self.optimizer.param_groups:
-                group["lr"] = cfg.lr_at(step)
+            self.lr_schedule(self.optimizer, step, cfg.lr)
             batch = rollout.tokens.shape[0]
             size = batch // cfg.minibatches
             for epoch in range(cfg.ppo_epochs):
@@ -204,20 +235,9 @@ class GRPOTrainer:
             self.policy.eval()
 
         seconds = timer.reset()
-        metrics = {
-            "step": step,
-            "reward_mean": rewards.mean().item(),
-            "accuracy_train": sum(v.correct for v in verdicts) / len(verdicts),
-            "format_rate": sum(v.format_ok for v in verdicts) / len(verdicts),
-            **{k: v / n_updates for k, v in stats.items()},
-            "response_length": rollout.response_lengths().float().mean().item(),
-            "tokens_generated": int(rollout.response_mask.sum()),
-            "groups_with_signal": int((rewards.view(-1, cfg.group_size).std(1) > 0).sum()),
-            "seconds_generation": seconds.get("generation", 0.0),
-            "seconds_reward": seconds.get("reward", 0.0),
-            "seconds_scoring": seconds.get("scoring", 0.0),
-            "seconds_training": seconds.get("training", 0.0),
-        }
+        metrics = self.rollout_metrics(step, rollout, verdicts, rewards, seconds)
+        metrics.update({k: v / n_updates for k, v in stats.items()})
+        metrics["groups_with_signal"] = int((rewards.view(-1, cfg.group_size).std(1) > 0).sum())
         if step % cfg.eval_every == 0:
             metrics["accuracy_eval"] = self.evaluate()
         return metrics

@@ -200,7 +200,12 @@ class TinyGPT(nn.Module):
 
     def forward(self, tokens: Tensor, attention_mask: Tensor | None = None,
                 cache: KVCache | None = None) -> Tensor:
-        """Logits for each position.
+        """Logits ``(batch, seq, vocab_size)`` for each position; see :meth:`hidden_states`."""
+        return self.head(self.hidden_states(tokens, attention_mask, cache))
+
+    def hidden_states(self, tokens: Tensor, attention_mask: Tensor | None = None,
+                      cache: KVCache | None = None) -> Tensor:
+        """Final (normalised) hidden state of each position, before the language-model head.
 
         Args:
             tokens: ``(batch, seq)`` int64 token ids of the new tokens.
@@ -210,7 +215,7 @@ class TinyGPT(nn.Module):
                 ``cache.length`` and ``cache.length`` advances by ``seq``.
 
         Returns:
-            ``(batch, seq, vocab_size)`` float logits.
+            ``(batch, seq, d_model)`` float hidden states.
 
         Raises:
             ValueError: if the sequence would exceed ``max_seq_len`` or the mask has the wrong shape.
@@ -239,7 +244,7 @@ class TinyGPT(nn.Module):
             x = block(x, mask, layer_cache)
         if cache is not None:
             cache.length = ctx
-        return self.head(self.ln_f(x))
+        return self.ln_f(x)
 
     # ---------------------------------------------------------------- counting
     def num_parameters(self, non_embedding: bool = False) -> int:

@@ -118,9 +118,11 @@ def sequence_mean(per_token: Tensor, response_mask: Tensor) -> Tensor:
 
 def clip_fraction(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, clip_eps: float,
                   response_mask: Tensor) -> Tensor:
-    """Share of response tokens whose ratio was clipped (where clipping removed the gradient)."""
+    """Share of response tokens whose ratio was clipped (where clipping removed the gradient).
+
+    ``advantages`` is ``(batch,)`` (one per response) or ``(batch, R)`` (per token, e.g. GAE)."""
     ratio = torch.exp(log_probs - old_log_probs)
-    adv = advantages[:, None]
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
     clipped = ((ratio > 1 + clip_eps) & (adv > 0)) | ((ratio < 1 - clip_eps) & (adv < 0))
     return masked_mean(clipped.float(), response_mask)
 

@@ -1,9 +1,10 @@
-"""The course's main job: SFT warm start (if needed), then GRPO, with run files that survive Ctrl-C.
+"""The course's main job: SFT warm start (if needed), then GRPO or PPO, with run files that
+survive Ctrl-C.
 
-``python -m rlm_course grpo --task addition`` calls :func:`run_grpo`. A run lives in
+``python -m rlm_course grpo --task addition`` (and ``ppo``) call :func:`run_rl`. A run lives in
 ``runs/<name>/``:
 
-    metrics.jsonl     one JSON object per GRPO step (see GRPOTrainer.step)
+    metrics.jsonl     one JSON object per step (see GRPOTrainer.step, PPOTrainer.step)
     checkpoint.pt     policy, optimizer, reference and step; rewritten atomically
     summary.json      task, seed, steps, accuracy_before/after, wall_seconds, stage_seconds, ...
     learning_curve.png
@@ -27,6 +28,7 @@ from tqdm.auto import tqdm
 from .checkpoint import load_checkpoint, save_checkpoint
 from .evaluate import evaluate
 from .grpo import GRPOConfig, GRPOTrainer
+from .ppo import PPOConfig, PPOTrainer
 from .sft import SFTConfig, run_sft
 from .tasks import Task, data_dir, load_eval_set
 from .tokenizer import CharTokenizer
@@ -131,10 +133,11 @@ def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
     return rows
 
 
-def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: str | Path = "runs",
+def run_rl(task: Task, config: GRPOConfig, name: str | None = None, out_dir: str | Path = "runs",
              resume: bool = False, overwrite: bool = False, sft_checkpoint: str | Path | None = None,
              checkpoint_every: int = 10, progress: bool = True, log=print) -> dict:
-    """SFT warm start (made if the default checkpoint is missing), then ``config.steps`` GRPO steps.
+    """SFT warm start (made if the default checkpoint is missing), then ``config.steps`` steps of
+    GRPO, or of PPO when ``config`` is a :class:`PPOConfig`.
 
     Returns:
         The summary dict, also written to ``runs/<name>/summary.json``.
@@ -152,7 +155,7 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
         raise ValueError("--sft-checkpoint is not used with --resume (the run's checkpoint holds "
                          "the policy); drop one of them.")
     tokenizer = CharTokenizer()
-    name = name if name is not None else f"grpo-{task.key}-seed{config.seed}"
+    name = name if name is not None else f"{config.algorithm}-{task.key}-seed{config.seed}"
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"--name {name!r}: give a plain folder name (no slashes), e.g. my-run; "
                          "use --out to choose the parent folder.")
@@ -185,6 +188,9 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
         saved, wanted = state.get("config") or {}, asdict(config)
         differ = sorted(k for k in set(saved) | set(wanted)
                         if k != "steps" and saved.get(k) != wanted.get(k))
+        if state.get("algorithm", "grpo") != config.algorithm:
+            raise ValueError(f"--resume: {ckpt_path} is a {state.get('algorithm', 'grpo')} run, not "
+                             f"{config.algorithm}; resume it with its own command.")
         if state.get("task") != task.key:
             raise ValueError(f"--resume: {ckpt_path} is a run on task {state.get('task')}, not "
                              f"{task.key}; pass the same task options as the run.")
@@ -205,7 +211,8 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
             stale.unlink(missing_ok=True)
 
     seed_everything(config.seed)
-    trainer = GRPOTrainer(policy, task, tokenizer, config, eval_problems)
+    trainer_class = PPOTrainer if isinstance(config, PPOConfig) else GRPOTrainer
+    trainer = trainer_class(policy, task, tokenizer, config, eval_problems)
     totals = {"wall_seconds": 0.0, **{s: 0.0 for s in STAGES}, "tokens_generated": 0}
     if resume:
         trainer.load_state_dict(state["trainer"])
@@ -213,15 +220,17 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
     metrics = _read_metrics(metrics_path, trainer.step_count)
     atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in metrics))
     setup_seconds = time.perf_counter() - setup_start
-    log(f"Held-out greedy accuracy before GRPO: {accuracy_before:.1%} "
+    log(f"Held-out greedy accuracy before {config.algorithm.upper()}: {accuracy_before:.1%} "
         f"({len(eval_problems)} problems of {task.key})")
 
     def save() -> None:
-        save_checkpoint(ckpt_path, policy, task=task.key, config=asdict(config),
+        save_checkpoint(ckpt_path, policy, task=task.key, algorithm=config.algorithm,
+                        config=asdict(config),
                         trainer=trainer.state_dict(), totals=totals, sft=sft_info,
                         accuracy_before=accuracy_before)
 
-    bar = tqdm(total=config.steps, initial=trainer.step_count, desc=f"GRPO {task.key}",
+    bar = tqdm(total=config.steps, initial=trainer.step_count,
+               desc=f"{config.algorithm.upper()} {task.key}",
                disable=not progress)
     interrupted = False
     with _GracefulInterrupt() as interrupt, open(metrics_path, "a") as metrics_file:
@@ -255,7 +264,7 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
     accuracy_after = evaluate(policy, task, eval_problems, tokenizer).accuracy
     summary = {
         "task": task.key,
-        "algorithm": "grpo",
+        "algorithm": config.algorithm,
         "seed": config.seed,
         "steps": config.steps,
         "accuracy_before": accuracy_before,
@@ -274,8 +283,12 @@ def run_grpo(task: Task, config: GRPOConfig, name: str | None = None, out_dir: s
     from .plots import plot_learning_curve  # matplotlib import only when a run finishes
 
     plot_learning_curve(metrics, run_dir / "learning_curve.png", accuracy_before=accuracy_before,
-                        title=f"GRPO on {task.key}")
+                        title=f"{config.algorithm.upper()} on {task.key}")
     log(f"Held-out greedy accuracy: {accuracy_before:.1%} -> {accuracy_after:.1%} "
-        f"({summary['accuracy_gain_points']:+.1f} points) in {summary['wall_seconds']:.0f} s of GRPO "
+        f"({summary['accuracy_gain_points']:+.1f} points) in {summary['wall_seconds']:.0f} s of "
+        f"{config.algorithm.upper()} "
         "(" + ", ".join(f"{s} {totals[s]:.1f} s" for s in STAGES) + f"). Run files: {run_dir}/")
     return summary
+
+
+run_grpo = run_rl  # the name the GRPO chapters use

@@ -1,5 +1,6 @@
 """The main job end to end: learning, Ctrl-C and --resume, and bad input."""
 
+import functools
 import json
 import os
 import signal
@@ -41,12 +42,13 @@ def test_short_grpo_run_raises_held_out_accuracy(tmp_path):
 
 
 SMALL = ["--prompts-per-step", "8", "--group-size", "4", "--eval-every", "3"]
-DETERMINISTIC = ("reward_mean", "kl", "policy_loss", "entropy", "tokens_generated", "accuracy_eval")
+DETERMINISTIC = ("reward_mean", "kl", "policy_loss", "value_loss", "entropy", "tokens_generated",
+                 "accuracy_eval")
 
 
-def _cli(args, **kw):
+def _cli(args, algorithm="grpo", **kw):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "rlm_course", "grpo", "--task", "addition",
+    return subprocess.Popen([sys.executable, "-m", "rlm_course", algorithm, "--task", "addition",
                              "--no-progress", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kw)
 
@@ -56,11 +58,13 @@ def _rows(path):
             for r in map(json.loads, path.read_text().splitlines())]
 
 
-def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_path):
-    full = _cli(["--steps", "30", "--out", str(tmp_path), "--name", "full", *SMALL])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_path, algorithm):
+    cli = functools.partial(_cli, algorithm=algorithm)
+    full = cli(["--steps", "30", "--out", str(tmp_path), "--name", "full", *SMALL])
     assert full.wait(timeout=300) == 0, full.stdout.read()
 
-    part = _cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", *SMALL])
+    part = cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", *SMALL])
     metrics = tmp_path / "cut" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 4):
@@ -74,7 +78,7 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     assert (tmp_path / "cut" / "checkpoint.pt").exists()
     assert not (tmp_path / "cut" / "summary.json").exists()
 
-    resumed = _cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", "--resume", *SMALL])
+    resumed = cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", "--resume", *SMALL])
     out = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, out
     assert f"from step {len(stopped)}" in out
