@@ -289,6 +289,3 @@ def run_rl(task: Task, config: GRPOConfig, name: str | None = None, out_dir: str
         f"{config.algorithm.upper()} "
         "(" + ", ".join(f"{s} {totals[s]:.1f} s" for s in STAGES) + f"). Run files: {run_dir}/")
     return summary
-
-
-run_grpo = run_rl  # the name the GRPO chapters use

@@ -13,7 +13,7 @@ import pytest
 
 from rlm_course.cli import main
 from rlm_course.grpo import GRPOConfig
-from rlm_course.runs import run_grpo
+from rlm_course.runs import run_rl
 from rlm_course.tasks import get_task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +21,7 @@ TASK = get_task("addition", digits=3)
 
 
 def test_short_grpo_run_raises_held_out_accuracy(tmp_path):
-    summary = run_grpo(TASK, GRPOConfig(steps=40, eval_every=20, seed=0), out_dir=tmp_path,
+    summary = run_rl(TASK, GRPOConfig(steps=40, eval_every=20, seed=0), out_dir=tmp_path,
                        progress=False, log=lambda *a: None)
     assert 0.1 <= summary["accuracy_before"] <= 0.4  # the committed warm start: weak, not hopeless
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.05
