@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from rlm_course.rl import check_groups
 
 __all__ = ['group_advantages', 'clipped_surrogate', 'kl_k3']
 
@@ -33,12 +34,7 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
     Raises:
         ValueError: if ``group_size < 2`` or does not divide the number of rewards.
     """
-    if group_size < 2:
-        raise ValueError(f"group_advantages: group_size={group_size}; a group baseline needs at "
-                         "least 2 responses per prompt.")
-    if rewards.numel() % group_size:
-        raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups "
-                         f"of {group_size}.")
+    check_groups(rewards, group_size, "group_advantages")
     # TODO: reshape so that each row is one group, compare each reward with its group's statistics, and return the same shape as rewards
     raise NotImplementedError("not implemented yet: reshape so that each row is one group, compare each reward with its group's statistics, and return the same shape as rewards")
 

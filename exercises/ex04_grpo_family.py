@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.objectives import AGGREGATIONS, _check_groups, masked_mean
+from rlm_course.objectives import AGGREGATIONS, check_groups, masked_mean, sequence_mean
 
 __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
 
@@ -24,7 +24,7 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     Raises:
         ValueError: if ``group_size < 2`` or does not divide the number of rewards.
     """
-    _check_groups(rewards, group_size, "rloo_advantages")
+    check_groups(rewards, group_size, "rloo_advantages")
     # TODO: one row per group; each response's baseline is the mean of the *other* G-1 rewards of its row
     raise NotImplementedError("not implemented yet: one row per group; each response's baseline is the mean of the *other* G-1 rewards of its row")
 
@@ -57,7 +57,7 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}.")
     mask = response_mask.to(per_token.dtype)
     if mode == "seq-mean-token-mean":
-        return masked_mean(per_token, response_mask, dim=1).mean()
+        return sequence_mean(per_token, response_mask)
     if mode == "token-mean":
         # TODO: sum the loss over every real token of the batch and divide by the number of real tokens
         raise NotImplementedError('not implemented yet: sum the loss over every real token of the batch and divide by the number of real tokens')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,7 +15,8 @@ TASK_FLAGS = {  # task settings exposed as flags: name -> (type, help)
     "max_number": (int, "countdown: largest given number"),
     "max_target": (int, "countdown: largest target"),
 }
-TASK_SETTINGS = {"addition": ("digits",), "countdown": ("n_numbers", "max_number", "max_target")}
+TASK_SETTINGS = {name: tuple(f.name for f in dataclasses.fields(cls) if f.init and f.name in TASK_FLAGS)
+                 for name, cls in TASKS.items()}
 
 
 def _add_task_args(p: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from .model import TinyGPT
+from .rl import masked_mean
 
 
 class Critic(nn.Module):
@@ -61,5 +62,4 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, resp
     """
     clipped = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
     loss = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
-    mask = response_mask.to(loss.dtype)
-    return (loss * mask).sum() / mask.sum().clamp(min=1.0)
+    return masked_mean(loss, response_mask)

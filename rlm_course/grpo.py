@@ -24,6 +24,7 @@ import torch
 
 from .evaluate import evaluate
 from .model import TinyGPT
+from .objectives import groups_with_signal
 from .rl import group_advantages, grpo_loss, masked_mean
 from .sampling import generate, response_log_probs
 from .tasks import Problem, Task
@@ -237,7 +238,7 @@ class GRPOTrainer:
         seconds = timer.reset()
         metrics = self.rollout_metrics(step, rollout, verdicts, rewards, seconds)
         metrics.update({k: v / n_updates for k, v in stats.items()})
-        metrics["groups_with_signal"] = int((rewards.view(-1, cfg.group_size).std(1) > 0).sum())
+        metrics["groups_with_signal"] = int(groups_with_signal(rewards, cfg.group_size).sum())
         if step % cfg.eval_every == 0:
             metrics["accuracy_eval"] = self.evaluate()
         return metrics

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .rl import kl_k3, masked_mean
+from .rl import check_groups, kl_k3, masked_mean, sequence_mean
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
@@ -49,14 +49,6 @@ def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, estimator: str = "k3")
     return kl_k3(log_probs, ref_log_probs)
 
 
-def _check_groups(rewards: Tensor, group_size: int, who: str) -> None:
-    if group_size < 2:
-        raise ValueError(f"{who}: group_size={group_size}; a group baseline needs at least 2 "
-                         "responses per prompt.")
-    if rewards.numel() % group_size:
-        raise ValueError(f"{who}: {rewards.numel()} rewards do not split into groups of {group_size}.")
-
-
 def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740, eq. 5).
 
@@ -66,7 +58,7 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     Raises:
         ValueError: if ``group_size < 2`` or does not divide the number of rewards.
     """
-    _check_groups(rewards, group_size, "rloo_advantages")
+    check_groups(rewards, group_size, "rloo_advantages")
     # BEGIN SOLUTION: one row per group; each response's baseline is the mean of the *other* G-1 rewards of its row
     grouped = rewards.view(-1, group_size)
     baseline = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)
@@ -84,7 +76,7 @@ def reinforce_pp_advantages(rewards: Tensor, group_size: int | None = None,
     """
     centred = rewards
     if group_size is not None:
-        _check_groups(rewards, group_size, "reinforce_pp_advantages")
+        check_groups(rewards, group_size, "reinforce_pp_advantages")
         grouped = rewards.view(-1, group_size)
         centred = (grouped - grouped.mean(1, keepdim=True)).reshape(-1)
     return (centred - centred.mean()) / (centred.std() + eps)
@@ -177,7 +169,7 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}.")
     mask = response_mask.to(per_token.dtype)
     if mode == "seq-mean-token-mean":
-        return masked_mean(per_token, response_mask, dim=1).mean()
+        return sequence_mean(per_token, response_mask)
     if mode == "token-mean":
         # BEGIN SOLUTION: sum the loss over every real token of the batch and divide by the number of real tokens
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
@@ -208,6 +200,6 @@ def groups_with_signal(rewards: Tensor, group_size: int) -> Tensor:
     """DAPO's dynamic-sampling filter: ``(num_prompts,)`` bool, True for groups whose rewards are
     not all equal. A group of equal rewards has zero group-relative advantage and no gradient;
     DAPO drops it and samples more prompts until the batch is full (the cost: extra generation)."""
-    _check_groups(rewards, group_size, "groups_with_signal")
+    check_groups(rewards, group_size, "groups_with_signal")
     grouped = rewards.view(-1, group_size)
     return (grouped != grouped[:, :1]).any(dim=1)

@@ -31,6 +31,16 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
 
 
+def check_groups(rewards: Tensor, group_size: int, who: str) -> None:
+    """Raise ``ValueError`` unless ``rewards`` split into groups of ``group_size >= 2``."""
+    if group_size < 2:
+        raise ValueError(f"{who}: group_size={group_size}; a group baseline needs at least 2 "
+                         "responses per prompt.")
+    if rewards.numel() % group_size:
+        raise ValueError(f"{who}: {rewards.numel()} rewards do not split into groups of "
+                         f"{group_size}.")
+
+
 def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = True,
                      eps: float = 1e-6) -> Tensor:
     """Group-relative advantages of GRPO (Shao et al. 2024, section 4.1.2, outcome supervision).
@@ -50,12 +60,7 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
     Raises:
         ValueError: if ``group_size < 2`` or does not divide the number of rewards.
     """
-    if group_size < 2:
-        raise ValueError(f"group_advantages: group_size={group_size}; a group baseline needs at "
-                         "least 2 responses per prompt.")
-    if rewards.numel() % group_size:
-        raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups "
-                         f"of {group_size}.")
+    check_groups(rewards, group_size, "group_advantages")
     # BEGIN SOLUTION: reshape so that each row is one group, compare each reward with its group's statistics, and return the same shape as rewards
     grouped = rewards.view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from rlm_course.rl import check_groups
 
 __all__ = ['group_advantages', 'clipped_surrogate', 'kl_k3']
 
@@ -32,12 +33,7 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
     Raises:
         ValueError: if ``group_size < 2`` or does not divide the number of rewards.
     """
-    if group_size < 2:
-        raise ValueError(f"group_advantages: group_size={group_size}; a group baseline needs at "
-                         "least 2 responses per prompt.")
-    if rewards.numel() % group_size:
-        raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups "
-                         f"of {group_size}.")
+    check_groups(rewards, group_size, "group_advantages")
     grouped = rewards.view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_std:
