@@ -1,0 +1,37 @@
+"""The hardware catalog: sourced figures, ridge points, lookups, and measuring this machine."""
+
+import pytest
+
+from rlm_course.hardware import copy_bandwidth, get_device, load_catalog, measure_this_machine
+
+ACCELERATORS = ("A100-SXM-80GB", "H100-SXM-80GB", "H200-SXM-141GB", "B200-HGX-180GB",
+                "MI300X-192GB")
+
+
+def test_every_accelerator_has_positive_figures_and_a_source():
+    catalog = load_catalog()
+    for name in ACCELERATORS:
+        d = catalog[name]
+        assert min(d.peak_flops, d.memory_bytes, d.memory_bandwidth, d.intra_node_bandwidth,
+                   d.inter_node_bandwidth) > 0, name
+        assert "datasheet" in d.source, name
+
+
+def test_ridge_points_match_the_published_arithmetic():
+    # H100 SXM: 989 TFLOP/s / 3.35 TB/s ~ 295 FLOP/B; H200: 989 / 4.8 ~ 206 (JAX scaling book)
+    assert get_device("H100-SXM-80GB").ridge_point == pytest.approx(295, abs=1)
+    assert get_device("H200-SXM-141GB").ridge_point == pytest.approx(206, abs=1)
+    assert get_device("A100-SXM-80GB").ridge_point == pytest.approx(153, abs=1)
+
+
+def test_unknown_device_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown device 'H1000'.*H100-SXM-80GB"):
+        get_device("H1000")
+
+
+def test_measuring_this_machine_gives_plausible_figures():
+    device = measure_this_machine(write=False)
+    assert 1e8 < device.peak_flops < 1e14  # between 0.1 GFLOP/s and 100 TFLOP/s for a CPU
+    assert 1e8 < device.memory_bandwidth < 1e13
+    assert device.ridge_point > 0 and "measured by" in device.source
+    assert copy_bandwidth(megabytes=8, repeats=2) > 1e8
