@@ -32,6 +32,7 @@ lab: setup
 bench: setup
 	$(BIN)/python -m rlm_course bench sampling
 	$(BIN)/python -m rlm_course bench train
+	$(BIN)/python -m rlm_course bench family
 
 exercises: setup
 	$(BIN)/python -m rlm_course exercises

@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m rlm_course bench sampling`` and ``python -m rlm_course bench train``.
+"""Benchmarks: ``python -m rlm_course bench sampling``, ``... bench train``, ``... bench family``.
 
 Each prints a readable table and, as its last line, one JSON object with its figures. Every
 ratio is measured side by side in the same run (baseline and candidate alternate), never against
@@ -11,6 +11,9 @@ a number remembered from another machine.
   mini-batch; tokens/s, achieved FLOP/s from the analytic count (checked against
   ``torch.utils.flop_counter``), and MFU = achieved / peak, where the peak is the best fp32
   matmul throughput measured in the same run. Key: ``mfu``.
+* ``family``: seconds per step of every preset of :mod:`rlm_course.algorithms` at its default
+  sizes, the presets' steps interleaved, as ratios to GRPO; with each one's stage split, responses
+  generated per response trained, model-state and activation memory. Key: ``presets``.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ import time
 import torch
 
 from .flops import count_flops
+from .hardware import matmul_peak
 from .model import ModelConfig, TinyGPT, forward_flops
 from .rl import group_advantages, grpo_loss
 from .sampling import generate, response_log_probs
 from .sft import default_model_config
 from .tasks import get_task
 from .tokenizer import CharTokenizer
-from .utils import seed_everything
+from .utils import format_table, seed_everything
 
 
 def _time(fn, repeats: int) -> list[float]:
@@ -38,14 +42,6 @@ def _time(fn, repeats: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - start)
     return out
-
-
-def _table(rows: list[list], header: list[str]) -> str:
-    cells = [header] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64) -> dict:
@@ -77,7 +73,7 @@ def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64) -> d
     tokens = batch * new_tokens
     print(f"Sampling {new_tokens} new tokens for {batch} prompts ({p} prompt columns), "
           f"median of {repeats}; identical samples: {same}")
-    print(_table([
+    print(format_table([
         ["KV cache", f"{t_cache * 1e3:.1f}", f"{tokens / t_cache:,.0f}", f"{flops_cache / 1e9:.2f}", "1.00"],
         ["recompute prefix", f"{t_recompute * 1e3:.1f}", f"{tokens / t_recompute:,.0f}",
          f"{flops_recompute / 1e9:.2f}", f"{t_recompute / t_cache:.2f}"],
@@ -88,17 +84,6 @@ def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64) -> d
             "recompute_tokens_per_s": tokens / t_recompute,
             "kv_cache_gflop": flops_cache / 1e9, "recompute_gflop": flops_recompute / 1e9,
             "kv_cache_speedup": t_recompute / t_cache}
-
-
-def matmul_peak(sizes=(512, 1024, 2048), repeats: int = 3) -> tuple[float, dict]:
-    """Best fp32 ``n x n`` matmul throughput (FLOP/s) over ``sizes``: this machine's peak."""
-    results = {}
-    for n in sizes:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        a @ b  # warm-up
-        t = min(_time(lambda: a @ b, repeats))
-        results[n] = 2 * n**3 / t
-    return max(results.values()), results
 
 
 def bench_train(repeats: int = 5) -> dict:
@@ -139,7 +124,7 @@ def bench_train(repeats: int = 5) -> dict:
     tokens = batch * seq
     print(f"GRPO training step: {batch} sequences x {seq} tokens, threads={torch.get_num_threads()}, "
           f"median of {repeats}")
-    print(_table([
+    print(format_table([
         ["train step", f"{t * 1e3:.1f}", f"{tokens / t:,.0f}", f"{predicted / 1e9:.2f}",
          f"{achieved / 1e9:.1f}", f"{mfu:.2f}"],
         ["fp32 matmul peak", "", "", "", f"{peak / 1e9:.1f}", "1.00"],
@@ -152,10 +137,60 @@ def bench_train(repeats: int = 5) -> dict:
             "matmul_peak_flops_per_s": peak, "mfu": mfu}
 
 
+def bench_family(repeats: int = 5) -> dict:
+    """Seconds per step and memory of every preset, side by side, from the same warm start.
+
+    Each preset runs one warm-up step, then ``repeats`` timed steps (steps 2.. of a real run, at
+    the default sizes); the presets alternate step by step so that machine noise hits all alike.
+    Ratios are to GRPO's seconds per step in the same run.
+    """
+    from .algorithms import PRESETS, preset
+    from .runs import cost_summary, load_sft_policy
+    from .tasks import load_eval_set
+    from .trainer import RLTrainer
+    from .accounting import cost_row
+
+    tok, task = CharTokenizer(), get_task("addition")
+    held_out = load_eval_set(task)
+    trainers = {}
+    for name in PRESETS:
+        seed_everything(0)
+        policy, _ = load_sft_policy(task, tok, progress=False)
+        trainers[name] = RLTrainer(policy, task, tok, preset(name, eval_every=10**6), held_out)
+        trainers[name].step()  # warm-up
+    seconds = {name: [] for name in PRESETS}
+    stages = {name: {} for name in PRESETS}
+    for _ in range(repeats):
+        for name, trainer in trainers.items():
+            start = time.perf_counter()
+            row = trainer.step()
+            seconds[name].append(time.perf_counter() - start)
+            for stage in ("generation", "reward", "scoring", "training"):
+                stages[name][stage] = stages[name].get(stage, 0.0) + row[f"seconds_{stage}"] / repeats
+    base = statistics.median(seconds["grpo"])
+    rows, result = [], {"bench": "family", "threads": torch.get_num_threads(), "repeats": repeats,
+                        "presets": {}}
+    for name, trainer in trainers.items():
+        t = statistics.median(seconds[name])
+        cost = cost_row(cost_summary(trainer, sum(seconds[name])))
+        rows.append([name, f"{t:.3f}", f"{t / base:.2f}", f"{stages[name]['generation']:.3f}",
+                     f"{stages[name]['scoring']:.3f}", f"{stages[name]['training']:.3f}",
+                     cost["generated_per_trained"], cost["model_states_mb"],
+                     cost["activations_mb"]])
+        result["presets"][name] = {"seconds_per_step": t, "vs_grpo": t / base,
+                                   "stage_seconds": stages[name], **cost}
+    print(f"Seconds per step of each preset on addition-3 (512 responses per step; median of "
+          f"{repeats} steps after a warm-up; threads={torch.get_num_threads()})")
+    print(format_table(rows, ["preset", "s/step", "vs grpo", "generation", "scoring", "training",
+                              "gen/train", "model states MB", "activations MB"]))
+    return result
+
+
 def main(what: str, args) -> int:
     repeats = getattr(args, "repeats", 5)
     if repeats <= 0:
         raise ValueError(f"--repeats={repeats} must be positive.")
-    result = bench_sampling(repeats) if what == "sampling" else bench_train(repeats)
+    benches = {"sampling": bench_sampling, "train": bench_train, "family": bench_family}
+    result = benches[what](repeats)
     print(json.dumps(result))
     return 0

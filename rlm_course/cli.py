@@ -41,21 +41,40 @@ def _task_from_args(args):
 
 
 RL_FLAGS = (("steps", int), ("group-size", int), ("prompts-per-step", int), ("lr", float),
-            ("kl-coef", float), ("seed", int), ("ppo-epochs", int), ("minibatches", int),
-            ("eval-every", int))
-PPO_FLAGS = (("critic-lr", float), ("gamma", float), ("lam", float))
+            ("seed", int), ("ppo-epochs", int), ("minibatches", int), ("eval-every", int))
+#: Algorithm parts (see rlm_course.algorithms.RLConfig): flag -> type, or a tuple of choices, or
+#: bool (an on/off pair --x / --no-x). Each overrides the chosen --variant's value.
+ALGORITHM_FLAGS = {
+    "advantage": ("group", "rloo", "reinforce_pp", "gae"),
+    "normalize-std": bool,
+    "ratio-level": ("token", "sequence"),
+    "clip-eps": float,
+    "clip-eps-high": float,
+    "loss-agg": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"),
+    "kl-mode": ("none", "loss", "reward"),
+    "kl-estimator": ("k1", "k2", "k3"),
+    "kl-coef": float,
+    "entropy-coef": float,
+    "dynamic-sampling": bool,
+    "max-sampling-rounds": int,
+    "overlong-buffer": int,
+    "use-critic": bool,
+    "gamma": float,
+    "lam": float,
+    "critic-lr": float,
+    "value-clip": float,
+}
 
 
 def _rl(args) -> int:
-    from .grpo import GRPOConfig
-    from .ppo import PPOConfig
+    from .algorithms import preset
     from .runs import run_rl
 
     task = _task_from_args(args)
-    flags = RL_FLAGS + (PPO_FLAGS if args.command == "ppo" else ())
-    overrides = {name.replace("-", "_"): getattr(args, name.replace("-", "_")) for name, _ in flags
-                 if getattr(args, name.replace("-", "_")) is not None}
-    config = (PPOConfig if args.command == "ppo" else GRPOConfig)(**overrides)
+    names = [n for n, _ in RL_FLAGS] + list(ALGORITHM_FLAGS)
+    overrides = {n.replace("-", "_"): getattr(args, n.replace("-", "_")) for n in names
+                 if getattr(args, n.replace("-", "_")) is not None}
+    config = preset(args.variant, **overrides)
     summary = run_rl(task, config, name=args.name, out_dir=args.out, resume=args.resume,
                      overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
                      progress=not args.no_progress)
@@ -116,6 +135,37 @@ def _exercises(args) -> int:
     return gen_main(check=args.check, force=args.force)
 
 
+def _family(args) -> int:
+    from .experiments import run_family
+
+    task = _task_from_args(args)
+    flags = ["--task", args.task]
+    for name in TASK_FLAGS:
+        if getattr(args, name) is not None:
+            flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    path = run_family(task, flags, args.seeds, args.steps, args.variants, out=args.out,
+                      progress=not args.no_progress)
+    print(f"wrote {path}")
+    return 0
+
+
+def _hardware(args) -> int:
+    from .hardware import load_catalog, measure_this_machine
+    from .utils import format_table
+
+    if args.measure:
+        device = measure_this_machine()
+        print(f"measured this machine: {device.peak_flops / 1e9:.1f} GFLOP/s fp32 matmul peak, "
+              f"{device.memory_bandwidth / 1e9:.1f} GB/s copy bandwidth")
+    rows = [[d.name, f"{d.peak_flops / 1e12:,.2f}", f"{d.memory_bytes / 1e9:,.0f}",
+             f"{d.memory_bandwidth / 1e12:.3f}", f"{d.ridge_point:,.0f}",
+             f"{d.intra_node_bandwidth / 1e9:,.0f}", f"{d.inter_node_bandwidth / 1e9:,.0f}"]
+            for d in load_catalog().values()]
+    print(format_table(rows, ["device", "peak TFLOP/s", "memory GB", "bandwidth TB/s",
+                              "ridge FLOP/B", "intra-node GB/s", "inter-node GB/s"]))
+    return 0
+
+
 def _make_eval_sets(args) -> int:
     from .tasks import write_eval_set
 
@@ -128,14 +178,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rlm_course", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for command, help_text in (("grpo", "SFT warm start if needed, then GRPO; writes runs/<name>/"),
-                               ("ppo", "SFT warm start if needed, then PPO with a critic")):
+    from .algorithms import PRESETS
+
+    for command, help_text in (("grpo", "SFT warm start if needed, then GRPO or another --variant "
+                                        "of the family; writes runs/<name>/"),
+                               ("ppo", "SFT warm start if needed, then PPO with a critic "
+                                       "(= grpo --variant ppo)")):
         p = sub.add_parser(command, help=help_text)
         _add_task_args(p)
-        for flag, kind in RL_FLAGS + (PPO_FLAGS if command == "ppo" else ()):
+        p.add_argument("--variant", choices=list(PRESETS), default=command,
+                       help=f"preset algorithm (default {command}); the flags below override parts "
+                            "of it")
+        for flag, kind in RL_FLAGS:
             p.add_argument(f"--{flag}", type=kind, default=None)
+        for flag, kind in ALGORITHM_FLAGS.items():
+            if kind is bool:
+                p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
+            elif isinstance(kind, tuple):
+                p.add_argument(f"--{flag}", choices=kind, default=None)
+            else:
+                p.add_argument(f"--{flag}", type=kind, default=None)
         p.add_argument("--name", default=None,
-                       help=f"run folder name (default {command}-<task>-seed<seed>)")
+                       help="run folder name (default <variant>-<task>-seed<seed>)")
         p.add_argument("--out", default="runs", help="parent folder of runs (default runs/)")
         p.add_argument("--resume", action="store_true", help="continue the run from its checkpoint")
         p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
@@ -158,8 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show", type=int, default=5, help="print this many responses")
     p.set_defaults(func=_eval)
 
-    p = sub.add_parser("bench", help="benchmarks: sampling (KV cache) or train (MFU)")
-    p.add_argument("what", choices=["sampling", "train"])
+    p = sub.add_parser("bench", help="benchmarks: sampling (KV cache), train (MFU), family "
+                                     "(seconds per step and memory of every preset)")
+    p.add_argument("what", choices=["sampling", "train", "family"])
     p.add_argument("--repeats", type=int, default=5)
     p.set_defaults(func=_bench)
 
@@ -173,6 +238,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="also overwrite exercise files that differ from their stub (your work!)")
     p.set_defaults(func=_exercises)
+
+    p = sub.add_parser("family", help="every preset x several seeds; stores the results that "
+                                      "notebook 04 plots")
+    _add_task_args(p)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--variants", nargs="+", default=None, help="default: every preset")
+    p.add_argument("--out", default=None,
+                   help="results file (default data/experiments/family-<task>.json)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_family)
+
+    p = sub.add_parser("hardware", help="the hardware catalog (data/hardware/); --measure adds "
+                                        "this machine")
+    p.add_argument("--measure", action="store_true",
+                   help="time this machine's matmul peak and memory bandwidth and store them")
+    p.set_defaults(func=_hardware)
 
     p = sub.add_parser("make-eval-sets", help="rewrite data/eval/*.jsonl (fixed seeds)")
     p.set_defaults(func=_make_eval_sets)

@@ -1,17 +1,8 @@
 """The GRPO family as composable parts: advantage estimators, ratio levels, clipping, loss
 aggregation, KL estimators, and DAPO's sampling and reward shaping.
 
-Each published algorithm is a choice of one option per part (a "preset"):
-
-    part         GRPO             Dr. GRPO          DAPO              RLOO            REINFORCE++     GSPO
-    advantage    group, std       group, no std     group, std        leave-one-out   batch-normed    group, std
-    ratio        token            token             token             sequence        token           sequence
-    clipping     eps              eps               eps_low/eps_high  (eps if reused) eps             eps_low/eps_high
-    aggregation  seq-mean-        seq-mean-token-   token-mean        per sequence    as in PPO       per sequence
-                 token-mean       sum-norm
-    KL           k3 as loss       none              none              in reward       k1 in reward    none
-
-(Each function below names its paper and equation.)
+Each published algorithm is a choice of one option per part; the presets and their sources are
+in :mod:`rlm_course.algorithms`, and :class:`rlm_course.trainer.RLTrainer` runs any choice.
 
 Shapes: ``rewards (batch,)`` with the ``group_size`` responses of one prompt contiguous; per-token
 tensors ``(batch, R)`` over response positions with a ``response_mask (batch, R)``.
@@ -66,20 +57,30 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     # END SOLUTION
 
 
-def reinforce_pp_advantages(rewards: Tensor, group_size: int | None = None,
-                            eps: float = 1e-6) -> Tensor:
-    """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262): normalise over the *whole batch*.
+def masked_whiten(x: Tensor, response_mask: Tensor, eps: float = 1e-6) -> Tensor:
+    """Normalise ``x (batch, R)`` to mean 0 and standard deviation 1 over the masked tokens of the
+    whole batch (PPO's advantage whitening; verl ``masked_whiten``); 0 outside the mask."""
+    mean = masked_mean(x, response_mask)
+    std = masked_mean((x - mean) ** 2, response_mask).sqrt()
+    return (x - mean) / (std + eps) * response_mask
 
-    ``A = (R - mean_batch(R)) / (std_batch(R) + eps)``; with ``group_size`` (the
-    "REINFORCE++-baseline" variant) each reward first has its group's mean subtracted, then the
-    result is normalised over the batch. Input and output ``(batch,)``.
+
+def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262, section 3): the return of each token,
+    ``G_t = sum_{s >= t} r_s`` (gamma = 1), normalised over *every response token of the batch*
+    instead of per prompt (verl ``compute_reinforce_plus_plus_outcome_advantage``).
+
+    Args:
+        token_rewards: ``(batch, R)``: e.g. the verifier's reward on the last token minus a
+            per-token KL penalty.
+        response_mask: ``(batch, R)``; each row's real tokens are a prefix.
+
+    Returns:
+        ``(batch, R)`` advantages, 0 outside the mask.
     """
-    centred = rewards
-    if group_size is not None:
-        check_groups(rewards, group_size, "reinforce_pp_advantages")
-        grouped = rewards.view(-1, group_size)
-        centred = (grouped - grouped.mean(1, keepdim=True)).reshape(-1)
-    return (centred - centred.mean()) / (centred.std() + eps)
+    mask = response_mask.to(token_rewards.dtype)
+    returns = (token_rewards * mask).flip(1).cumsum(1).flip(1) * mask
+    return masked_whiten(returns, response_mask)
 
 
 def gae(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1.0,
@@ -178,6 +179,49 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
         raise ValueError("seq-mean-token-sum-norm needs constant_length > 0 (e.g. the maximum "
                          "response length).")
     return (per_token * mask).sum() / (per_token.shape[0] * constant_length)
+
+
+def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
+                response_mask: Tensor, ratio_level: str = "token", clip_low: float = 0.2,
+                clip_high: float | None = None, loss_agg: str = "seq-mean-token-mean",
+                constant_length: int | None = None) -> tuple[Tensor, Tensor]:
+    """The clipped policy-gradient loss of the whole family, one option per part.
+
+    * ratio: per token, ``exp(logp - old_logp)`` (PPO, GRPO), or per sequence,
+      :func:`sequence_ratio` (GSPO; every token of a response then shares its loss);
+    * clipping: :func:`clipped_objective` with ``clip_low``/``clip_high``;
+    * aggregation: :func:`aggregate_loss` with ``loss_agg``.
+
+    Args:
+        log_probs, old_log_probs: ``(batch, R)``; advantages: ``(batch,)`` or ``(batch, R)``
+            (a sequence ratio needs ``(batch,)``); response_mask: ``(batch, R)``.
+
+    Returns:
+        ``(loss, clipped)``: the scalar loss and a ``(batch, R)`` bool tensor, True on the tokens
+        whose objective was clipped (no gradient through them).
+
+    Raises:
+        ValueError: for an unknown ratio level, a sequence ratio with per-token advantages, or
+            the errors of :func:`clipped_objective` and :func:`aggregate_loss`.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    if ratio_level == "token":
+        ratio = torch.exp(log_probs - old_log_probs)
+        per_token = clipped_objective(ratio, advantages, clip_low, clip_high)
+    elif ratio_level == "sequence":
+        if advantages.dim() != 1:
+            raise ValueError("a sequence-level ratio needs one advantage per response (batch,), "
+                             f"got shape {tuple(advantages.shape)}.")
+        ratio = sequence_ratio(log_probs, old_log_probs, response_mask)
+        per_token = clipped_objective(ratio, advantages, clip_low, clip_high)[:, None].expand_as(
+            log_probs)
+        ratio = ratio[:, None].expand_as(log_probs)
+    else:
+        raise ValueError(f"unknown ratio level {ratio_level!r}; choose token or sequence.")
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    clipped = ((ratio > 1 + clip_high) & (adv > 0)) | ((ratio < 1 - clip_low) & (adv < 0))
+    loss = aggregate_loss(per_token, response_mask, loss_agg, constant_length)
+    return loss, clipped.detach() & response_mask
 
 
 def overlong_penalty(lengths: Tensor, max_length: int, cache_length: int) -> Tensor:

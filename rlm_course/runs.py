@@ -1,12 +1,14 @@
 """The course's main job: SFT warm start (if needed), then GRPO or PPO, with run files that
 survive Ctrl-C.
 
-``python -m rlm_course grpo --task addition`` (and ``ppo``) call :func:`run_rl`. A run lives in
+``python -m rlm_course grpo --task addition`` (with ``--variant``, and ``ppo``) call :func:`run_rl`. A run lives in
 ``runs/<name>/``:
 
-    metrics.jsonl     one JSON object per step (see GRPOTrainer.step, PPOTrainer.step)
-    checkpoint.pt     policy, optimizer, reference and step; rewritten atomically
-    summary.json      task, seed, steps, accuracy_before/after, wall_seconds, stage_seconds, ...
+    metrics.jsonl     one JSON object per step (see RLTrainer.step)
+    checkpoint.pt     policy, optimizer, reference, critic and step; rewritten atomically
+    summary.json      task, seed, steps, accuracy_before/after, wall_seconds, stage_seconds, and
+                      the cost: models held, passes per response (measured and predicted),
+                      memory, seconds per step (see :func:`cost_summary`)
     learning_curve.png
 
 The first Ctrl-C finishes the current step, writes the checkpoint and exits; a second one stops
@@ -27,11 +29,13 @@ from tqdm.auto import tqdm
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .evaluate import evaluate
-from .grpo import GRPOConfig, GRPOTrainer
-from .ppo import PPOConfig, PPOTrainer
+from .accounting import (measured_model_state_bytes, models_held, peak_rss_bytes,
+                         predict_model_state_bytes, predict_passes)
+from .algorithms import RLConfig
 from .sft import SFTConfig, run_sft
 from .tasks import Task, data_dir, load_eval_set
 from .tokenizer import CharTokenizer
+from .trainer import RLTrainer
 from .utils import atomic_write_json, atomic_write_text, seed_everything
 
 STAGES = ("generation", "reward", "scoring", "training")
@@ -133,11 +137,46 @@ def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
     return rows
 
 
-def run_rl(task: Task, config: GRPOConfig, name: str | None = None, out_dir: str | Path = "runs",
+def cost_summary(trainer: RLTrainer, wall_seconds: float) -> dict:
+    """What the run cost: models held, forward/backward passes per response (measured by hooks and
+    predicted by :func:`rlm_course.accounting.predict_passes`), memory and seconds per step."""
+    config = trainer.config
+    generated, trained = trainer.responses["generated"], trainer.responses["trained"]
+    held = {"policy": (trainer.policy, trainer.optimizer),
+            "critic": (trainer.critic, trainer.critic_optimizer),
+            "reference": (trainer.reference, None)}
+    measured = {name: measured_model_state_bytes(model, opt) for name, (model, opt) in held.items()
+                if model is not None}
+    counts = {}
+    for name, (model, opt) in held.items():
+        if model is not None:
+            params = [p for p in model.parameters() if p.requires_grad or opt is None]
+            counts[name] = (sum(p.numel() for p in params), len(params))
+    predicted = predict_model_state_bytes(counts, {n: held[n][1] is not None for n in counts})
+    steps = max(trainer.step_count, 1)
+    return {
+        "models": models_held(config),
+        "responses_generated": generated,
+        "responses_trained": trained,
+        "passes_per_response": trainer.passes.per_sample(generated, trained),
+        "passes_per_response_predicted": predict_passes(config),
+        "decode_steps_per_response": round(trainer.passes.decode_tokens / max(generated, 1), 3),
+        "memory_bytes": {
+            "model_states": measured,
+            "model_states_predicted": predicted,
+            "peak_activations": trainer.activations.peak_bytes,
+            "peak_kv_cache": trainer.peak_kv_cache_bytes,
+            "process_peak_rss": peak_rss_bytes(),
+        },
+        "seconds_per_step": round(wall_seconds / steps, 4),
+    }
+
+
+def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str | Path = "runs",
              resume: bool = False, overwrite: bool = False, sft_checkpoint: str | Path | None = None,
              checkpoint_every: int = 10, progress: bool = True, log=print) -> dict:
     """SFT warm start (made if the default checkpoint is missing), then ``config.steps`` steps of
-    GRPO, or of PPO when ``config`` is a :class:`PPOConfig`.
+    the algorithm ``config`` describes (any preset of :mod:`rlm_course.algorithms`).
 
     Returns:
         The summary dict, also written to ``runs/<name>/summary.json``.
@@ -190,7 +229,8 @@ def run_rl(task: Task, config: GRPOConfig, name: str | None = None, out_dir: str
                         if k != "steps" and saved.get(k) != wanted.get(k))
         if state.get("algorithm", "grpo") != config.algorithm:
             raise ValueError(f"--resume: {ckpt_path} is a {state.get('algorithm', 'grpo')} run, not "
-                             f"{config.algorithm}; resume it with its own command.")
+                             f"{config.algorithm}; resume it with its own command (pass --variant "
+                             f"{state.get('algorithm', 'grpo')}).")
         if state.get("task") != task.key:
             raise ValueError(f"--resume: {ckpt_path} is a run on task {state.get('task')}, not "
                              f"{task.key}; pass the same task options as the run.")
@@ -211,8 +251,7 @@ def run_rl(task: Task, config: GRPOConfig, name: str | None = None, out_dir: str
             stale.unlink(missing_ok=True)
 
     seed_everything(config.seed)
-    trainer_class = PPOTrainer if isinstance(config, PPOConfig) else GRPOTrainer
-    trainer = trainer_class(policy, task, tokenizer, config, eval_problems)
+    trainer = RLTrainer(policy, task, tokenizer, config, eval_problems)
     totals = {"wall_seconds": 0.0, **{s: 0.0 for s in STAGES}, "tokens_generated": 0}
     if resume:
         trainer.load_state_dict(state["trainer"])
@@ -278,6 +317,7 @@ def run_rl(task: Task, config: GRPOConfig, name: str | None = None, out_dir: str
         "config": asdict(config),
         "sft": sft_info,
         "model_parameters": policy.num_parameters(),
+        "cost": cost_summary(trainer, totals["wall_seconds"]),
     }
     atomic_write_json(summary_path, summary)
     from .plots import plot_learning_curve  # matplotlib import only when a run finishes

@@ -159,3 +159,34 @@ def response_log_probs(model: TinyGPT, tokens: Tensor, attention_mask: Tensor, p
         return token_logp
     entropy = -(logp.exp() * logp).sum(-1)
     return token_logp, entropy
+
+
+def select_rollouts(rollout: Rollout, rows: Tensor) -> Rollout:
+    """The rollouts of ``rows`` (an index or bool tensor over the batch)."""
+    return Rollout(rollout.tokens[rows], rollout.attention_mask[rows], rollout.response_mask[rows],
+                   rollout.log_probs[rows], rollout.prompt_len)
+
+
+def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
+    """One :class:`Rollout` from several (e.g. DAPO's generation rounds): prompts are left-padded
+    and responses right-padded to the widest of them. Padding is masked out, and positions come
+    from the attention mask, so every row scores exactly as it did in its own batch.
+
+    Raises:
+        ValueError: for an empty list.
+    """
+    if not rollouts:
+        raise ValueError("concat_rollouts: nothing to concatenate.")
+    if len(rollouts) == 1:
+        return rollouts[0]
+    prompt_len = max(r.prompt_len for r in rollouts)
+    response_len = max(r.response_mask.shape[1] for r in rollouts)
+    parts = {"tokens": [], "attention_mask": [], "response_mask": [], "log_probs": []}
+    for r in rollouts:
+        left, right = prompt_len - r.prompt_len, response_len - r.response_mask.shape[1]
+        parts["tokens"].append(F.pad(r.tokens, (left, right), value=pad_id))
+        parts["attention_mask"].append(F.pad(r.attention_mask, (left, right), value=False))
+        parts["response_mask"].append(F.pad(r.response_mask, (0, right), value=False))
+        parts["log_probs"].append(F.pad(r.log_probs, (0, right), value=0.0))
+    return Rollout(*(torch.cat(parts[k]) for k in ("tokens", "attention_mask", "response_mask",
+                                                  "log_probs")), prompt_len)

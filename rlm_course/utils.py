@@ -71,16 +71,40 @@ class StageTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.current: str | None = None  # the stage running now (None outside any stage)
 
     @contextmanager
     def __call__(self, stage: str):
-        start = time.perf_counter()
+        start, outer = time.perf_counter(), self.current
+        self.current = stage
         try:
             yield
         finally:
             self.seconds[stage] += time.perf_counter() - start
+            self.current = outer
 
     def reset(self) -> dict[str, float]:
         out = dict(self.seconds)
         self.seconds = defaultdict(float)
         return out
+
+
+def format_table(rows: list[list], header: list[str]) -> str:
+    """A plain-text table: columns padded to their widest cell, numbers right-aligned."""
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for k, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if k == 0 or not _numeric(c) else c.rjust(w)
+                               for c, w in zip(row, widths)))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.replace(",", "").rstrip("%x"))
+        return True
+    except ValueError:
+        return False

@@ -32,14 +32,23 @@ def test_rloo_hand_example_and_identity():
         ob.rloo_advantages(r, 1)
 
 
-def test_reinforce_pp_normalises_over_the_batch():
-    r = torch.tensor([1.0, 0.0, 1.0, 1.0])
-    a = ob.reinforce_pp_advantages(r)
-    std = torch.tensor([1.0, 0.0, 1.0, 1.0]).std()  # unbiased, 0.5
-    assert torch.allclose(a, (r - 0.75) / std, atol=1e-5)
-    b = ob.reinforce_pp_advantages(r, group_size=2)  # group means 0.5, 1: centred [.5,-.5,0,0]
-    centred = torch.tensor([0.5, -0.5, 0.0, 0.0])
-    assert torch.allclose(b, centred / centred.std(), atol=1e-5)
+def test_reinforce_pp_returns_to_go_normalised_over_the_batch_tokens():
+    # two responses of 2 and 1 tokens; reward 1 on the last token of the first, KL -0.5 on token 0
+    token_rewards = torch.tensor([[-0.5, 1.0], [0.0, 0.0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    returns = torch.tensor([0.5, 1.0, 0.0])  # G_t = sum of rewards from t on, masked tokens only
+    expected = (returns - returns.mean()) / (returns.var(unbiased=False).sqrt() + 1e-6)
+    a = ob.reinforce_pp_advantages(token_rewards, mask)
+    assert torch.allclose(a[mask], expected, atol=1e-5)
+    assert a[1, 1] == 0  # outside the mask
+
+
+def test_masked_whiten_hand_example():
+    x = torch.tensor([[1.0, 3.0], [5.0, 100.0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    w = ob.masked_whiten(x, mask)  # over 1, 3, 5: mean 3, population std sqrt(8/3)
+    assert torch.allclose(w[mask], torch.tensor([-2.0, 0.0, 2.0]) / math.sqrt(8 / 3), atol=1e-5)
+    assert w[1, 1] == 0
 
 
 def naive_gae(rewards, values, lengths, gamma, lam):

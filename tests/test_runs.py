@@ -43,12 +43,12 @@ def test_short_grpo_run_raises_held_out_accuracy(tmp_path):
 
 SMALL = ["--prompts-per-step", "8", "--group-size", "4", "--eval-every", "3"]
 DETERMINISTIC = ("reward_mean", "kl", "policy_loss", "value_loss", "entropy", "tokens_generated",
-                 "accuracy_eval")
+                 "responses_generated", "accuracy_eval")
 
 
 def _cli(args, algorithm="grpo", **kw):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "rlm_course", algorithm, "--task", "addition",
+    return subprocess.Popen([sys.executable, "-m", "rlm_course", *algorithm.split(), "--task", "addition",
                              "--no-progress", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kw)
 
@@ -58,7 +58,7 @@ def _rows(path):
             for r in map(json.loads, path.read_text().splitlines())]
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "grpo --variant dapo"])
 def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_path, algorithm):
     cli = functools.partial(_cli, algorithm=algorithm)
     full = cli(["--steps", "30", "--out", str(tmp_path), "--name", "full", *SMALL])
@@ -108,6 +108,14 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     (["--task", "addition", "--name", ""], "plain folder name"),
     (["--task", "addition", "--resume", "--overwrite"], "pass only one"),
     (["--task", "addition", "--resume", "--sft-checkpoint", "x.pt"], "not used with --resume"),
+    (["--task", "addition", "--advantage", "gae"], "advantage='gae' needs a critic"),
+    (["--task", "addition", "--variant", "dapo", "--clip-eps-high", "0.1"],
+     "clip_eps_high=0.1 < clip_eps=0.2"),
+    (["--task", "addition", "--variant", "ppo", "--ratio-level", "sequence"],
+     "ratio_level='sequence' with advantage='gae'"),
+    (["--task", "addition", "--variant", "reinforce_pp", "--advantage", "rloo"],
+     "group_size=1 with advantage='rloo'"),
+    (["--task", "addition", "--variant", "dapo", "--kl-coef", "0.1"], "kl_mode='none'"),
 ])
 def test_bad_input_is_a_clear_error(args, message, tmp_path, capsys):
     assert main(["grpo", *args, "--out", str(tmp_path), "--no-progress"]) == 2
@@ -164,6 +172,16 @@ def test_resume_with_other_options_is_refused(tmp_path, capsys):
     assert main(["grpo", "--task", "addition", "--steps", "1", "--resume", "--out", str(tmp_path),
                  "--no-progress", *SMALL]) == 2
     assert "already has 2 steps" in capsys.readouterr().err
+
+
+def test_resume_needs_the_same_variant(tmp_path, capsys):
+    assert main(["grpo", "--task", "addition", "--variant", "gspo", "--steps", "1", "--out",
+                 str(tmp_path), "--name", "g", "--no-progress", *SMALL]) == 0
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert summary["algorithm"] == "gspo" and summary["config"]["ratio_level"] == "sequence"
+    assert main(["grpo", "--task", "addition", "--steps", "2", "--resume", "--out", str(tmp_path),
+                 "--name", "g", "--no-progress", *SMALL]) == 2
+    assert "pass --variant gspo" in capsys.readouterr().err
 
 
 def test_run_files_are_readable_by_others(tmp_path):

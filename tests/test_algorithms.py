@@ -1,0 +1,195 @@
+"""Presets, option conflicts, the one training loop, and its measured vs predicted cost."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from rlm_course import objectives as ob
+from rlm_course.accounting import predict_iteration_flops, predict_passes
+from rlm_course.algorithms import PRESETS, RLConfig, preset
+from rlm_course.flops import count_flops
+from rlm_course.grpo import GRPOConfig
+from rlm_course.ppo import PPOConfig
+from rlm_course.rl import grpo_loss
+from rlm_course.runs import cost_summary, default_sft_checkpoint, run_rl
+from rlm_course.checkpoint import load_checkpoint
+from rlm_course.sampling import concat_rollouts, generate, response_log_probs
+from rlm_course.tasks import get_task, load_eval_set
+from rlm_course.tokenizer import CharTokenizer
+from rlm_course.trainer import RLTrainer
+
+TASK = get_task("addition", digits=3)
+TOK = CharTokenizer()
+
+# The published combinations, written out independently of rlm_course.algorithms.PRESETS:
+# (advantage, normalize_std, ratio, clip low, clip high, aggregation, KL mode, KL estimator,
+#  dynamic sampling, overlong shaping, critic, group size)
+PUBLISHED = {
+    "ppo": ("gae", True, "token", 0.2, 0.2, "token-mean", "reward", "k1", False, False, True, 1),
+    "grpo": ("group", True, "token", 0.2, 0.2, "seq-mean-token-mean", "loss", "k3", False, False,
+             False, 8),
+    "dr_grpo": ("group", False, "token", 0.2, 0.2, "seq-mean-token-sum-norm", "none", "k3", False,
+                False, False, 8),
+    "dapo": ("group", True, "token", 0.2, 0.28, "token-mean", "none", "k3", True, True, False, 8),
+    "rloo": ("rloo", True, "token", 0.2, 0.2, "seq-mean-token-mean", "reward", "k1", False, False,
+             False, 8),
+    "reinforce_pp": ("reinforce_pp", True, "token", 0.2, 0.2, "token-mean", "reward", "k1", False,
+                     False, False, 1),
+    "gspo": ("group", True, "sequence", 3e-4, 4e-4, "seq-mean-token-mean", "none", "k3", False,
+             False, False, 8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_presets_equal_the_published_combinations(name):
+    c = preset(name)
+    got = (c.advantage, c.normalize_std, c.ratio_level, c.clip_eps, c.clip_high, c.loss_agg,
+           c.kl_mode, c.kl_estimator, c.dynamic_sampling, c.overlong_buffer > 0, c.use_critic,
+           c.group_size)
+    assert got == PUBLISHED[name]
+    assert c.variant == name and c.uses_reference == (c.kl_mode != "none")
+
+
+def test_preset_set_and_constructors():
+    assert sorted(PRESETS) == sorted(PUBLISHED)
+    assert GRPOConfig() == RLConfig() == preset("grpo")
+    assert PPOConfig(steps=7) == preset("ppo", steps=7)
+    with pytest.raises(ValueError, match="unknown variant 'ppo2'"):
+        preset("ppo2")
+    with pytest.raises(ValueError, match="unknown setting"):
+        preset("grpo", clip=0.3)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(advantage="gae"), "needs a critic"),
+    (dict(use_critic=True), "only GAE uses the critic"),
+    (dict(clip_eps=0.2, clip_eps_high=0.1), "clip_eps_high=0.1 < clip_eps=0.2"),
+    (dict(group_size=1), "group_size=1 with advantage='group'"),
+    (dict(advantage="rloo", group_size=1), "group_size=1 with advantage='rloo'"),
+    (dict(ratio_level="sequence", advantage="reinforce_pp", group_size=1), "sequence-level ratio"),
+    (dict(advantage="reinforce_pp", dynamic_sampling=True), "dynamic_sampling"),
+    (dict(kl_mode="none"), "kl_coef=0.005 with kl_mode='none'"),
+    (dict(loss_agg="mean"), "loss_agg='mean' is not known"),
+    (dict(overlong_buffer=-1), "overlong_buffer=-1"),
+    (dict(minibatches=3), "does not divide"),
+])
+def test_conflicting_options_raise_a_clear_error(kw, match):
+    with pytest.raises(ValueError, match=match):
+        RLConfig(**kw)
+
+
+def test_sequence_ratio_with_gae_is_refused_for_ppo():
+    with pytest.raises(ValueError, match="sequence-level ratio"):
+        preset("ppo", ratio_level="sequence")
+
+
+def test_policy_loss_grpo_options_equal_grpo_loss_exactly():
+    g = torch.Generator().manual_seed(0)
+    lp, old, ref = (torch.randn(6, 5, generator=g) for _ in range(3))
+    adv = torch.randn(6, generator=g)
+    mask = torch.rand(6, 5, generator=g) > 0.3
+    expected, _ = grpo_loss(lp, old, ref, adv, mask, 0.2, 0.005)
+    loss, _ = ob.policy_loss(lp, old, adv, mask, "token", 0.2, None, "seq-mean-token-mean")
+    kl = ob.aggregate_loss(ob.kl_estimate(lp, ref, "k3").clamp(-10, 10), mask,
+                           "seq-mean-token-mean")
+    assert torch.equal(loss + 0.005 * kl, expected)
+
+
+def test_policy_loss_sequence_ratio_hand_example():
+    # one response of 2 tokens with log-ratios ln 2 and 0: sequence ratio sqrt(2) = 1.414
+    lp = torch.log(torch.tensor([[0.5, 0.5, 0.3]]))
+    old = torch.log(torch.tensor([[0.25, 0.5, 0.9]]))
+    mask = torch.tensor([[True, True, False]])
+    loss, clipped = ob.policy_loss(lp, old, torch.tensor([1.0]), mask, "sequence", 0.2, 0.28)
+    assert loss.item() == pytest.approx(-1.28)  # clipped at 1 + 0.28 for a positive advantage
+    assert clipped.tolist() == [[True, True, False]]
+    loss, _ = ob.policy_loss(lp, old, torch.tensor([-1.0]), mask, "sequence", 0.2, 0.28)
+    assert loss.item() == pytest.approx(2 ** 0.5, rel=1e-5)  # negative advantage: not clipped
+    with pytest.raises(ValueError, match="one advantage per response"):
+        ob.policy_loss(lp, old, torch.ones(1, 3), mask, "sequence")
+
+
+def test_concatenated_rollouts_score_as_in_their_own_batches():
+    policy = load_checkpoint(default_sft_checkpoint(TASK))["model"]
+    rollouts = []
+    for prompts, seed in ((["1+2=", "123+456="], 0), (["99+1=", "5+5=", "800+200="], 1)):
+        tokens, mask = TOK.encode_prompts(prompts)
+        rollouts.append(generate(policy, tokens, mask, 6, TOK.eos_id, TOK.pad_id,
+                                 generator=torch.Generator().manual_seed(seed)))
+    joined = concat_rollouts(rollouts, TOK.pad_id)
+    with torch.no_grad():
+        together = response_log_probs(policy, joined.tokens, joined.attention_mask,
+                                      joined.prompt_len)
+        row = 0
+        for r in rollouts:
+            alone = response_log_probs(policy, r.tokens, r.attention_mask, r.prompt_len)
+            width = r.response_mask.shape[1]
+            rows = slice(row, row + len(r.tokens))
+            assert torch.equal(joined.response_mask[rows, :width], r.response_mask)
+            assert torch.allclose(together[rows, :width][r.response_mask], alone[r.response_mask],
+                                  atol=1e-5)
+            row += len(r.tokens)
+
+
+def _trainer(config):
+    policy = load_checkpoint(default_sft_checkpoint(TASK))["model"]
+    return RLTrainer(policy, TASK, TOK, config, load_eval_set(TASK)[:10])
+
+
+def test_dynamic_sampling_trains_only_on_groups_with_signal():
+    trainer = _trainer(preset("dapo", prompts_per_step=16, group_size=4, eval_every=100))
+    batch = trainer.collect(1)
+    rewards = batch["rewards"]
+    assert len(rewards) == 16 * 4  # refilled to the full batch
+    assert ob.groups_with_signal(rewards, 4).all()
+    generated = len(batch["all_rewards"])
+    assert generated == 64 * batch["rounds"] and batch["rounds"] >= 2  # some groups were dropped
+    assert len(batch["rollout"].tokens) == 64
+
+
+@pytest.mark.parametrize("name,overrides", [(n, {}) for n in sorted(PRESETS)] + [
+    ("grpo", {"minibatches": 1}),  # one gradient step per batch: no pi_old forward
+    ("ppo", {"ppo_epochs": 2}),
+    ("grpo", {"kl_coef": 0.0}),  # no reference model
+])
+def test_measured_passes_and_model_states_equal_the_prediction(name, overrides):
+    prompts = 8 if preset(name).group_size > 1 else 32
+    config = preset(name, prompts_per_step=prompts, eval_every=100, **overrides)
+    trainer = _trainer(config)
+    for _ in range(2):
+        trainer.step()
+    cost = cost_summary(trainer, wall_seconds=1.0)
+    assert cost["passes_per_response"] == predict_passes(config)
+    memory = cost["memory_bytes"]
+    assert memory["model_states"] == memory["model_states_predicted"]
+    assert set(memory["model_states"]) == {m for m, role in cost["models"].items()
+                                           if role in ("trained", "frozen")}
+    assert cost["responses_trained"] == 2 * prompts * config.group_size
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo", "rloo"])
+def test_measured_flops_of_a_step_match_the_predictor(name):
+    prompts = 8 if preset(name).group_size > 1 else 32
+    config = preset(name, prompts_per_step=prompts, eval_every=100)
+    trainer = _trainer(config)
+    measured, row = count_flops(trainer.step)
+    predicted = predict_iteration_flops(
+        trainer.policy.config, config, generated=row["responses_generated"],
+        trained=row["responses_trained"], prompt_len=row["prompt_columns"],
+        response_len=row["response_columns"])
+    # forward FLOPs are exact; a backward is 2x its forward to within 0.5% (see test_model)
+    assert measured == pytest.approx(predicted["total"], rel=0.01)
+
+
+def test_config_is_a_plain_dataclass_for_checkpoints():
+    c = preset("dapo", steps=3)
+    assert dataclasses.asdict(c)["variant"] == "dapo" and RLConfig(**dataclasses.asdict(c)) == c
+
+
+@pytest.mark.parametrize("name", ["dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo"])
+def test_each_preset_raises_held_out_accuracy_in_a_short_run(tmp_path, name):
+    summary = run_rl(TASK, preset(name, steps=40, eval_every=20), out_dir=tmp_path, progress=False,
+                     log=lambda *a: None)
+    assert summary["algorithm"] == name
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.05, summary

@@ -1,0 +1,39 @@
+"""The stored family comparison: its command, its runs, and the file notebook 04 reads."""
+
+import json
+
+import pytest
+
+from rlm_course.accounting import predict_passes
+from rlm_course.algorithms import PRESETS, preset
+from rlm_course.experiments import default_results_path, run_family
+from rlm_course.tasks import get_task
+
+TASK = get_task("addition", digits=3)
+
+
+def test_family_experiment_writes_runs_and_the_command(tmp_path):
+    out = run_family(TASK, ["--task", "addition"], seeds=[0], steps=2, variants=["rloo", "ppo"],
+                     runs_dir=tmp_path / "runs", out=tmp_path / "family.json", progress=False)
+    results = json.loads(out.read_text())
+    assert results["command"].endswith(
+        "python -m rlm_course family --task addition --seeds 0 --steps 2 --variants rloo ppo")
+    assert [(r["variant"], r["seed"]) for r in results["runs"]] == [("rloo", 0), ("ppo", 0)]
+    for run in results["runs"]:
+        assert len(run["reward_curve"]) == 2 and run["eval_curve"] == []
+        assert run["cost"]["passes_per_response"] == predict_passes(preset(run["variant"]))
+        assert run["cost"]["memory_bytes"]["process_peak_rss"] > 0
+
+
+def test_family_experiment_rejects_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="unknown variant"):
+        run_family(TASK, ["--task", "addition"], [0], 2, ["grpo", "ppo2"], out=tmp_path / "f.json")
+    with pytest.raises(ValueError, match="at least one seed"):
+        run_family(TASK, ["--task", "addition"], [], 2, out=tmp_path / "f.json")
+
+
+def test_stored_family_results_cover_every_preset_and_name_their_command():
+    results = json.loads(default_results_path(TASK).read_text())
+    assert "python -m rlm_course family --task addition" in results["command"]
+    assert sorted(results["variants"]) == sorted(PRESETS)
+    assert len(results["runs"]) == len(PRESETS) * len(results["seeds"])
