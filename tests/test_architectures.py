@@ -1,0 +1,72 @@
+"""Architectures as numbers, checked against published figures (data/published/figures.json)
+and against the course's own model."""
+
+import json
+
+import pytest
+
+from rlm_course.architectures import SPECS, TransformerSpec, from_model_config, get_spec
+from rlm_course.model import ModelConfig, TinyGPT, forward_flops, matmul_parameters
+from rlm_course.tasks import data_dir
+
+FIGURES = json.loads((data_dir() / "published" / "figures.json").read_text())["figures"]
+
+
+def _value(figure):
+    model = figure["model"]
+    if figure["what"] == "parameters":
+        return get_spec(model).params()
+    if figure["what"] == "active_parameters":
+        return get_spec(model).params(active=True)
+    if figure["what"] == "kv_cache_bytes_per_token_bf16":
+        return get_spec(model).kv_cache_bytes_per_token(2)
+    if figure["what"] == "training_flops_per_token_over_params":
+        spec = get_spec(model)
+        return 3 * spec.forward_flops_per_token(context=128) / spec.matmul_params()
+    if figure["what"] == "adam_mixed_precision_bytes_per_param":
+        return 2 + 2 + 3 * 4  # bf16 weights and gradients, fp32 master weights and two moments
+    raise AssertionError(f"no check for {figure['what']}")
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=lambda f: f"{f['what']}-{f['model']}")
+def test_published_figures_are_reproduced(figure):
+    assert figure["source"]
+    assert _value(figure) == pytest.approx(figure["value"], rel=figure.get("rel", 0))
+
+
+@pytest.mark.parametrize("kw", [dict(n_layer=2, d_model=64, n_head=4), dict(n_layer=3, d_model=48,
+                                                                           n_head=6, max_seq_len=20)])
+def test_tiny_model_spec_counts_its_parameters_and_flops_exactly(kw):
+    config = ModelConfig(vocab_size=24, **kw)
+    spec = from_model_config(config)
+    assert spec.params() == TinyGPT(config).num_parameters()
+    assert spec.matmul_params() == matmul_parameters(config)
+    # one decoding token at context c costs what the model's own formula says
+    assert spec.forward_flops_per_token(7) == forward_flops(config, 1, context_len=7)
+
+
+def test_gqa_and_mqa_shrink_only_the_kv_cache_and_kv_projections():
+    mha = TransformerSpec("mha", n_layer=2, d_model=64, n_head=8, d_ff=128, vocab_size=10)
+    gqa = TransformerSpec("gqa", n_layer=2, d_model=64, n_head=8, n_kv_head=2, d_ff=128,
+                          vocab_size=10)
+    mqa = TransformerSpec("mqa", n_layer=2, d_model=64, n_head=8, n_kv_head=1, d_ff=128,
+                          vocab_size=10)
+    assert [s.kv_cache_bytes_per_token() for s in (mha, gqa, mqa)] == [512, 128, 64]  # 2 x 2 layers x heads x 8 x 2 bytes
+    # k and v projections: 2 x 64 x (heads_kv x 8) per layer
+    assert mha.params() - gqa.params() == 2 * 2 * 64 * (64 - 16)
+    assert gqa.forward_flops_per_token(10) - mqa.forward_flops_per_token(10) == 2 * 2 * 2 * 64 * 8
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(n_head=7), "n_head=7 does not divide d_model=64"),
+    (dict(n_kv_head=3), "n_kv_head=3 must divide n_head=8"),
+    (dict(n_experts=4, experts_per_token=5), "experts_per_token=5 exceeds n_experts=4"),
+    (dict(n_layer=0), "n_layer=0"),
+])
+def test_inconsistent_specs_raise(kw, match):
+    base = dict(name="x", n_layer=2, d_model=64, n_head=8, d_ff=128, vocab_size=10)
+    with pytest.raises(ValueError, match=match):
+        TransformerSpec(**{**base, **kw})
+    with pytest.raises(ValueError, match="unknown architecture"):
+        get_spec("gpt-5")
+    assert all(s.source for s in SPECS.values())
