@@ -153,12 +153,15 @@ class RLConfig:
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1].")
         for name in ("lr", "clip_eps", "temperature", "max_grad_norm", "critic_lr", "value_clip",
-                     "value_coef"):
+                     "value_coef", *(("clip_eps_high",) if self.clip_eps_high is not None else ())):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value} must be a positive finite number.")
         if self.lr > 1.0:
             raise ValueError(f"lr={self.lr} is far too large for Adam (use 1e-4 to 1e-3).")
+        if self.clip_eps >= 1.0:
+            raise ValueError(f"clip_eps={self.clip_eps}: the lower clip bound 1 - clip_eps would not "
+                             "be positive; use a value below 1 (0.2 is typical).")
         for name in ("kl_coef", "entropy_coef"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -183,31 +186,47 @@ class RLConfig:
                              "--group-size 2 or more (8 is typical), or an advantage without a "
                              "group (gae, reinforce_pp).")
         if self.advantage == "gae" and not self.use_critic:
-            raise ValueError("advantage='gae' needs a critic for V(s_t): set use_critic=True (--use-critic) "
-                             "(--variant ppo does), or choose a critic-free advantage (group, rloo, "
+            raise ValueError("advantage='gae' needs a critic for V(s_t): set use_critic=True (--use-critic; "
+                             "--variant ppo sets it), or choose a critic-free advantage (group, rloo, "
                              "reinforce_pp).")
         if self.use_critic and self.advantage != "gae":
             raise ValueError(f"use_critic=True with advantage={self.advantage!r}: only GAE uses the "
                              "critic's values, so it would be trained for nothing; drop the critic "
-                             "or use advantage='gae'.")
-        if self.clip_eps_high is not None:
-            if not math.isfinite(self.clip_eps_high) or self.clip_eps_high < self.clip_eps:
-                raise ValueError(f"clip_eps_high={self.clip_eps_high} < clip_eps={self.clip_eps}: "
-                                 "the upper clip bound must be at least the lower one (DAPO's "
-                                 "clip-higher raises it, e.g. 0.2 / 0.28).")
+                             "(--no-use-critic) or use advantage='gae' (--advantage gae).")
+        if self.clip_eps_high is not None and self.clip_eps_high < self.clip_eps:
+            raise ValueError(f"clip_eps_high={self.clip_eps_high} < clip_eps={self.clip_eps}: "
+                             "the upper clip bound must be at least the lower one (DAPO's "
+                             "clip-higher raises it, e.g. --clip-eps 0.2 --clip-eps-high 0.28).")
         if self.ratio_level == "sequence" and self.advantage in TOKEN_ADVANTAGES:
             raise ValueError(f"ratio_level='sequence' with advantage={self.advantage!r}: a "
                              "sequence-level ratio weighs one advantage per response, but "
                              f"{self.advantage} gives one per token (and puts a per-token KL in the "
                              "reward); use advantage group or rloo with a sequence ratio, or "
-                             "ratio_level='token'.")
+                             "ratio_level='token' (--ratio-level token).")
         if self.dynamic_sampling and self.advantage not in GROUP_ADVANTAGES:
             raise ValueError(f"dynamic_sampling with advantage={self.advantage!r}: the filter drops "
                              "groups whose rewards are all equal, so it needs a group advantage "
-                             "(group, rloo) and group_size >= 2.")
+                             "(group, rloo) and group_size >= 2 (--advantage group --group-size 8).")
         if self.kl_mode == "none" and self.kl_coef > 0:
             raise ValueError(f"kl_coef={self.kl_coef} with kl_mode='none': the coefficient would be "
-                             "ignored; set kl_coef 0, or kl_mode 'loss' or 'reward'.")
+                             "ignored; set kl_coef 0 (--kl-coef 0), or kl_mode 'loss' or 'reward'.")
+
+    def unused(self, names) -> dict[str, str]:
+        """Which of the settings ``names`` this combination ignores, and why: e.g. the critic's
+        settings without a critic. The CLI refuses such flags instead of ignoring them."""
+        why = {}
+        for name in names:
+            if name in ("lam", "critic_lr", "value_clip", "value_coef") and not self.use_critic:
+                why[name] = "only PPO's critic and GAE use it (--variant ppo)"
+            elif name == "gamma" and self.advantage not in TOKEN_ADVANTAGES:
+                why[name] = "only per-token advantages (gae, reinforce_pp) discount"
+            elif name == "normalize_std" and self.advantage != "group":
+                why[name] = "only the group advantage divides by a standard deviation"
+            elif name == "max_sampling_rounds" and not self.dynamic_sampling:
+                why[name] = "it bounds dynamic sampling, which is off (--dynamic-sampling)"
+            elif name == "kl_estimator" and not self.uses_reference:
+                why[name] = "no KL term is on (kl_mode none or kl_coef 0)"
+        return why
 
     def lr_at(self, step: int) -> float:
         """Learning rate of ``step`` (1-based): linear warm-up over ``warmup_steps`` (Adam's first
@@ -266,4 +285,11 @@ def preset(name: str, **overrides) -> RLConfig:
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; the settings are "
                          f"{', '.join(sorted(known))}.")
-    return RLConfig(**{**PRESETS[name], "variant": name, **overrides})
+    settings = {**PRESETS[name], "variant": name, **overrides}
+    if "kl_mode" in overrides and "kl_coef" not in overrides:
+        # switching the KL off drops the preset's coefficient; switching it on gives it one
+        if overrides["kl_mode"] == "none":
+            settings["kl_coef"] = 0.0
+        elif settings["kl_coef"] == 0:
+            settings["kl_coef"] = _GRPO["kl_coef"]
+    return RLConfig(**settings)

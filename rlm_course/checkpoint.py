@@ -44,7 +44,10 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files
-        first_line = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        first_line = text.split(". ")[0].rstrip(".")  # torch's first sentence says what failed
+        if len(first_line) > 120:
+            first_line = first_line[:117] + "..."
         raise ValueError(f"checkpoint {path} is corrupt or not a torch checkpoint "
                          f"({type(err).__name__}: {first_line}); pass a file written by "
                          "`python -m rlm_course sft` or `grpo`, or make it again.") from None

@@ -75,6 +75,10 @@ def _rl(args) -> int:
     overrides = {n.replace("-", "_"): getattr(args, n.replace("-", "_")) for n in names
                  if getattr(args, n.replace("-", "_")) is not None}
     config = preset(args.variant, **overrides)
+    ignored = config.unused(overrides)
+    if ignored:
+        raise ValueError("; ".join(f"--{k.replace('_', '-')} has no effect in this combination: {v}"
+                                   for k, v in ignored.items()) + ". Drop it, or turn on what uses it.")
     summary = run_rl(task, config, name=args.name, out_dir=args.out, resume=args.resume,
                      overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
                      progress=not args.no_progress)
@@ -143,8 +147,8 @@ def _family(args) -> int:
     for name in TASK_FLAGS:
         if getattr(args, name) is not None:
             flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    path = run_family(task, flags, args.seeds, args.steps, args.variants, out=args.out,
-                      progress=not args.no_progress)
+    path = run_family(task, flags, args.seeds, args.steps, args.variants, runs_dir=args.runs_dir,
+                      out=args.out, progress=not args.no_progress)
     print(f"wrote {path}")
     return 0
 
@@ -247,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="+", default=None, help="default: every preset")
     p.add_argument("--out", default=None,
                    help="results file (default data/experiments/family-<task>.json)")
+    p.add_argument("--runs-dir", default="runs/family",
+                   help="folder of the runs (default runs/family; runs of the same variant and "
+                        "seed there are replaced)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_family)
 

@@ -37,6 +37,7 @@ def run_family(task: Task, task_flags: list[str], seeds: list[int], steps: int,
 
     Args:
         task_flags: the CLI flags that select ``task`` (e.g. ``["--task", "addition"]``).
+        runs_dir: where the runs' folders go (``<variant>-seed<seed>``, replaced if present).
 
     Returns:
         The path of the results file.
@@ -53,6 +54,9 @@ def run_family(task: Task, task_flags: list[str], seeds: list[int], steps: int,
         raise ValueError("--seeds: give at least one seed.")
     if steps <= 0:
         raise ValueError(f"--steps {steps} must be positive.")
+    bad = [s for s in seeds if not 0 <= s < 2**63]
+    if bad:
+        raise ValueError(f"--seeds: {bad} out of range; seeds are integers in [0, 2**63).")
     out = Path(out) if out is not None else default_results_path(task)
     out.parent.mkdir(parents=True, exist_ok=True)
     threads = os.environ.get("OMP_NUM_THREADS")
@@ -72,7 +76,9 @@ def run_family(task: Task, task_flags: list[str], seeds: list[int], steps: int,
         start = time.perf_counter()
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
-            raise ValueError(f"run {name} failed ({' '.join(argv[1:])}):\n{done.stderr[-2000:]}")
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise ValueError(f"run {name} failed: {last} (rerun it alone with: python "
+                             f"{' '.join(argv[1:])})")
         run_dir = Path(runs_dir) / name
         summary = json.loads((run_dir / "summary.json").read_text())
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

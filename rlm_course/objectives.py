@@ -65,21 +65,26 @@ def masked_whiten(x: Tensor, response_mask: Tensor, eps: float = 1e-6) -> Tensor
     return (x - mean) / (std + eps) * response_mask
 
 
-def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
+def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor,
+                            gamma: float = 1.0) -> Tensor:
     """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262, section 3): the return of each token,
-    ``G_t = sum_{s >= t} r_s`` (gamma = 1), normalised over *every response token of the batch*
+    ``G_t = sum_{s >= t} gamma^(s - t) r_s``, normalised over *every response token of the batch*
     instead of per prompt (verl ``compute_reinforce_plus_plus_outcome_advantage``).
 
     Args:
         token_rewards: ``(batch, R)``: e.g. the verifier's reward on the last token minus a
             per-token KL penalty.
         response_mask: ``(batch, R)``; each row's real tokens are a prefix.
+        gamma: discount (1, the paper's choice, is a reversed cumulative sum).
 
     Returns:
         ``(batch, R)`` advantages, 0 outside the mask.
     """
     mask = response_mask.to(token_rewards.dtype)
-    returns = (token_rewards * mask).flip(1).cumsum(1).flip(1) * mask
+    if gamma == 1.0:
+        returns = (token_rewards * mask).flip(1).cumsum(1).flip(1) * mask
+    else:  # GAE with V = 0 and lambda = 1 is exactly the discounted return
+        returns = gae(token_rewards, torch.zeros_like(token_rewards), response_mask, gamma, 1.0)[0]
     return masked_whiten(returns, response_mask)
 
 

@@ -139,7 +139,13 @@ def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
 
 def cost_summary(trainer: RLTrainer, wall_seconds: float) -> dict:
     """What the run cost: models held, forward/backward passes per response (measured by hooks and
-    predicted by :func:`rlm_course.accounting.predict_passes`), memory and seconds per step."""
+    predicted by :func:`rlm_course.accounting.predict_passes`), memory and seconds per step.
+
+    ``memory_bytes``: ``model_states`` measured on the tensors (and predicted), ``peak_activations``
+    measured by autograd's saved-tensor hooks, ``peak_kv_cache`` the size of the largest KV cache
+    generation allocated (from its shape), ``process_peak_rss`` the process's high-water mark.
+    ``seconds_per_step`` is wall time per step, including the periodic held-out evaluation.
+    A step whose batch is empty (DAPO found no group with signal) runs no scoring or training."""
     config = trainer.config
     generated, trained = trainer.responses["generated"], trainer.responses["trained"]
     held = {"policy": (trainer.policy, trainer.optimizer),
@@ -325,7 +331,7 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
     plot_learning_curve(metrics, run_dir / "learning_curve.png", accuracy_before=accuracy_before,
                         title=f"{config.algorithm.upper()} on {task.key}")
     log(f"Held-out greedy accuracy: {accuracy_before:.1%} -> {accuracy_after:.1%} "
-        f"({summary['accuracy_gain_points']:+.1f} points) in {summary['wall_seconds']:.0f} s of "
+        f"({summary['accuracy_gain_points']:+.1f} points) in {summary['wall_seconds']:.1f} s of "
         f"{config.algorithm.upper()} "
         "(" + ", ".join(f"{s} {totals[s]:.1f} s" for s in STAGES) + f"). Run files: {run_dir}/")
     return summary

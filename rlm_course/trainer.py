@@ -217,7 +217,7 @@ class RLTrainer:
         last = response_mask.sum(1) - 1
         token_rewards[torch.arange(len(last)), last] += rewards
         if cfg.advantage == "reinforce_pp":
-            return reinforce_pp_advantages(token_rewards, response_mask), None
+            return reinforce_pp_advantages(token_rewards, response_mask, cfg.gamma), None
         advantages, returns = gae(token_rewards, values, response_mask, cfg.gamma, cfg.lam)
         return masked_whiten(advantages, response_mask), returns
 

@@ -79,6 +79,15 @@ def test_conflicting_options_raise_a_clear_error(kw, match):
         RLConfig(**kw)
 
 
+def test_switching_the_kl_mode_brings_a_matching_coefficient():
+    assert preset("grpo", kl_mode="none").kl_coef == 0 and not preset("grpo", kl_mode="none").uses_reference
+    assert preset("dapo", kl_mode="loss").kl_coef == 0.005  # the course default, not a silent 0
+    assert preset("dapo", kl_mode="loss", kl_coef=0.01).kl_coef == 0.01
+    assert preset("ppo").unused(["gamma", "lam", "critic_lr"]) == {}
+    assert set(preset("grpo").unused(["gamma", "lam", "max_sampling_rounds", "normalize_std"])) == \
+        {"gamma", "lam", "max_sampling_rounds"}
+
+
 def test_sequence_ratio_with_gae_is_refused_for_ppo():
     with pytest.raises(ValueError, match="sequence-level ratio"):
         preset("ppo", ratio_level="sequence")

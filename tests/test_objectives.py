@@ -43,6 +43,15 @@ def test_reinforce_pp_returns_to_go_normalised_over_the_batch_tokens():
     assert a[1, 1] == 0  # outside the mask
 
 
+def test_reinforce_pp_discounts_with_gamma():
+    token_rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    returns = torch.tensor([0.25, 0.5, 1.0, 0.5, 0.0])  # gamma 0.5: 1 * 0.5^2, 1 * 0.5, 1; 0.5, 0
+    expected = (returns - returns.mean()) / (returns.var(unbiased=False).sqrt() + 1e-6)
+    assert torch.allclose(ob.reinforce_pp_advantages(token_rewards, mask, 0.5)[mask], expected,
+                          atol=1e-5)
+
+
 def test_masked_whiten_hand_example():
     x = torch.tensor([[1.0, 3.0], [5.0, 100.0]])
     mask = torch.tensor([[True, True], [True, False]])

@@ -116,6 +116,13 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     (["--task", "addition", "--variant", "reinforce_pp", "--advantage", "rloo"],
      "group_size=1 with advantage='rloo'"),
     (["--task", "addition", "--variant", "dapo", "--kl-coef", "0.1"], "kl_mode='none'"),
+    (["--task", "addition", "--gamma", "0.5"], "--gamma has no effect"),
+    (["--task", "addition", "--variant", "rloo", "--no-normalize-std"], "--normalize-std has no"),
+    (["--task", "addition", "--critic-lr", "0.01"], "only PPO's critic"),
+    (["--task", "addition", "--max-sampling-rounds", "2"], "dynamic sampling, which is off"),
+    (["--task", "addition", "--variant", "gspo", "--kl-estimator", "k2"], "no KL term is on"),
+    (["--task", "addition", "--clip-eps", "1.5"], "would not be positive"),
+    (["--task", "addition", "--clip-eps-high", "nan"], "clip_eps_high=nan must be a positive"),
 ])
 def test_bad_input_is_a_clear_error(args, message, tmp_path, capsys):
     assert main(["grpo", *args, "--out", str(tmp_path), "--no-progress"]) == 2

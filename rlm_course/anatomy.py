@@ -1,0 +1,256 @@
+"""Anatomy of one RL iteration at any scale: FLOPs, bytes moved, memory and time per stage.
+
+For a policy architecture (:class:`~rlm_course.architectures.TransformerSpec`), an algorithm
+(:class:`~rlm_course.algorithms.RLConfig`, whose passes come from
+:func:`rlm_course.accounting.predict_passes`) and a :class:`Workload`, predict per stage:
+
+* **FLOPs** (the convention of :mod:`rlm_course.architectures`): a teacher-forced pass over
+  ``S`` tokens costs ``2 N S + 4 L H d_h S^2`` per sequence (the full score matrix, as kernels
+  compute it); a decode step at context ``c`` costs ``2 N + 4 L H d_h c``; a training pass is a
+  forward and a backward, ``3x`` the forward (``4x`` with full activation recomputation: one more
+  forward; Korthikanti et al. 2022, arXiv:2205.05198);
+* **bytes moved from device memory**: each pass reads the weights once per micro-batch; each
+  decode step reads all the weights once for the whole batch (the reason decode is memory-bound),
+  reads the KV cache of every sequence and writes one token's keys and values; an optimizer step
+  reads and writes the 16 bytes of mixed-precision Adam state per parameter (ZeRO,
+  arXiv:1910.02054, section 3.1);
+* **time** on ``p`` devices of a catalog type: ``max(FLOPs / (p x peak), bytes / (p x bandwidth))``
+  per stage: the roofline (Williams et al. 2009) with perfect scaling, so a lower bound; except
+  that generation runs in replicas, and every replica reads all of its weights at every decode
+  step;
+* **memory**: weights, gradients and optimizer state per model, activations per micro-batch (with
+  or without recomputation) and the KV cache of the whole rollout.
+
+Activations use Korthikanti et al.'s per-layer count for 16-bit training,
+``s b h (34 + 5 a s / h)`` bytes (``a`` heads), or ``2 s b h`` with full recomputation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .accounting import predict_passes
+from .algorithms import RLConfig
+from .architectures import TransformerSpec
+from .hardware import Device
+
+STAGES = ("prefill", "decode", "scoring", "policy update", "critic update")
+ADAM_STATE_BYTES = 16  # bf16 weight + bf16 gradient + fp32 master weight, momentum, variance
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The batch of one iteration.
+
+    Attributes:
+        prompts, group_size: ``prompts x group_size`` responses per iteration.
+        prompt_len, response_len: tokens (every response assumed ``response_len`` long).
+        micro_batch: sequences per forward/backward micro-batch (weights are re-read per
+            micro-batch).
+        weight_bytes, kv_bytes: bytes per weight and per cached key/value element (2: bf16).
+        recompute: full activation recomputation in training.
+
+    Raises:
+        ValueError: for non-positive sizes.
+    """
+
+    prompts: int
+    group_size: int
+    prompt_len: int
+    response_len: int
+    micro_batch: int = 8
+    weight_bytes: int = 2
+    kv_bytes: int = 2
+    recompute: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "group_size", "prompt_len", "response_len", "micro_batch",
+                     "weight_bytes", "kv_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Workload.{name}={value!r} must be a positive integer.")
+
+    @property
+    def responses(self) -> int:
+        return self.prompts * self.group_size
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def micro_batches(self) -> int:
+        return -(-self.responses // self.micro_batch)
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """FLOPs and bytes of one stage, as run by one model replica.
+
+    ``replica_bytes`` are the bytes that every extra replica reads again (the weights, once per
+    decode step): spreading generation over ``r`` replicas divides the FLOPs and the KV-cache
+    traffic but multiplies these. ``intensity`` is FLOP per byte for one replica.
+    """
+
+    flops: float
+    bytes: float
+    replica_bytes: float = 0.0
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+    def seconds(self, device: Device, devices: int = 1, tp: int = 1) -> float:
+        """Roofline time on ``devices`` devices in replicas of ``tp`` devices each:
+        ``max(F / (p peak), (B + (r - 1) B_replica) / (p bandwidth))``, ``r = p / tp``.
+
+        Raises:
+            ValueError: unless ``devices >= 1`` and ``tp`` divides ``devices``.
+        """
+        if not (isinstance(devices, int) and devices >= 1):
+            raise ValueError(f"devices={devices!r}: need at least one device.")
+        if not (isinstance(tp, int) and tp >= 1 and devices % tp == 0):
+            raise ValueError(f"tp={tp!r} must be a positive divisor of devices={devices}.")
+        replicas = devices // tp
+        traffic = self.bytes + (replicas - 1) * self.replica_bytes
+        return max(self.flops / (devices * device.peak_flops),
+                   traffic / (devices * device.memory_bandwidth))
+
+
+def _attention_per_token(spec: TransformerSpec, context: int) -> float:
+    return 4 * spec.n_layer * spec.n_head * spec.head_dim * context
+
+
+def teacher_forced_flops(spec: TransformerSpec, seq_len: int, sequences: int,
+                         value_positions: int | None = None) -> float:
+    """Forward FLOPs of ``sequences`` full passes over ``seq_len`` tokens. A critic
+    (``value_positions`` given) has no language-model head (``2 d V`` per token) but a scalar value
+    head (``2 d``) on its ``value_positions`` response positions."""
+    flops = 2 * spec.matmul_params() * seq_len + _attention_per_token(spec, seq_len) * seq_len
+    if value_positions is not None:
+        flops += 2 * spec.d_model * value_positions - 2 * spec.d_model * spec.vocab_size * seq_len
+    return sequences * flops
+
+
+def decode_step_flops(spec: TransformerSpec, context: int, sequences: int) -> float:
+    """One decode step of ``sequences`` sequences at ``context`` keys each."""
+    return sequences * spec.forward_flops_per_token(context)
+
+
+def weight_bytes(spec: TransformerSpec, workload: Workload, sequences: int) -> float:
+    """Bytes of the weights a pass reads: all of a dense model; of an MoE model, the experts that
+    ``sequences`` tokens touch (all of them once ``sequences x experts_per_token`` reaches
+    ``n_experts``)."""
+    if spec.is_moe:
+        touched = min(spec.n_experts, sequences * spec.experts_per_token)
+        total = spec.params() - (spec.n_experts - touched) * spec.n_layer * spec.mlp_params()
+    else:
+        total = spec.params()
+    return total * workload.weight_bytes
+
+
+def stage_costs(spec: TransformerSpec, config: RLConfig, workload: Workload) -> dict[str, StageCost]:
+    """FLOPs and bytes of each stage of one iteration (see the module docstring); the critic, if
+    the algorithm holds one, has the policy's architecture.
+
+    Returns:
+        ``{stage: StageCost}`` for the stages of :data:`STAGES` that the algorithm runs.
+    """
+    w, b = workload, workload.responses
+    kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
+    passes = predict_passes(config)
+    costs = {}
+    # generation: a prefill of the prompts, then response_len - 1 decode steps
+    prefill_flops = teacher_forced_flops(spec, w.prompt_len, b)
+    prefill_bytes = w.micro_batches * weight_bytes(spec, w, w.micro_batch) + b * w.prompt_len * kv
+    costs["prefill"] = StageCost(prefill_flops, prefill_bytes)
+    steps = range(1, w.response_len)
+    decode_flops = sum(decode_step_flops(spec, w.prompt_len + t, b) for t in steps)
+    decode_weights = len(steps) * weight_bytes(spec, w, b)
+    decode_kv = sum(b * (w.prompt_len + t) * kv + b * kv for t in steps)
+    costs["decode"] = StageCost(decode_flops, decode_weights + decode_kv, decode_weights)
+    # scoring: one teacher-forced forward per scoring model
+    pass_bytes = w.micro_batches * weight_bytes(spec, w, w.micro_batch)
+    flops = bytes_ = 0.0
+    values = {"critic": w.response_len}
+    for model, count in passes["scoring"].items():
+        flops += count["forward"] * teacher_forced_flops(spec, w.seq_len, b, values.get(model))
+        bytes_ += count["forward"] * pass_bytes
+    costs["scoring"] = StageCost(flops, bytes_)
+    # updates: forward + backward (+ a recomputed forward) per epoch, and Adam per gradient step
+    factor = 4 if w.recompute else 3
+    optimizer_bytes = 2 * ADAM_STATE_BYTES * spec.params()  # read and write every state
+    steps_per_epoch = config.minibatches
+    for model, stage in (("policy", "policy update"), ("critic", "critic update")):
+        if model not in passes["training"]:
+            continue
+        epochs = passes["training"][model]["forward"]
+        flops = epochs * factor * teacher_forced_flops(spec, w.seq_len, b, values.get(model))
+        bytes_ = epochs * ((factor - 1) * pass_bytes
+                           + steps_per_epoch * optimizer_bytes)
+        costs[stage] = StageCost(flops, bytes_)
+    return costs
+
+
+def stage_seconds(costs: dict[str, StageCost], device: Device, devices: int = 1,
+                  generation_tp: int = 1) -> dict[str, float]:
+    """Roofline seconds of each stage on ``devices`` devices; generation runs in replicas of
+    ``generation_tp`` devices (see :meth:`StageCost.seconds`), the other stages use every device
+    on its share of the batch."""
+    return {stage: cost.seconds(device, devices,
+                                generation_tp if stage in ("prefill", "decode") else 1)
+            for stage, cost in costs.items()}
+
+
+def shares(values: dict[str, float]) -> dict[str, float]:
+    """Each entry's fraction of the total."""
+    total = sum(values.values())
+    return {k: v / total if total else 0.0 for k, v in values.items()}
+
+
+def decode_intensity(spec: TransformerSpec, batch: int, context: int,
+                     workload: Workload | None = None) -> float:
+    """FLOP per byte of one decode step for ``batch`` sequences at ``context``: grows with the
+    batch (the weights are read once for all of them) until the KV-cache reads dominate."""
+    w = workload or Workload(1, 1, 1, 1)
+    kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
+    bytes_ = weight_bytes(spec, w, batch) + batch * context * kv
+    return decode_step_flops(spec, context, batch) / bytes_
+
+
+def prefill_intensity(spec: TransformerSpec, batch: int, seq_len: int,
+                      workload: Workload | None = None) -> float:
+    """FLOP per byte of a prefill of ``batch`` sequences of ``seq_len`` tokens (weights read once,
+    the prompt's keys and values written)."""
+    w = workload or Workload(1, 1, 1, 1)
+    kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
+    return (teacher_forced_flops(spec, seq_len, batch)
+            / (weight_bytes(spec, w, batch) + batch * seq_len * kv))
+
+
+def memory(spec: TransformerSpec, config: RLConfig, workload: Workload) -> dict[str, float]:
+    """Bytes held at the peak of each phase, summed over the whole job (divide by the devices
+    that share it for a per-device figure).
+
+    Returns:
+        ``policy states`` and ``critic states`` (16 bytes per parameter, mixed-precision Adam),
+        ``reference weights`` (``weight_bytes`` per parameter), ``kv cache`` (every response at
+        full length), ``activations`` (one micro-batch of training, all layers).
+    """
+    w = workload
+    out = {"policy states": ADAM_STATE_BYTES * spec.params()}
+    if config.use_critic:
+        out["critic states"] = ADAM_STATE_BYTES * spec.params()
+    if config.uses_reference:
+        out["reference weights"] = w.weight_bytes * spec.params()
+    out["kv cache"] = w.responses * w.seq_len * spec.kv_cache_bytes_per_token(w.kv_bytes)
+    out["activations"] = activation_bytes(spec, w.micro_batch, w.seq_len, w.recompute)
+    return out
+
+
+def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute: bool) -> float:
+    """Activations kept for the backward pass (16-bit, Korthikanti et al. 2022, eq. 2):
+    ``L s b h (34 + 5 a s / h)``, or ``2 L s b h`` with full recomputation."""
+    s, b, h, a = seq_len, batch, spec.d_model, spec.n_head
+    per_layer = 2 * s * b * h if recompute else s * b * h * (34 + 5 * a * s / h)
+    return spec.n_layer * per_layer
