@@ -16,6 +16,15 @@ if matplotlib.get_backend().lower() not in ("agg",) and not matplotlib.is_intera
         matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+def _finish(fig, path):
+    """Lay out ``fig``; save and close it when ``path`` is given (a CLI run), else return it."""
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+    return fig
+
+
 STAGE_COLORS = {"generation": "#d95f02", "reward": "#e6ab02", "scoring": "#7570b3",
                 "training": "#1b9e77"}
 
@@ -44,11 +53,7 @@ def plot_learning_curve(metrics: list[dict], path: str | Path | None = None,
     ax2.set(xlabel="step", ylabel="seconds", title="time per step, by stage")
     ax2.set_ylim(0, 1.3 * max(bottom, default=1.0))
     ax2.legend(fontsize=8, ncol=4, loc="upper center")
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-    return fig
+    return _finish(fig, path)
 
 
 def plot_eval_curves(curves: dict[str, list[list[tuple[int, float]]]], path: str | Path | None = None,
@@ -66,11 +71,7 @@ def plot_eval_curves(curves: dict[str, list[list[tuple[int, float]]]], path: str
                             color=line.get_color(), alpha=0.12)
     ax.set(xlabel="step", ylabel="accuracy", title=title, ylim=(0, 1))
     ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-    return fig
+    return _finish(fig, path)
 
 
 def plot_stage_seconds(stage_seconds: dict[str, dict[str, float]], path: str | Path | None = None,
@@ -86,8 +87,4 @@ def plot_stage_seconds(stage_seconds: dict[str, dict[str, float]], path: str | P
     ax.invert_yaxis()
     ax.set(xlabel="seconds per step", title=title)
     ax.legend(fontsize=8, ncol=4, loc="lower right")
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-    return fig
+    return _finish(fig, path)
