@@ -254,3 +254,38 @@ def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute:
     s, b, h, a = seq_len, batch, spec.d_model, spec.n_head
     per_layer = 2 * s * b * h if recompute else s * b * h * (34 + 5 * a * s / h)
     return spec.n_layer * per_layer
+
+
+def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device,
+                     devices: int = 1, generation_tp: int = 1) -> dict:
+    """Everything the calculators show for one iteration: per-stage FLOPs, bytes, intensity,
+    roofline seconds and shares; memory; and the work-depth summary of the iteration
+    (:mod:`rlm_course.workdepth`: W, D, W/D, and the same for generation alone).
+
+    Raises:
+        ValueError: for an inconsistent setting (from the functions it calls).
+    """
+    from . import workdepth as wd  # the DAG is only built when asked for
+
+    costs = stage_costs(spec, config, workload)
+    seconds = stage_seconds(costs, device, devices, generation_tp)
+    n_params = spec.params()
+    if config.use_critic:
+        dag = wd.ppo_iteration(spec, workload.responses, workload.prompt_len,
+                               workload.response_len, n_params, config.ppo_epochs,
+                               config.minibatches)
+    else:
+        dag = wd.grpo_iteration(spec, workload.prompts, workload.group_size, workload.prompt_len,
+                                workload.response_len, n_params, config.ppo_epochs,
+                                config.minibatches, reference=config.uses_reference)
+    generation = dag.parts[0]
+    return {
+        "stages": {s: {"flops": c.flops, "bytes": c.bytes, "intensity": c.intensity,
+                       "seconds": seconds[s]} for s, c in costs.items()},
+        "time_shares": shares(seconds),
+        "flop_shares": shares({s: c.flops for s, c in costs.items()}),
+        "seconds": sum(seconds.values()),
+        "memory": memory(spec, config, workload),
+        "work": dag.work, "depth": dag.depth, "parallelism": dag.parallelism,
+        "generation_work": generation.work, "generation_depth": generation.depth,
+    }

@@ -37,7 +37,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .architectures import TransformerSpec, from_model_config
 from .model import ModelConfig
+
+Model = ModelConfig | TransformerSpec
+
+
+def as_spec(model: Model) -> TransformerSpec:
+    """A :class:`TransformerSpec` for either description of a model."""
+    return from_model_config(model) if isinstance(model, ModelConfig) else model
 
 ADAM_OPS_PER_PARAMETER = 14  # m: 3, v: 4, sqrt, +eps, divide, bias corrections 2, decay, update
 
@@ -181,29 +189,58 @@ def attention(batch: int, n_head: int, seq_len: int, context: int, d_head: int) 
     return repeat(one_head, batch * n_head, parallel=True, name="attention")
 
 
-def layer(config: ModelConfig, batch: int, seq_len: int, context: int | None = None) -> Computation:
+def mlp(spec: TransformerSpec, rows: int, name: str = "mlp") -> Computation:
+    """One MLP on ``rows`` tokens: up-projection, nonlinearity, down-projection. A gated (SwiGLU)
+    MLP projects to ``2 d_ff`` (gate and up, fused) and spends 2 operations per hidden value
+    (SiLU, multiply); a GELU MLP projects to ``d_ff`` and spends 1."""
+    d, hidden = spec.d_model, spec.d_ff
+    if spec.glu:
+        return seq(name, matmul(rows, d, 2 * hidden, "gate + up"),
+                   elementwise(rows * hidden, 2, "silu * up"), matmul(rows, hidden, d, "down"))
+    return seq(name, matmul(rows, d, hidden, "up"), elementwise(rows * hidden, 1, "gelu"),
+               matmul(rows, hidden, d, "down"))
+
+
+def moe(spec: TransformerSpec, rows: int) -> Computation:
+    """A mixture-of-experts MLP with balanced routing: the router (a matmul to ``n_experts``
+    scores, a softmax, a top-k as ``k`` maxima), then each token's ``experts_per_token`` routed
+    experts and the shared ones side by side, then a weighted sum of their outputs."""
+    k, shared = spec.experts_per_token, spec.n_shared_experts
+    router = seq("router", matmul(rows, spec.d_model, spec.n_experts, "router scores"),
+                 softmax(rows, spec.n_experts), repeat(reduction(rows, spec.n_experts, "top-1"), k,
+                                                       parallel=False, name=f"top-{k}"))
+    experts = repeat(mlp(spec, rows, "expert"), k + shared, parallel=True,
+                     name=f"{k} routed + {shared} shared experts")
+    return seq("moe", router, experts, elementwise(rows * spec.d_model, 2 * (k + shared) - 1,
+                                                     "weighted sum"))
+
+
+def layer(model: Model, batch: int, seq_len: int, context: int | None = None) -> Computation:
     """One pre-norm transformer block on ``batch x seq_len`` new tokens attending over
-    ``context`` positions (default ``seq_len``)."""
+    ``context`` positions (default ``seq_len``); queries in ``n_head`` heads, keys and values in
+    ``n_kv_head`` (GQA), fused into one projection."""
+    spec = as_spec(model)
     ctx = seq_len if context is None else context
-    d, rows, hidden = config.d_model, batch * seq_len, config.mlp_ratio * config.d_model
+    d, rows, dh = spec.d_model, batch * seq_len, spec.head_dim
+    qkv_width = (spec.n_head + 2 * spec.kv_heads) * dh
     return seq("layer",
-               layer_norm(rows, d, "norm 1"), matmul(rows, d, 3 * d, "qkv"),
-               attention(batch, config.n_head, seq_len, ctx, config.d_head),
-               matmul(rows, d, d, "out proj"), elementwise(rows * d, 1, "residual"),
-               layer_norm(rows, d, "norm 2"), matmul(rows, d, hidden, "mlp up"),
-               elementwise(rows * hidden, 1, "gelu"), matmul(rows, hidden, d, "mlp down"),
+               layer_norm(rows, d, "norm 1"), matmul(rows, d, qkv_width, "qkv"),
+               attention(batch, spec.n_head, seq_len, ctx, dh),
+               matmul(rows, spec.n_head * dh, d, "out proj"), elementwise(rows * d, 1, "residual"),
+               layer_norm(rows, d, "norm 2"), moe(spec, rows) if spec.is_moe else mlp(spec, rows),
                elementwise(rows * d, 1, "residual"))
 
 
-def forward(config: ModelConfig, batch: int, seq_len: int, context: int | None = None) -> Computation:
+def forward(model: Model, batch: int, seq_len: int, context: int | None = None) -> Computation:
     """A forward pass: position embedding add, ``n_layer`` blocks in sequence, final norm, and the
     language-model head on every position."""
+    spec = as_spec(model)
     rows = batch * seq_len
-    return seq("forward", elementwise(rows * config.d_model, 1, "embed + position"),
-               repeat(layer(config, batch, seq_len, context), config.n_layer, parallel=False,
-                      name=f"{config.n_layer} layers"),
-               layer_norm(rows, config.d_model, "final norm"),
-               matmul(rows, config.d_model, config.vocab_size, "lm head"))
+    return seq("forward", elementwise(rows * spec.d_model, 1, "embed + position"),
+               repeat(layer(spec, batch, seq_len, context), spec.n_layer, parallel=False,
+                      name=f"{spec.n_layer} layers"),
+               layer_norm(rows, spec.d_model, "final norm"),
+               matmul(rows, spec.d_model, spec.vocab_size, "lm head"))
 
 
 def backward(node: Computation) -> Computation:
@@ -231,25 +268,26 @@ def optimizer_step(n_params: int) -> Computation:
     return elementwise(n_params, ADAM_OPS_PER_PARAMETER, "AdamW")
 
 
-def training_step(config: ModelConfig, batch: int, seq_len: int, n_params: int) -> Computation:
+def training_step(config: Model, batch: int, seq_len: int, n_params: int) -> Computation:
     """One gradient step on ``batch`` sequences: forward, loss (log-softmax over the vocabulary and
     a mean), backward, gradient-norm clip (a sum over all parameters), AdamW."""
     fwd = forward(config, batch, seq_len)
     rows = batch * seq_len
-    loss = seq("loss", softmax(rows, config.vocab_size, "log-softmax"), reduction(1, rows, "mean"))
+    loss = seq("loss", softmax(rows, as_spec(config).vocab_size, "log-softmax"),
+               reduction(1, rows, "mean"))
     return seq("training step", fwd, loss, backward(seq("model + loss", fwd, loss)),
                seq("clip grad norm", elementwise(n_params, 1, "square"),
                    reduction(1, n_params, "sum"), elementwise(n_params, 1, "scale")),
                optimizer_step(n_params))
 
 
-def decode(config: ModelConfig, batch: int, prompt_len: int, response_len: int) -> Computation:
+def decode(config: Model, batch: int, prompt_len: int, response_len: int) -> Computation:
     """Autoregressive generation: a prefill of the prompt, then ``response_len - 1`` decode steps,
     each a one-token forward over the growing context and a sampling softmax; token ``t + 1``
     needs token ``t``, so the steps are sequential. ``batch`` sequences decode side by side:
     more sequences add work, never depth."""
     _positive(batch=batch, prompt_len=prompt_len, response_len=response_len)
-    sample = softmax(batch, config.vocab_size, "sample")
+    sample = softmax(batch, as_spec(config).vocab_size, "sample")
     steps = [seq("prefill", forward(config, batch, prompt_len), sample)]
     for t in range(1, response_len):
         steps.append(seq(f"decode step {t}", forward(config, batch, 1, prompt_len + t), sample))
@@ -259,7 +297,8 @@ def decode(config: ModelConfig, batch: int, prompt_len: int, response_len: int) 
 # ----------------------------------------------------------------------------- closed forms
 def forward_cost(config: ModelConfig, batch: int, seq_len: int,
                  context: int | None = None) -> tuple[int, int]:
-    """``(W, D)`` of :func:`forward` in closed form.
+    """``(W, D)`` of :func:`forward` in closed form, for the course's model (a GELU MLP, as many
+    key/value heads as query heads).
 
     ``W = rows d + L [14 rows d + 2 rows d (3d + d + 2 r d) + rows r d
     + B H (4 S C d_h + 6 S C)] + 7 rows d + 2 rows d V``, with ``rows = B S``, ``C`` the context,
@@ -362,7 +401,7 @@ def group_advantage(batch: int, group_size: int) -> Computation:
 
 
 # ----------------------------------------------------------------------------- iterations
-def grpo_iteration(config: ModelConfig, prompts: int, group_size: int, prompt_len: int,
+def grpo_iteration(config: Model, prompts: int, group_size: int, prompt_len: int,
                    response_len: int, n_params: int, epochs: int = 1, minibatches: int = 2,
                    reference: bool = True) -> Computation:
     """One GRPO iteration with every response ``response_len`` tokens long: generation of
@@ -382,7 +421,7 @@ def grpo_iteration(config: ModelConfig, prompts: int, group_size: int, prompt_le
                repeat(step, epochs * minibatches, parallel=False, name="training"))
 
 
-def ppo_iteration(config: ModelConfig, prompts: int, prompt_len: int, response_len: int,
+def ppo_iteration(config: Model, prompts: int, prompt_len: int, response_len: int,
                   n_params: int, epochs: int = 1, minibatches: int = 2,
                   prefix_scan: bool = False) -> Computation:
     """One PPO iteration: generation, scoring (old policy, reference and critic forwards,

@@ -105,3 +105,16 @@ def test_iterations_generation_depth_dominates_and_group_adds_work_only():
     assert scan.depth < ppo.depth and scan.work > ppo.work
     with pytest.raises(ValueError, match="does not divide"):
         wd.grpo_iteration(TINY, 3, 3, 6, 4, n_params, minibatches=2)
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "mixtral-8x7b"])
+def test_gqa_swiglu_and_moe_layers_count_the_flops_of_the_architecture(name):
+    from rlm_course.anatomy import teacher_forced_flops
+    from rlm_course.architectures import get_spec
+
+    spec = get_spec(name)
+    dag = wd.forward(spec, 2, 64)
+    assert dag.work_of("matmul") == teacher_forced_flops(spec, 64, 2)
+    # more sequences or a longer prompt add work; the depth of a forward grows only with logs
+    assert wd.forward(spec, 8, 64).depth == dag.depth
+    assert wd.forward(spec, 2, 4096).depth - dag.depth <= spec.n_layer * 3 * 6

@@ -1,0 +1,66 @@
+"""The calculator responds to a programmatic change of every control, and shows bad settings as
+messages."""
+
+import pytest
+
+from rlm_course.algorithms import preset
+from rlm_course.anatomy import Workload, iteration_report
+from rlm_course.architectures import get_spec
+from rlm_course.hardware import get_device
+from rlm_course.widgets import RLStepCalculator
+
+CHANGES = {  # control -> a new valid value
+    "model": "llama-3-70b", "algorithm": "ppo", "prompts": 256, "group_size": 4,
+    "prompt_len": 256, "response_len": 1024, "device": "H200-SXM-141GB", "devices": 16,
+    "generation_tp": 4,
+}
+CUSTOM = {"n_layer": 8, "d_model": 1024, "n_head": 16, "n_kv_head": 4, "d_ff": 4096}
+
+
+def test_every_control_changes_the_result():
+    calc = RLStepCalculator()
+    assert calc.message == "" and calc.result["seconds"] > 0
+    for name, value in CHANGES.items():
+        before = calc.result
+        calc.controls[name].value = value
+        assert calc.message == "", (name, calc.message)
+        assert calc.result != before, name
+    calc.controls["model"].value = "custom"
+    for name, value in CUSTOM.items():
+        before = calc.result
+        calc.controls[name].value = value
+        assert calc.message == "" and calc.result != before, name
+    assert "iteration" in calc.status.value and "<table>" in calc.table.value
+
+
+def test_the_widget_shows_the_pure_functions_result():
+    calc = RLStepCalculator()
+    expected = iteration_report(get_spec("llama-3-8b"), preset("grpo", group_size=16,
+                                                               prompts_per_step=512, minibatches=1),
+                                Workload(512, 16, 512, 2048), get_device("H100-SXM-80GB"), 64, 1)
+    assert calc.result == expected
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("devices", 0, "devices=0"),
+    ("generation_tp", 3, "tp=3 must be a positive divisor of devices=64"),
+    ("response_len", -5, "response_len=-5"),
+    ("group_size", 1, "group_size=1 with advantage='group'"),
+])
+def test_bad_settings_show_a_message(name, value, message):
+    calc = RLStepCalculator()
+    calc.controls[name].value = value
+    assert calc.result is None and message in calc.message
+    assert message.split("=")[0] in calc.status.value and calc.table.value == ""
+
+
+def test_inconsistent_custom_model_and_moe():
+    calc = RLStepCalculator()
+    calc.controls["model"].value = "custom"
+    calc.controls["n_head"].value = 7
+    assert "n_head=7 does not divide d_model=4096" in calc.message
+    calc.controls["n_head"].value = 32
+    calc.controls["n_kv_head"].value = 5
+    assert "n_kv_head=5 must divide n_head=32" in calc.message
+    calc.controls["model"].value = "mixtral-8x7b"
+    assert calc.message == "" and calc.result["memory"]["policy states"] == 16 * 46702792704
