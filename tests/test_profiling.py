@@ -1,0 +1,38 @@
+"""Measured per-stage FLOPs of real tiny steps against the predictor, and the roofline points."""
+
+import pytest
+
+from rlm_course.algorithms import preset
+from rlm_course.profiling import measure_step, roofline_points
+from rlm_course.runs import load_sft_policy
+from rlm_course.tasks import get_task, load_eval_set
+from rlm_course.tokenizer import CharTokenizer
+from rlm_course.trainer import RLTrainer
+
+TASK, TOK = get_task("addition", digits=3), CharTokenizer()
+
+
+@pytest.mark.parametrize("variant", ["grpo", "ppo", "rloo"])
+def test_predicted_stage_flops_match_the_flop_counter(variant):
+    policy, _ = load_sft_policy(TASK, TOK, progress=False)
+    prompts = 8 if preset(variant).group_size > 1 else 32
+    trainer = RLTrainer(policy, TASK, TOK, preset(variant, prompts_per_step=prompts,
+                                                  eval_every=1000), load_eval_set(TASK)[:10])
+    row = measure_step(trainer)
+    for stage in ("generation", "scoring"):  # forward passes: exact
+        assert row["measured_flops"][stage] == row["predicted_flops"][stage], stage
+    # training: a backward is 2x its forward to within 0.5%
+    assert row["measured_flops"]["training"] == pytest.approx(row["predicted_flops"]["training"],
+                                                              rel=0.005)
+    assert trainer.timer.current is None and trainer.step_count == 1
+
+
+def test_roofline_points_decode_is_less_intense_than_prefill():
+    policy, _ = load_sft_policy(TASK, TOK, progress=False)
+    points = roofline_points(policy, batches=(1, 8, 64), repeats=2)
+    by = {(p["kind"], p["batch"]): p for p in points}
+    for batch in (1, 8, 64):
+        assert by[("decode", batch)]["intensity"] < by[("prefill", batch)]["intensity"]
+        assert by[("decode", batch)]["flops_per_s"] > 0
+    intensities = [by[("decode", b)]["intensity"] for b in (1, 8, 64)]
+    assert intensities == sorted(intensities)  # weights are shared by the batch
