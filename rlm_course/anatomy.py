@@ -211,11 +211,17 @@ def shares(values: dict[str, float]) -> dict[str, float]:
 def decode_intensity(spec: TransformerSpec, batch: int, context: int,
                      workload: Workload | None = None) -> float:
     """FLOP per byte of one decode step for ``batch`` sequences at ``context``: grows with the
-    batch (the weights are read once for all of them) until the KV-cache reads dominate."""
+    batch (the weights are read once for all of them) until the KV-cache reads dominate.
+
+    FLOPs: :func:`decode_step_flops`; bytes: the weights (:func:`weight_bytes`) plus every
+    sequence's ``context`` cached tokens (``spec.kv_cache_bytes_per_token``).
+    """
     w = workload or Workload(1, 1, 1, 1)
+    # BEGIN SOLUTION: FLOPs of the step over the bytes it reads: the weights once for the whole batch, plus each sequence's KV cache
     kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
     bytes_ = weight_bytes(spec, w, batch) + batch * context * kv
     return decode_step_flops(spec, context, batch) / bytes_
+    # END SOLUTION
 
 
 def prefill_intensity(spec: TransformerSpec, batch: int, seq_len: int,

@@ -21,6 +21,18 @@ from dataclasses import dataclass
 from .model import ModelConfig
 
 
+def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, tokens: int,
+                   bytes_per_element: int = 2) -> int:
+    """Bytes of the KV cache of ``tokens`` tokens: a key and a value vector of ``d_head`` elements
+    for every layer and every key/value head (Pope et al. 2022, arXiv:2211.05102, section 3.1).
+
+    E.g. Llama-3-8B (32 layers, 8 KV heads of 128, bf16): 128 KiB per token.
+    """
+    # BEGIN SOLUTION: two tensors (K and V) per layer, each n_kv_head x d_head elements per token
+    return 2 * n_layer * n_kv_head * d_head * tokens * bytes_per_element
+    # END SOLUTION
+
+
 @dataclass(frozen=True)
 class TransformerSpec:
     """A decoder-only transformer.
@@ -148,8 +160,8 @@ class TransformerSpec:
     # ---------------------------------------------------------------- per token
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
         """Keys and values of one token in every layer:
-        ``2 x n_layer x n_kv_head x d_head x bytes``."""
-        return 2 * self.n_layer * self.kv_heads * self.head_dim * bytes_per_element
+        ``2 x n_layer x n_kv_head x d_head x bytes`` (:func:`kv_cache_bytes`)."""
+        return kv_cache_bytes(self.n_layer, self.kv_heads, self.head_dim, 1, bytes_per_element)
 
     def forward_flops_per_token(self, context: int) -> int:
         """Forward FLOPs of one token attending over ``context`` positions:

@@ -232,6 +232,93 @@ def _checks_aggregate_loss(fn):
            "token-mean"), torch.tensor(6 / 7))
 
 
+def _value_close(actual, expected, rel=1e-9) -> tuple[bool, str]:
+    if not isinstance(actual, (int, float)):
+        return False, f"expected a number, got {type(actual).__name__}"
+    ok = abs(actual - expected) <= rel * abs(expected)
+    return ok, f"got {actual}, expected {expected}"
+
+
+def _checks_kv_cache_bytes(fn):
+    yield "Llama-3-8B: 32 layers, 8 KV heads of 128, bf16: 128 KiB per token", lambda: \
+        _value_close(fn(32, 8, 128, 1, 2), 131072)
+    yield "linear in the tokens: 4096 tokens of Qwen2.5-7B (28 layers, 4 KV heads)", lambda: \
+        _value_close(fn(28, 4, 128, 4096, 2), 57344 * 4096)
+    yield "fp32 doubles it; MQA (1 KV head) divides it by the heads", lambda: _value_close(
+        fn(2, 1, 16, 10, 4), 2 * 2 * 1 * 16 * 10 * 4)
+
+
+def _checks_decode_intensity(fn):
+    from .architectures import TransformerSpec
+
+    spec = TransformerSpec("check", n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=256,
+                           vocab_size=100)
+    params, kv = spec.params(), spec.kv_cache_bytes_per_token()
+
+    def reference(batch, context):
+        flops = batch * (2 * spec.matmul_params() + 4 * 2 * 4 * 16 * context)
+        return flops / (2 * params + batch * context * kv)
+
+    yield "one sequence at context 10 (hand formula)", lambda: _value_close(fn(spec, 1, 10),
+                                                                          reference(1, 10), 1e-6)
+    yield "a batch of 64 at context 100", lambda: _value_close(fn(spec, 64, 100),
+                                                               reference(64, 100), 1e-6)
+
+    def grows_with_batch():
+        values = [fn(spec, b, 50) for b in (1, 2, 8, 32)]
+        return values == sorted(values) and values[0] < values[-1], f"values {values}"
+
+    yield "grows with the batch (the weights are shared)", grows_with_batch
+
+
+def _checks_layer(fn):
+    from .model import ModelConfig
+    from .workdepth import Computation, forward_cost, layer_norm, matmul
+
+    config = ModelConfig(vocab_size=24, n_layer=3, n_head=2, d_model=16, max_seq_len=64)
+
+    def against_closed_form(batch, seq, ctx):
+        def check():
+            out = fn(config, batch, seq, ctx)
+            if not isinstance(out, Computation):
+                return False, f"expected a Computation, got {type(out).__name__}"
+            work, depth = forward_cost(config, batch, seq, ctx)
+            rows = batch * seq
+            # forward = embed + L layers + final norm + head
+            head = matmul(rows, config.d_model, config.vocab_size)
+            norm = layer_norm(rows, config.d_model)
+            w = (work - rows * config.d_model - norm.work - head.work) // config.n_layer
+            d = (depth - 1 - norm.depth - head.depth) // config.n_layer
+            return (out.work, out.depth) == (w, d), f"got W={out.work}, D={out.depth}; expected W={w}, D={d}"
+        return check
+
+    yield "W and D of a layer, 2 sequences of 5 tokens", against_closed_form(2, 5, None)
+    yield "W and D of a decode step (1 token, context 12)", against_closed_form(3, 1, 12)
+
+    def batch_adds_work_not_depth():
+        a, b = fn(config, 1, 4, None), fn(config, 8, 4, None)
+        return (b.depth == a.depth and b.work == 8 * a.work,
+                f"batch 1: W={a.work}, D={a.depth}; batch 8: W={b.work}, D={b.depth}")
+
+    yield "8x the sequences: 8x the work, the same depth", batch_adds_work_not_depth
+
+
+def _checks_brent_bound(fn):
+    yield "W=100, D=10 on 10 processors: 20", lambda: _value_close(fn(100, 10, 10), 20.0)
+    yield "one processor: W + D", lambda: _value_close(fn(100, 10, 1), 110.0)
+    yield "infinitely many processors: approaches D", lambda: _value_close(fn(100, 10, 10**9),
+                                                                          10.0, 1e-6)
+
+    def rejects_zero():
+        try:
+            fn(100, 10, 0)
+        except ValueError:
+            return True, ""
+        return False, "processors=0 should raise ValueError"
+
+    yield "no processors is an error", rejects_zero
+
+
 CHECKS = {
     "group_advantages": _checks_group_advantages,
     "clipped_surrogate": _checks_clipped_surrogate,
@@ -241,6 +328,10 @@ CHECKS = {
     "rloo_advantages": _checks_rloo_advantages,
     "sequence_ratio": _checks_sequence_ratio,
     "aggregate_loss": _checks_aggregate_loss,
+    "kv_cache_bytes": _checks_kv_cache_bytes,
+    "decode_intensity": _checks_decode_intensity,
+    "layer": _checks_layer,
+    "brent_bound": _checks_brent_bound,
 }
 
 

@@ -54,6 +54,11 @@ EXERCISES = (
     Chapter("04", "grpo_family", "Parts of the GRPO family",
             (("rlm_course.objectives", "rloo_advantages"), ("rlm_course.objectives", "sequence_ratio"),
              ("rlm_course.objectives", "aggregate_loss"))),
+    Chapter("05", "anatomy", "KV-cache size and decode arithmetic intensity",
+            (("rlm_course.architectures", "kv_cache_bytes"),
+             ("rlm_course.anatomy", "decode_intensity"))),
+    Chapter("06", "workdepth", "Work and depth of a layer; Brent's bound",
+            (("rlm_course.workdepth", "layer"), ("rlm_course.workdepth", "brent_bound"))),
 )
 
 HEADER = '''"""{kind} for chapter {number}: {title}.

@@ -95,8 +95,8 @@ class RLStepCalculator:
         """The report for the current settings (raises ValueError for a bad one)."""
         s = self.settings()
         group = s["group_size"]
-        config = preset(s["algorithm"], group_size=group, prompts_per_step=s["prompts"],
-                        minibatches=1)
+        # the algorithm's parts; the sizes live in the workload (no laptop batch limit here)
+        config = preset(s["algorithm"], group_size=group, prompts_per_step=1, minibatches=1)
         workload = Workload(s["prompts"], group, s["prompt_len"], s["response_len"])
         return iteration_report(self.spec(), config, workload, get_device(s["device"]),
                                 s["devices"], s["generation_tp"])

@@ -84,13 +84,9 @@ class Computation:
         return self.work / self.depth if self.depth else math.inf
 
     def brent_time(self, processors: int) -> float:
-        """Brent's upper bound ``W/p + D`` on the time (in operations) with ``p`` processors.
-
-        Raises:
-            ValueError: unless ``processors >= 1``.
-        """
-        _check_processors(processors)
-        return self.work / processors + self.depth
+        """Brent's upper bound ``W/p + D`` on the time (in operations) with ``p`` processors
+        (:func:`brent_bound`)."""
+        return brent_bound(self.work, self.depth, processors)
 
     def lower_bound(self, processors: int) -> float:
         """No schedule beats ``max(W/p, D)``."""
@@ -111,6 +107,19 @@ class Computation:
         """``(name, work, depth)`` of each direct part (repetitions multiplied in)."""
         return [(p.name, p.work * self.count, p.depth * (self.count if self.kind == "seq" else 1))
                 for p in self.parts]
+
+
+def brent_bound(work: float, depth: float, processors: int) -> float:
+    """Brent's theorem: a greedy schedule on ``p`` processors takes at most ``W/p + D`` steps
+    (Brent 1974; Blelloch 1996, section 2).
+
+    Raises:
+        ValueError: unless ``processors`` is an integer >= 1.
+    """
+    _check_processors(processors)
+    # BEGIN SOLUTION: every step either keeps all p processors busy (at most W/p such steps) or finishes a level of the longest chain (at most D)
+    return work / processors + depth
+    # END SOLUTION
 
 
 def _check_processors(p: int) -> None:
@@ -223,12 +232,14 @@ def layer(model: Model, batch: int, seq_len: int, context: int | None = None) ->
     ctx = seq_len if context is None else context
     d, rows, dh = spec.d_model, batch * seq_len, spec.head_dim
     qkv_width = (spec.n_head + 2 * spec.kv_heads) * dh
+    # BEGIN SOLUTION: in order: norm, fused qkv matmul, attention over the heads, output projection, residual add, norm, the MLP (or MoE), residual add
     return seq("layer",
                layer_norm(rows, d, "norm 1"), matmul(rows, d, qkv_width, "qkv"),
                attention(batch, spec.n_head, seq_len, ctx, dh),
                matmul(rows, spec.n_head * dh, d, "out proj"), elementwise(rows * d, 1, "residual"),
                layer_norm(rows, d, "norm 2"), moe(spec, rows) if spec.is_moe else mlp(spec, rows),
                elementwise(rows * d, 1, "residual"))
+    # END SOLUTION
 
 
 def forward(model: Model, batch: int, seq_len: int, context: int | None = None) -> Computation:

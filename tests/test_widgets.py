@@ -36,7 +36,7 @@ def test_every_control_changes_the_result():
 def test_the_widget_shows_the_pure_functions_result():
     calc = RLStepCalculator()
     expected = iteration_report(get_spec("llama-3-8b"), preset("grpo", group_size=16,
-                                                               prompts_per_step=512, minibatches=1),
+                                                               prompts_per_step=1, minibatches=1),
                                 Workload(512, 16, 512, 2048), get_device("H100-SXM-80GB"), 64, 1)
     assert calc.result == expected
 
@@ -64,3 +64,5 @@ def test_inconsistent_custom_model_and_moe():
     assert "n_kv_head=5 must divide n_head=32" in calc.message
     calc.controls["model"].value = "mixtral-8x7b"
     assert calc.message == "" and calc.result["memory"]["policy states"] == 16 * 46702792704
+    calc.controls["group_size"].value = 64  # 512 x 64 responses: beyond a laptop run, fine here
+    assert calc.message == ""
