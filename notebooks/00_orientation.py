@@ -128,7 +128,8 @@ assert all(totals[s] > 0 for s in stages)
 # | 02 | GRPO from scratch | ready |
 # | 03 | PPO from scratch | ready |
 # | 04 | the GRPO family (Dr. GRPO, DAPO, RLOO, REINFORCE++, GSPO) | ready |
-# | 05-06 | anatomy of an RL step; work and depth | planned |
+# | 05 | anatomy of an RL step | ready |
+# | 06 | work and depth | ready |
 # | 07-11 | data, tensor, sequence, pipeline, context, expert parallelism; real `torchrun` runs | planned |
 # | 12-14 | placement and hybrid engines; asynchronous RL; capstone | planned |
 #
