@@ -254,6 +254,35 @@ def memory(spec: TransformerSpec, config: RLConfig, workload: Workload) -> dict[
     return out
 
 
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def zero_model_state_bytes(params: int, dp: int, stage: int, optimizer_bytes: int = 12) -> float:
+    """Model-state bytes per device under ZeRO data parallelism (Rajbhandari et al. 2019,
+    arXiv:1910.02054, section 5, Figure 1), mixed-precision Adam: 2 bytes of fp16/bf16 weights,
+    2 of gradients, ``K = optimizer_bytes`` (12: fp32 weights, momentum, variance) per parameter.
+
+    Stage 0 (plain DP) replicates all ``(2 + 2 + K) P``; stage 1 shards the optimizer states
+    (``4P + K P / N``), stage 2 also the gradients (``2P + (2 + K) P / N``), stage 3 also the
+    weights (``(2 + 2 + K) P / N``), over ``N = dp`` devices.
+
+    Raises:
+        ValueError: for an unknown stage or a non-positive ``dp``.
+    """
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"ZeRO stage={stage!r}: choose 0 (plain DP), 1, 2 or 3.")
+    if not (isinstance(dp, int) and dp >= 1):
+        raise ValueError(f"dp={dp!r} must be a positive integer.")
+    k = optimizer_bytes
+    if stage == 0:
+        return (4 + k) * params
+    if stage == 1:
+        return 4 * params + k * params / dp
+    if stage == 2:
+        return 2 * params + (2 + k) * params / dp
+    return (4 + k) * params / dp
+
+
 def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute: bool) -> float:
     """Activations kept for the backward pass (16-bit, Korthikanti et al. 2022, eq. 2):
     ``L s b h (34 + 5 a s / h)``, or ``2 L s b h`` with full recomputation."""

@@ -9,7 +9,9 @@ depth and parallelism. Every control can also be set from code (``calc.controls[
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 
 import ipywidgets as widgets
 
@@ -66,6 +68,7 @@ class RLStepCalculator:
         }
         self.status = widgets.HTML()
         self.table = widgets.HTML()
+        self.plot = widgets.HTML()
         self.result: dict | None = None
         self.message = ""
         for control in self.controls.values():
@@ -75,7 +78,8 @@ class RLStepCalculator:
         right = widgets.VBox([self.controls[k] for k in ("algorithm", "prompts", "group_size",
                                                          "prompt_len", "response_len", "device",
                                                          "devices", "generation_tp")])
-        self.widget = widgets.VBox([widgets.HBox([left, right]), self.status, self.table])
+        self.widget = widgets.VBox([widgets.HBox([left, right]), self.status,
+                                    widgets.HBox([self.table, self.plot])])
         self._update()
 
     def settings(self) -> dict:
@@ -108,14 +112,17 @@ class RLStepCalculator:
         except ValueError as err:
             self.result, self.message = None, str(err)
             self.status.value = f"<b style='color:#b00020'>{html.escape(self.message)}</b>"
-            self.table.value = ""
+            self.table.value = self.plot.value = ""
             return
         r = self.result
         self.status.value = (
             f"one iteration: <b>{r['seconds']:.1f} s</b> (roofline bound); work W = "
             f"{_fmt(r['work'])}FLOP, depth D = {_fmt(r['depth'])} operations, parallelism W/D = "
             f"{_fmt(r['parallelism'])}; generation alone: D = {_fmt(r['generation_depth'])} "
-            f"({r['generation_depth'] / r['depth']:.0%} of the depth)")
+            f"({r['generation_depth'] / r['depth']:.0%} of the depth). Brent: with p processors "
+            "at most W/p + D steps, a speedup of at most "
+            + ", ".join(f"{r['work'] / (r['work'] / p + r['depth']):.3g} at p = {p:.0e}"
+                        for p in (1e6, 1e9, 1e12)))
         rows = "".join(
             f"<tr><td>{s}</td><td>{_fmt(v['flops'])}FLOP</td><td>{_fmt(v['bytes'])}B</td>"
             f"<td>{v['intensity']:.1f}</td><td>{v['seconds']:.2f}</td>"
@@ -126,3 +133,24 @@ class RLStepCalculator:
             "<table><tr><th>stage</th><th>FLOPs</th><th>bytes</th><th>FLOP/B</th><th>s</th>"
             f"<th>FLOP share</th><th>time share</th></tr>{rows}</table>"
             f"<p>memory (whole job): {html.escape(memory)}</p>")
+        self.plot.value = _shares_png(r)
+
+
+def _shares_png(report: dict) -> str:
+    """An ``<img>`` of each stage's share of FLOPs and of time (a PNG inside the HTML widget, so
+    that it needs no Output widget)."""
+    from matplotlib.figure import Figure  # no pyplot: the notebook's backend stays as it is
+
+    stages = list(report["stages"])
+    fig = Figure(figsize=(4.2, 2.4))
+    ax = fig.subplots()
+    x = range(len(stages))
+    ax.bar([i - 0.2 for i in x], [report["flop_shares"][s] for s in stages], 0.4, label="FLOPs")
+    ax.bar([i + 0.2 for i in x], [report["time_shares"][s] for s in stages], 0.4, label="time")
+    ax.set_xticks(list(x), [s.replace(" update", "\nupdate") for s in stages], fontsize=7)
+    ax.set_ylabel("share of the iteration", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    return f"<img src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'/>"

@@ -23,6 +23,10 @@ def _value(figure):
     if figure["what"] == "training_flops_per_token_over_params":
         spec = get_spec(model)
         return 3 * spec.forward_flops_per_token(context=128) / spec.matmul_params()
+    if figure["what"].startswith("zero_stage"):
+        from rlm_course.anatomy import zero_model_state_bytes
+
+        return zero_model_state_bytes(int(7.5e9), dp=64, stage=int(figure["what"][10]))
     if figure["what"] == "adam_mixed_precision_bytes_per_param":
         return 2 + 2 + 3 * 4  # bf16 weights and gradients, fp32 master weights and two moments
     raise AssertionError(f"no check for {figure['what']}")

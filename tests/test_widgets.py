@@ -31,6 +31,8 @@ def test_every_control_changes_the_result():
         calc.controls[name].value = value
         assert calc.message == "" and calc.result != before, name
     assert "iteration" in calc.status.value and "<table>" in calc.table.value
+    assert calc.plot.value.startswith("<img src='data:image/png;base64,")
+    assert "Brent" in calc.status.value
 
 
 def test_the_widget_shows_the_pure_functions_result():
