@@ -18,6 +18,10 @@ plus one step counter per tensor for each trained model; weights only for a froz
 
 Measurement (:class:`PassCounter`, :class:`ActivationMeter`) hooks the models of a real run, so the
 predicted and measured numbers come from independent code.
+
+This module accounts for the course's own runs. The same accounting for any architecture and
+cluster (GQA, MoE, bytes moved, roofline time on a catalog device, ZeRO memory) is in
+:mod:`rlm_course.anatomy`, over the models of :mod:`rlm_course.architectures`.
 """
 
 from __future__ import annotations
