@@ -21,7 +21,13 @@ def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, tokens: int,
     for every layer and every key/value head (Pope et al. 2022, arXiv:2211.05102, section 3.1).
 
     E.g. Llama-3-8B (32 layers, 8 KV heads of 128, bf16): 128 KiB per token.
+
+    Raises:
+        ValueError: for a negative size.
     """
+    if min(n_layer, n_kv_head, d_head, tokens, bytes_per_element) < 0:
+        raise ValueError("kv_cache_bytes: sizes must be >= 0, got "
+                         f"{(n_layer, n_kv_head, d_head, tokens, bytes_per_element)}.")
     # TODO: two tensors (K and V) per layer, each n_kv_head x d_head elements per token
     raise NotImplementedError('not implemented yet: two tensors (K and V) per layer, each n_kv_head x d_head elements per token')
 
@@ -34,6 +40,8 @@ def decode_intensity(spec: TransformerSpec, batch: int, context: int,
     FLOPs: :func:`decode_step_flops`; bytes: the weights (:func:`weight_bytes`) plus every
     sequence's ``context`` cached tokens (``spec.kv_cache_bytes_per_token``).
     """
+    if batch < 1 or context < 0:
+        raise ValueError(f"decode_intensity: batch={batch} must be >= 1 and context={context} >= 0.")
     w = workload or Workload(1, 1, 1, 1)
     # TODO: FLOPs of the step over the bytes it reads: the weights once for the whole batch, plus each sequence's KV cache
     raise NotImplementedError("not implemented yet: FLOPs of the step over the bytes it reads: the weights once for the whole batch, plus each sequence's KV cache")

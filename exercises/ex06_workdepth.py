@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.workdepth import _check_processors, as_spec, attention, elementwise, layer_norm, matmul, mlp, moe, seq
+from rlm_course.workdepth import _check_processors, _positive, as_spec, attention, elementwise, layer_norm, matmul, mlp, moe, seq
 
 __all__ = ['layer', 'brent_bound']
 
@@ -21,6 +21,7 @@ def layer(model: Model, batch: int, seq_len: int, context: int | None = None) ->
     ``n_kv_head`` (GQA), fused into one projection."""
     spec = as_spec(model)
     ctx = seq_len if context is None else context
+    _positive(batch=batch, seq_len=seq_len, context=ctx)
     d, rows, dh = spec.d_model, batch * seq_len, spec.head_dim
     qkv_width = (spec.n_head + 2 * spec.kv_heads) * dh
     # TODO: in order: norm, fused qkv matmul, attention over the heads, output projection, residual add, norm, the MLP (or MoE), residual add
@@ -35,5 +36,7 @@ def brent_bound(work: float, depth: float, processors: int) -> float:
         ValueError: unless ``processors`` is an integer >= 1.
     """
     _check_processors(processors)
+    if work < 0 or depth < 0:
+        raise ValueError(f"work={work} and depth={depth} must be >= 0.")
     # TODO: every step either keeps all p processors busy (at most W/p such steps) or finishes a level of the longest chain (at most D)
     raise NotImplementedError('not implemented yet: every step either keeps all p processors busy (at most W/p such steps) or finishes a level of the longest chain (at most D)')

@@ -148,8 +148,10 @@ assert decode == sorted(decode)
 #
 # The same accounting for real architectures (`rlm_course.architectures`: Llama-3-8B and 70B with
 # grouped-query attention and SwiGLU) and a GRPO workload of 512 prompts x 16 samples, 512-token
-# prompts and 2,048-token responses; generation runs in replicas of `tp` GPUs, and **each replica
-# reads all of its weights at every decode step**.
+# prompts and 2,048-token responses, in 16 gradient steps; generation runs in replicas of `tp`
+# GPUs, and **each replica reads all of its weights at every decode step**. When the KV caches of
+# a replica's sequences do not fit beside its weights, it decodes them in several waves, reading
+# the weights again for each.
 
 # %%
 from rlm_course.anatomy import Workload, shares, stage_costs, stage_seconds
@@ -159,7 +161,7 @@ from rlm_course.hardware import get_device
 h100 = get_device("H100-SXM-80GB")
 work = Workload(prompts=512, group_size=16, prompt_len=512, response_len=2048)
 rows = []
-for name, tp in (("llama-3-8b", 1), ("llama-3-70b", 4)):
+for name, tp in (("llama-3-8b", 1), ("llama-3-70b", 8)):
     for variant in ("grpo", "ppo"):
         config = preset(variant, group_size=16 if variant == "grpo" else 1,
                         prompts_per_step=512 if variant == "grpo" else 8192, minibatches=16)
@@ -169,19 +171,27 @@ for name, tp in (("llama-3-8b", 1), ("llama-3-70b", 4)):
         flop_share = shares({s: c.flops for s, c in costs.items()})
         time_share = shares(seconds)
         gen = ("prefill", "decode")
-        rows.append([name, variant, f"{sum(flop_share[s] for s in gen):.0%}",
-                     f"{sum(time_share[s] for s in gen):.0%}", f"{sum(seconds.values()):.0f}"])
+        waves = costs["decode"].waves(h100, 64, tp)
+        rows.append([name, f"{variant}, tp {tp}", f"{sum(flop_share[s] for s in gen):.0%}",
+                     f"{sum(time_share[s] for s in gen):.0%}", waves,
+                     f"{sum(seconds.values()):.0f}"])
 print(format_table(rows, ["model", "algorithm", "generation FLOP share", "generation time share",
-                          "iteration s (bound)"]))
+                          "decode waves", "iteration s (bound)"]))
 
 # %% [markdown]
 # Even at the roofline, with every other stage at full peak, generation's share of the time is
-# several times its share of the FLOPs. Real systems run training at 30-50% of peak and decode
-# with a long tail of unfinished sequences (chapter 06), which is how the reported 70-90% arises.
+# larger than its share of the FLOPs: several times larger for the 8B model, whose many small
+# replicas each re-read their weights at every step; less so for the 70B model here, whose
+# training FLOPs also grow. This bound is optimistic for generation: real systems run training at
+# 30-50% of peak, but decode also waits for the longest response of the batch (its depth, chapter
+# 06). Measured systems report generation at about 70% of a step or more (verl's DAPO recipe on a
+# 32B model, `docs/advance/one_step_off.md`; NeMo-Aligner's 405B PPO, about 140 s of a 165 s step,
+# arXiv:2405.01481).
 #
-# Why decode is memory-bound: its intensity is about the batch size (2 FLOPs per weight per
-# sequence, 2 bytes per bf16 weight), far below the H100's ridge point until hundreds of sequences
-# share a replica, and the KV-cache reads grow with the context:
+# Why decode is memory-bound: its intensity is at most about the batch size (2 FLOPs per weight
+# per sequence, 2 bytes per bf16 weight), and the KV-cache reads, which grow with the context and
+# are not shared by the batch, pull it further down: at long contexts it stays below the H100's
+# ridge point however many sequences share a replica.
 
 # %%
 from rlm_course.anatomy import decode_intensity, prefill_intensity
@@ -202,8 +212,9 @@ plt.xlabel("sequences per replica"); plt.ylabel("FLOP / byte"); plt.legend(fonts
 #
 # Trained models keep 16 bytes per parameter (bf16 weights and gradients, fp32 master weights and
 # Adam moments; ZeRO, arXiv:1910.02054); a frozen reference 2; the KV cache of the rollout grows
-# with responses x length x `2 L n_kv d_head` bytes per token; activations with the micro-batch and
-# the sequence length, unless recomputed.
+# with responses x length x `2 L n_kv d_head` elements per token (x 2 bytes in bf16); activations
+# with the micro-batch and the sequence length, unless recomputed. ZeRO shards the 16 bytes over
+# the data-parallel devices (`zero_model_state_bytes`).
 
 # %%
 from rlm_course.anatomy import memory
@@ -232,7 +243,7 @@ calc.widget
 # %%
 calc.controls["response_len"].value = 8192
 print(f"8k-token responses: {calc.result['seconds']:.0f} s per iteration (roofline bound), "
-      f"generation {calc.result['time_shares']['decode']:.0%} of it")
+      f"decode {calc.result['time_shares']['decode']:.0%} of it")
 assert calc.message == ""
 
 # %% [markdown]

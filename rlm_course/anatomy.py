@@ -67,7 +67,7 @@ class Workload:
         for name in ("prompts", "group_size", "prompt_len", "response_len", "micro_batch",
                      "weight_bytes", "kv_bytes"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Workload.{name}={value!r} must be a positive integer.")
 
     @property
@@ -95,24 +95,48 @@ class StageCost:
     flops: float
     bytes: float
     replica_bytes: float = 0.0
+    sequences: int = 0
+    weights: float = 0.0
+    kv_per_sequence: float = 0.0
 
     @property
     def intensity(self) -> float:
         return self.flops / self.bytes if self.bytes else float("inf")
 
-    def seconds(self, device: Device, devices: int = 1, tp: int = 1) -> float:
-        """Roofline time on ``devices`` devices in replicas of ``tp`` devices each:
-        ``max(F / (p peak), (B + (r - 1) B_replica) / (p bandwidth))``, ``r = p / tp``.
+    def waves(self, device: Device, devices: int, tp: int) -> int:
+        """Decode rounds each replica needs when the KV caches of all its sequences do not fit
+        beside its weights: ``ceil(sequences per replica / sequences that fit)``; 1 for stages
+        that hold no KV cache.
 
         Raises:
-            ValueError: unless ``devices >= 1`` and ``tp`` divides ``devices``.
+            ValueError: if the weights alone do not fit in the ``tp`` devices of a replica.
+        """
+        if not self.sequences:
+            return 1
+        capacity = tp * device.memory_bytes - self.weights
+        if capacity <= self.kv_per_sequence:
+            raise ValueError(f"{self.weights / 1e9:.0f} GB of weights plus one sequence's KV cache "
+                             f"do not fit in tp={tp} x {device.memory_bytes / 1e9:.0f} GB "
+                             f"({device.name}); raise the generation TP degree.")
+        per_replica = -(-self.sequences // (devices // tp))
+        fit = int(capacity // self.kv_per_sequence)
+        return -(-per_replica // fit)
+
+    def seconds(self, device: Device, devices: int = 1, tp: int = 1) -> float:
+        """Roofline time on ``devices`` devices in replicas of ``tp`` devices each:
+        ``max(F / (p peak), (B + (r w - 1) B_replica) / (p bandwidth))``, ``r = p / tp``
+        replicas, each decoding in ``w`` waves (:meth:`waves`).
+
+        Raises:
+            ValueError: unless ``devices >= 1`` and ``tp`` divides ``devices``, or if a replica's
+                weights do not fit.
         """
         if not (isinstance(devices, int) and devices >= 1):
             raise ValueError(f"devices={devices!r}: need at least one device.")
         if not (isinstance(tp, int) and tp >= 1 and devices % tp == 0):
             raise ValueError(f"tp={tp!r} must be a positive divisor of devices={devices}.")
-        replicas = devices // tp
-        traffic = self.bytes + (replicas - 1) * self.replica_bytes
+        reads = devices // tp * self.waves(device, devices, tp)
+        traffic = self.bytes + (reads - 1) * self.replica_bytes
         return max(self.flops / (devices * device.peak_flops),
                    traffic / (devices * device.memory_bandwidth))
 
@@ -164,11 +188,14 @@ def stage_costs(spec: TransformerSpec, config: RLConfig, workload: Workload) -> 
     prefill_flops = teacher_forced_flops(spec, w.prompt_len, b)
     prefill_bytes = w.micro_batches * weight_bytes(spec, w, w.micro_batch) + b * w.prompt_len * kv
     costs["prefill"] = StageCost(prefill_flops, prefill_bytes)
-    steps = range(1, w.response_len)
+    steps = range(1, w.response_len)  # empty for one-token responses (sampled from the prefill)
     decode_flops = sum(decode_step_flops(spec, w.prompt_len + t, b) for t in steps)
     decode_weights = len(steps) * weight_bytes(spec, w, b)
     decode_kv = sum(b * (w.prompt_len + t) * kv + b * kv for t in steps)
-    costs["decode"] = StageCost(decode_flops, decode_weights + decode_kv, decode_weights)
+    if steps:
+        costs["decode"] = StageCost(decode_flops, decode_weights + decode_kv, decode_weights,
+                                    sequences=b, weights=spec.params() * w.weight_bytes,
+                                    kv_per_sequence=w.seq_len * kv)
     # scoring: one teacher-forced forward per scoring model
     pass_bytes = w.micro_batches * weight_bytes(spec, w, w.micro_batch)
     flops = bytes_ = 0.0
@@ -176,7 +203,8 @@ def stage_costs(spec: TransformerSpec, config: RLConfig, workload: Workload) -> 
     for model, count in passes["scoring"].items():
         flops += count["forward"] * teacher_forced_flops(spec, w.seq_len, b, values.get(model))
         bytes_ += count["forward"] * pass_bytes
-    costs["scoring"] = StageCost(flops, bytes_)
+    if passes["scoring"]:
+        costs["scoring"] = StageCost(flops, bytes_)
     # updates: forward + backward (+ a recomputed forward) per epoch, and Adam per gradient step
     factor = 4 if w.recompute else 3
     optimizer_bytes = 2 * ADAM_STATE_BYTES * spec.params()  # read and write every state
@@ -216,6 +244,8 @@ def decode_intensity(spec: TransformerSpec, batch: int, context: int,
     FLOPs: :func:`decode_step_flops`; bytes: the weights (:func:`weight_bytes`) plus every
     sequence's ``context`` cached tokens (``spec.kv_cache_bytes_per_token``).
     """
+    if batch < 1 or context < 0:
+        raise ValueError(f"decode_intensity: batch={batch} must be >= 1 and context={context} >= 0.")
     w = workload or Workload(1, 1, 1, 1)
     # BEGIN SOLUTION: FLOPs of the step over the bytes it reads: the weights once for the whole batch, plus each sequence's KV cache
     kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
@@ -235,13 +265,14 @@ def prefill_intensity(spec: TransformerSpec, batch: int, seq_len: int,
 
 
 def memory(spec: TransformerSpec, config: RLConfig, workload: Workload) -> dict[str, float]:
-    """Bytes held at the peak of each phase, summed over the whole job (divide by the devices
-    that share it for a per-device figure).
+    """Bytes of each kind of state.
 
     Returns:
         ``policy states`` and ``critic states`` (16 bytes per parameter, mixed-precision Adam),
-        ``reference weights`` (``weight_bytes`` per parameter), ``kv cache`` (every response at
-        full length), ``activations`` (one micro-batch of training, all layers).
+        ``reference weights`` (``weight_bytes`` per parameter) and ``kv cache`` (every response at
+        full length): totals for the whole job, to be divided among the devices that shard them;
+        ``activations``: one training micro-batch, all layers, with FlashAttention (on the device
+        that runs it).
     """
     w = workload
     out = {"policy states": ADAM_STATE_BYTES * spec.params()}
@@ -269,10 +300,13 @@ def zero_model_state_bytes(params: int, dp: int, stage: int, optimizer_bytes: in
     Raises:
         ValueError: for an unknown stage or a non-positive ``dp``.
     """
-    if stage not in ZERO_STAGES:
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"ZeRO stage={stage!r}: choose 0 (plain DP), 1, 2 or 3.")
     if not (isinstance(dp, int) and dp >= 1):
         raise ValueError(f"dp={dp!r} must be a positive integer.")
+    if params <= 0 or optimizer_bytes < 0:
+        raise ValueError(f"params={params} must be positive and optimizer_bytes={optimizer_bytes} "
+                         ">= 0.")
     k = optimizer_bytes
     if stage == 0:
         return (4 + k) * params
@@ -283,11 +317,18 @@ def zero_model_state_bytes(params: int, dp: int, stage: int, optimizer_bytes: in
     return (4 + k) * params / dp
 
 
-def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute: bool) -> float:
-    """Activations kept for the backward pass (16-bit, Korthikanti et al. 2022, eq. 2):
-    ``L s b h (34 + 5 a s / h)``, or ``2 L s b h`` with full recomputation."""
+def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute: bool,
+                     flash_attention: bool = True) -> float:
+    """Activations kept for the backward pass, 16-bit (Korthikanti et al. 2022, arXiv:2205.05198,
+    eq. 1): ``L s b h (34 + 5 a s / h)`` per micro-batch, where ``5 a s^2 b`` bytes are the
+    attention scores, softmax and dropout mask; a fused attention kernel (FlashAttention, Dao et
+    al. 2022) recomputes those and keeps ``34 L s b h``; full recomputation keeps only each
+    layer's input, ``2 L s b h``."""
     s, b, h, a = seq_len, batch, spec.d_model, spec.n_head
-    per_layer = 2 * s * b * h if recompute else s * b * h * (34 + 5 * a * s / h)
+    if recompute:
+        per_layer = 2 * s * b * h
+    else:
+        per_layer = s * b * h * (34 + (0 if flash_attention else 5 * a * s / h))
     return spec.n_layer * per_layer
 
 
@@ -305,14 +346,17 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
     costs = stage_costs(spec, config, workload)
     seconds = stage_seconds(costs, device, devices, generation_tp)
     n_params = spec.params()
+    passes = predict_passes(config)["scoring"]
     if config.use_critic:
         dag = wd.ppo_iteration(spec, workload.responses, workload.prompt_len,
                                workload.response_len, n_params, config.ppo_epochs,
-                               config.minibatches)
+                               config.minibatches, reference=config.uses_reference)
     else:
         dag = wd.grpo_iteration(spec, workload.prompts, workload.group_size, workload.prompt_len,
                                 workload.response_len, n_params, config.ppo_epochs,
-                                config.minibatches, reference=config.uses_reference)
+                                config.minibatches, reference=config.uses_reference,
+                                old_policy="policy" in passes)
+    waves = costs["decode"].waves(device, devices, generation_tp) if "decode" in costs else 1
     generation = dag.parts[0]
     return {
         "stages": {s: {"flops": c.flops, "bytes": c.bytes, "intensity": c.intensity,
@@ -323,4 +367,5 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
         "memory": memory(spec, config, workload),
         "work": dag.work, "depth": dag.depth, "parallelism": dag.parallelism,
         "generation_work": generation.work, "generation_depth": generation.depth,
+        "decode_waves": waves,
     }

@@ -8,10 +8,12 @@ SwiGLU MLP (3 matrices; Shazeer 2020, arXiv:2002.05202), and optionally a mixtur
 (``n_experts`` MLPs per layer, ``experts_per_token`` of them active per token, plus
 ``n_shared_experts`` always active; a linear router; Fedus et al. 2021, arXiv:2101.03961).
 
-Conventions (Kaplan et al. 2020, arXiv:2001.08361, Table 1): a forward pass costs 2 FLOPs per
-parameter that takes part in a matmul for each token, plus attention ``4 x n_layer x n_head x
-d_head x context`` per token (``q k^T`` and ``softmax v``, the full score matrix); embeddings are
-look-ups (no FLOPs) but the untied output head is a matmul.
+Conventions: a forward pass costs 2 FLOPs per parameter that takes part in a matmul for each
+token (Kaplan et al. 2020, arXiv:2001.08361, section 2.1), plus attention
+``4 x n_layer x n_head x d_head x context`` per token (``q k^T`` and ``softmax v`` over the full
+score matrix: the forward third of PaLM's ``12 L H Q T``, Chowdhery et al. 2022, arXiv:2204.02311,
+appendix B; causal kernels such as FlashAttention skip the masked half); embeddings are look-ups
+(no FLOPs) but the output head is a matmul, tied or not.
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, tokens: int,
     for every layer and every key/value head (Pope et al. 2022, arXiv:2211.05102, section 3.1).
 
     E.g. Llama-3-8B (32 layers, 8 KV heads of 128, bf16): 128 KiB per token.
+
+    Raises:
+        ValueError: for a negative size.
     """
+    if min(n_layer, n_kv_head, d_head, tokens, bytes_per_element) < 0:
+        raise ValueError("kv_cache_bytes: sizes must be >= 0, got "
+                         f"{(n_layer, n_kv_head, d_head, tokens, bytes_per_element)}.")
     # BEGIN SOLUTION: two tensors (K and V) per layer, each n_kv_head x d_head elements per token
     return 2 * n_layer * n_kv_head * d_head * tokens * bytes_per_element
     # END SOLUTION
@@ -81,6 +89,14 @@ class TransformerSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{self.name}: {name}={value!r} must be a positive integer.")
+        for name in ("n_kv_head", "d_head"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value <= 0):
+                raise ValueError(f"{self.name}: {name}={value!r} must be a positive integer.")
+        if self.norm_params_per_layer is not None and self.norm_params_per_layer < 0:
+            raise ValueError(f"{self.name}: norm_params_per_layer={self.norm_params_per_layer} "
+                             "must be >= 0.")
         if self.d_head is None and self.d_model % self.n_head:
             raise ValueError(f"{self.name}: n_head={self.n_head} does not divide "
                              f"d_model={self.d_model}; choose a divisor or give d_head.")

@@ -165,8 +165,9 @@ def _hardware(args) -> int:
              f"{d.memory_bandwidth / 1e12:.3f}", f"{d.ridge_point:,.0f}",
              f"{d.intra_node_bandwidth / 1e9:,.0f}", f"{d.inter_node_bandwidth / 1e9:,.0f}"]
             for d in load_catalog().values()]
-    print(format_table(rows, ["device", "peak TFLOP/s", "memory GB", "bandwidth TB/s",
+    print(format_table(rows, ["device", "dense peak TFLOP/s*", "memory GB", "bandwidth TB/s",
                               "ridge FLOP/B", "intra-node GB/s", "inter-node GB/s"]))
+    print("* bf16 for accelerators, fp32 for this machine; sources in data/hardware/")
     return 0
 
 

@@ -67,8 +67,11 @@ def load_catalog() -> dict[str, Device]:
         raise ValueError(f"hardware catalog {path} is unreadable ({err}); restore it from git.") from None
     local = catalog_dir() / "this-machine.json"
     if local.exists():
-        entry = json.loads(local.read_text())
-        entries = {**entries, "this-machine": entry}
+        try:
+            entries = {**entries, "this-machine": json.loads(local.read_text())}
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{local} is unreadable ({err}); measure again with `python -m "
+                             "rlm_course hardware --measure`, or delete it.") from None
     for name, entry in entries.items():
         try:
             devices[name] = Device(name=name, peak_flops=float(entry.get("peak_flops_bf16",
@@ -81,6 +84,10 @@ def load_catalog() -> dict[str, Device]:
                                    source=str(entry["source"]))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"hardware catalog entry {name!r} is incomplete ({err}).") from None
+        d = devices[name]
+        if min(d.peak_flops, d.memory_bytes, d.memory_bandwidth) <= 0:
+            raise ValueError(f"hardware catalog entry {name!r}: peak, memory and bandwidth must be "
+                             "positive.")
     return devices
 
 

@@ -59,6 +59,7 @@ class RLStepCalculator:
                                           description="algorithm"),
             "prompts": int_box(512, "prompts"),
             "group_size": int_box(16, "group size"),
+            "minibatches": int_box(16, "gradient steps"),
             "prompt_len": int_box(512, "prompt tokens"),
             "response_len": int_box(2048, "response tokens"),
             "device": widgets.Dropdown(options=list(load_catalog()), value="H100-SXM-80GB",
@@ -76,8 +77,9 @@ class RLStepCalculator:
         left = widgets.VBox([self.controls[k] for k in ("model", "n_layer", "d_model", "n_head",
                                                         "n_kv_head", "d_ff")])
         right = widgets.VBox([self.controls[k] for k in ("algorithm", "prompts", "group_size",
-                                                         "prompt_len", "response_len", "device",
-                                                         "devices", "generation_tp")])
+                                                         "minibatches", "prompt_len",
+                                                         "response_len", "device", "devices",
+                                                         "generation_tp")])
         self.widget = widgets.VBox([widgets.HBox([left, right]), self.status,
                                     widgets.HBox([self.table, self.plot])])
         self._update()
@@ -98,12 +100,18 @@ class RLStepCalculator:
     def compute(self) -> dict:
         """The report for the current settings (raises ValueError for a bad one)."""
         s = self.settings()
-        group = s["group_size"]
-        # the algorithm's parts; the sizes live in the workload (no laptop batch limit here)
-        config = preset(s["algorithm"], group_size=group, prompts_per_step=1, minibatches=1)
+        group, steps = s["group_size"], s["minibatches"]
+        # the algorithm's parts and gradient steps; the sizes live in the workload (no laptop
+        # batch limit here; the work-depth model checks that the steps divide the batch)
+        config = preset(s["algorithm"], group_size=group, prompts_per_step=max(steps, 1),
+                        minibatches=steps)
         workload = Workload(s["prompts"], group, s["prompt_len"], s["response_len"])
-        return iteration_report(self.spec(), config, workload, get_device(s["device"]),
-                                s["devices"], s["generation_tp"])
+        spec = self.spec()
+        if spec.learned_positions and workload.seq_len > spec.learned_positions:
+            raise ValueError(f"the {spec.name} model has {spec.learned_positions} positions; "
+                             f"prompt + response = {workload.seq_len} tokens do not fit.")
+        return iteration_report(spec, config, workload, get_device(s["device"]), s["devices"],
+                                s["generation_tp"])
 
     def _update(self, change=None) -> None:
         try:
@@ -115,14 +123,17 @@ class RLStepCalculator:
             self.table.value = self.plot.value = ""
             return
         r = self.result
+        waves = ("" if r["decode_waves"] == 1 else
+                 f" Each replica decodes in <b>{r['decode_waves']} waves</b>: the KV caches of all "
+                 "its sequences do not fit beside its weights.")
         self.status.value = (
-            f"one iteration: <b>{r['seconds']:.1f} s</b> (roofline bound); work W = "
+            f"one iteration: <b>{r['seconds']:.1f} s</b> (roofline bound).{waves} Work W = "
             f"{_fmt(r['work'])}FLOP, depth D = {_fmt(r['depth'])} operations, parallelism W/D = "
             f"{_fmt(r['parallelism'])}; generation alone: D = {_fmt(r['generation_depth'])} "
             f"({r['generation_depth'] / r['depth']:.0%} of the depth). Brent: with p processors "
             "at most W/p + D steps, a speedup of at most "
             + ", ".join(f"{r['work'] / (r['work'] / p + r['depth']):.3g} at p = {p:.0e}"
-                        for p in (1e6, 1e9, 1e12)))
+                        for p in (1e6, 1e9, 1e12)) + ".")
         rows = "".join(
             f"<tr><td>{s}</td><td>{_fmt(v['flops'])}FLOP</td><td>{_fmt(v['bytes'])}B</td>"
             f"<td>{v['intensity']:.1f}</td><td>{v['seconds']:.2f}</td>"

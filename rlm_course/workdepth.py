@@ -117,6 +117,8 @@ def brent_bound(work: float, depth: float, processors: int) -> float:
         ValueError: unless ``processors`` is an integer >= 1.
     """
     _check_processors(processors)
+    if work < 0 or depth < 0:
+        raise ValueError(f"work={work} and depth={depth} must be >= 0.")
     # BEGIN SOLUTION: every step either keeps all p processors busy (at most W/p such steps) or finishes a level of the longest chain (at most D)
     return work / processors + depth
     # END SOLUTION
@@ -230,6 +232,7 @@ def layer(model: Model, batch: int, seq_len: int, context: int | None = None) ->
     ``n_kv_head`` (GQA), fused into one projection."""
     spec = as_spec(model)
     ctx = seq_len if context is None else context
+    _positive(batch=batch, seq_len=seq_len, context=ctx)
     d, rows, dh = spec.d_model, batch * seq_len, spec.head_dim
     qkv_width = (spec.n_head + 2 * spec.kv_heads) * dh
     # BEGIN SOLUTION: in order: norm, fused qkv matmul, attention over the heads, output projection, residual add, norm, the MLP (or MoE), residual add
@@ -246,6 +249,7 @@ def forward(model: Model, batch: int, seq_len: int, context: int | None = None) 
     """A forward pass: position embedding add, ``n_layer`` blocks in sequence, final norm, and the
     language-model head on every position."""
     spec = as_spec(model)
+    _positive(batch=batch, seq_len=seq_len)
     rows = batch * seq_len
     return seq("forward", elementwise(rows * spec.d_model, 1, "embed + position"),
                repeat(layer(spec, batch, seq_len, context), spec.n_layer, parallel=False,
@@ -296,12 +300,29 @@ def decode(config: Model, batch: int, prompt_len: int, response_len: int) -> Com
     """Autoregressive generation: a prefill of the prompt, then ``response_len - 1`` decode steps,
     each a one-token forward over the growing context and a sampling softmax; token ``t + 1``
     needs token ``t``, so the steps are sequential. ``batch`` sequences decode side by side:
-    more sequences add work, never depth."""
+    more sequences add work, never depth.
+
+    Steps whose contexts share a depth (contexts between two powers of two: only the
+    ``ceil(log2 context)`` reductions depend on it) are summarised by one node of kind
+    ``"decode steps"`` with their exact total work and depth, so that long responses stay cheap
+    to describe (``O(log T)`` nodes)."""
     _positive(batch=batch, prompt_len=prompt_len, response_len=response_len)
-    sample = softmax(batch, as_spec(config).vocab_size, "sample")
-    steps = [seq("prefill", forward(config, batch, prompt_len), sample)]
-    for t in range(1, response_len):
-        steps.append(seq(f"decode step {t}", forward(config, batch, 1, prompt_len + t), sample))
+    spec = as_spec(config)
+    sample = softmax(batch, spec.vocab_size, "sample")
+    steps = [seq("prefill", forward(spec, batch, prompt_len), sample)]
+    # per extra key, one query in every head of every layer costs q.k (2 d_h), scale and mask (1),
+    # softmax (5) and p.v (2 d_h)
+    slope = batch * spec.n_head * spec.n_layer * (4 * spec.head_dim + 6)
+    t = 1
+    while t < response_len:
+        ctx = prompt_len + t
+        bucket_end = 1 << (ctx - 1).bit_length()  # the same log2 depth up to this context
+        n = min(response_len - t, bucket_end - ctx + 1)
+        first = seq("decode step", forward(spec, batch, 1, ctx), sample)
+        work = n * first.work + slope * n * (n - 1) // 2
+        steps.append(Computation(f"decode steps {t}..{t + n - 1}", work, n * first.depth,
+                                 "decode steps"))
+        t += n
     return seq("generation", *steps)
 
 
@@ -311,7 +332,7 @@ def forward_cost(config: ModelConfig, batch: int, seq_len: int,
     """``(W, D)`` of :func:`forward` in closed form, for the course's model (a GELU MLP, as many
     key/value heads as query heads).
 
-    ``W = rows d + L [14 rows d + 2 rows d (3d + d + 2 r d) + rows r d
+    ``W = rows d + L [14 rows d + 2 rows d (3d + d + 2 r d) + 2 rows d + rows r d
     + B H (4 S C d_h + 6 S C)] + 7 rows d + 2 rows d V``, with ``rows = B S``, ``C`` the context,
     ``r`` the MLP ratio; ``D = 1 + L [2 (2 lg d + 5) + (1 + lg d) + (1 + lg d) + (1 + lg d)
     + (1 + lg (r d)) + 3 + (1 + lg d_h) + 1 + (2 lg C + 3) + (1 + lg C)] + (2 lg d + 5)
@@ -362,10 +383,11 @@ def gae_scan(batch: int, response_len: int) -> Computation:
 def gae_prefix_scan(batch: int, response_len: int) -> Computation:
     """GAE as a parallel prefix scan (Blelloch 1990): ``A_t = delta_t + c A_{t+1}`` is a
     first-order linear recurrence, so the affine maps ``x -> c x + delta`` compose associatively
-    and a Hillis-Steele scan evaluates all ``A_t`` in ``ceil(log2 T)`` rounds of one combine each
-    (a multiply and an add, depth 2, on every position): ``W = 3 B T + 3 B T ceil(log2 T)``,
-    ``D = 3 + 2 ceil(log2 T)``. More work, exponentially less depth;
-    :func:`gae_parallel` runs it."""
+    and a Hillis-Steele scan (Hillis & Steele 1986, CACM 29(12)) evaluates all ``A_t`` in
+    ``ceil(log2 T)`` rounds of one combine each (a multiply and an add, depth 2, on every
+    position): ``W = 3 B T + 3 B T ceil(log2 T)``, ``D = 3 + 2 ceil(log2 T)``. More work,
+    exponentially less depth (Blelloch's work-efficient scan, 1990, would keep ``O(T)`` work at
+    twice the depth); :func:`gae_parallel` runs it."""
     _positive(batch=batch, response_len=response_len)
     deltas = elementwise(batch * response_len, 3, "TD errors")
     rounds = log2_depth(response_len)
@@ -388,6 +410,12 @@ def gae_parallel(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: 
     position holds the sum over the next ``2^j`` deltas; round ``j`` adds ``c^(2^j)`` times the
     partial sum ``2^j`` positions ahead.
     """
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gae_parallel: gamma={gamma} and lam={lam} must be in [0, 1].")
+    if rewards.dim() != 2 or rewards.shape != values.shape or values.shape != response_mask.shape:
+        raise ValueError("gae_parallel: rewards, values and response_mask must all be (batch, R); "
+                         f"got {tuple(rewards.shape)}, {tuple(values.shape)}, "
+                         f"{tuple(response_mask.shape)}.")
     mask = response_mask.to(values.dtype)
     values = values * mask
     next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)
@@ -414,35 +442,51 @@ def group_advantage(batch: int, group_size: int) -> Computation:
 # ----------------------------------------------------------------------------- iterations
 def grpo_iteration(config: Model, prompts: int, group_size: int, prompt_len: int,
                    response_len: int, n_params: int, epochs: int = 1, minibatches: int = 2,
-                   reference: bool = True) -> Computation:
+                   reference: bool = True, old_policy: bool | None = None) -> Computation:
     """One GRPO iteration with every response ``response_len`` tokens long: generation of
-    ``prompts x group_size`` responses, scoring (old-policy and, with a KL, reference forwards,
-    independent), group advantages, then ``epochs x minibatches`` sequential gradient steps."""
+    ``prompts x group_size`` responses, scoring (the old-policy forward, needed when the batch
+    serves more than one gradient step (default: ``epochs x minibatches > 1``), and with a KL
+    the reference forward; independent), group advantages, then ``epochs x minibatches``
+    sequential gradient steps.
+
+    Raises:
+        ValueError: for non-positive sizes, or minibatches that do not divide the batch.
+    """
+    _positive(prompts=prompts, group_size=group_size, prompt_len=prompt_len,
+              response_len=response_len, n_params=n_params, epochs=epochs,
+              minibatches=minibatches)
     batch = prompts * group_size
-    _positive(epochs=epochs, minibatches=minibatches)
     if batch % minibatches:
         raise ValueError(f"minibatches={minibatches} does not divide the batch of {batch}.")
     seq_len = prompt_len + response_len
-    scoring = [forward(config, batch, seq_len)]
-    if reference:
-        scoring.append(forward(config, batch, seq_len))
+    old_policy = epochs * minibatches > 1 if old_policy is None else old_policy
+    scoring = [forward(config, batch, seq_len)] * (int(old_policy) + int(reference))
     step = training_step(config, batch // minibatches, seq_len, n_params)
-    return seq("GRPO iteration", decode(config, batch, prompt_len, response_len),
-               par("scoring", *scoring), group_advantage(batch, group_size),
-               repeat(step, epochs * minibatches, parallel=False, name="training"))
+    parts = [decode(config, batch, prompt_len, response_len)]
+    if scoring:
+        parts.append(par("scoring", *scoring))
+    parts += [group_advantage(batch, group_size),
+              repeat(step, epochs * minibatches, parallel=False, name="training")]
+    return seq("GRPO iteration", *parts)
 
 
 def ppo_iteration(config: Model, prompts: int, prompt_len: int, response_len: int,
                   n_params: int, epochs: int = 1, minibatches: int = 2,
-                  prefix_scan: bool = False) -> Computation:
-    """One PPO iteration: generation, scoring (old policy, reference and critic forwards,
-    independent), GAE (reverse loop or prefix scan), then per gradient step the policy and critic
-    updates side by side (independent models)."""
-    _positive(epochs=epochs, minibatches=minibatches)
+                  prefix_scan: bool = False, reference: bool = True) -> Computation:
+    """One PPO iteration: generation, scoring (old policy and critic forwards, and the reference
+    one with a KL; independent), GAE (reverse loop or prefix scan), then per gradient step the
+    policy and critic updates side by side (independent models).
+
+    Raises:
+        ValueError: for non-positive sizes, or minibatches that do not divide the batch.
+    """
+    _positive(prompts=prompts, prompt_len=prompt_len, response_len=response_len,
+              n_params=n_params, epochs=epochs, minibatches=minibatches)
     if prompts % minibatches:
         raise ValueError(f"minibatches={minibatches} does not divide the batch of {prompts}.")
     seq_len = prompt_len + response_len
-    scoring = par("scoring", *(forward(config, prompts, seq_len) for _ in range(3)))
+    passes = 3 if reference else 2
+    scoring = par("scoring", *(forward(config, prompts, seq_len) for _ in range(passes)))
     advantage = (gae_prefix_scan if prefix_scan else gae_scan)(prompts, response_len)
     policy = training_step(config, prompts // minibatches, seq_len, n_params)
     step = par("policy + critic step", policy, policy)

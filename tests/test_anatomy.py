@@ -74,7 +74,9 @@ def test_memory_breakdown():
     assert "reference weights" not in memory(LLAMA, preset("dapo"), work)
     # full recomputation keeps only each layer's input: 2 s b h bytes per layer
     assert activation_bytes(LLAMA, 4, 4608, True) == 32 * 2 * 4608 * 4 * 4096
-    assert activation_bytes(LLAMA, 4, 4608, False) > 17 * activation_bytes(LLAMA, 4, 4608, True)
+    assert activation_bytes(LLAMA, 4, 4608, False) == 17 * activation_bytes(LLAMA, 4, 4608, True)
+    with_scores = activation_bytes(LLAMA, 4, 4608, False, flash_attention=False)
+    assert with_scores - activation_bytes(LLAMA, 4, 4608, False) == 32 * 5 * 32 * 4608**2 * 4
 
 
 @pytest.mark.parametrize("kw,match", [(dict(prompts=0), "prompts=0"),

@@ -35,3 +35,16 @@ def test_measuring_this_machine_gives_plausible_figures():
     assert 1e8 < device.memory_bandwidth < 1e13
     assert device.ridge_point > 0 and "measured by" in device.source
     assert copy_bandwidth(megabytes=8, repeats=2) > 1e8
+
+
+def test_a_corrupt_local_measurement_is_a_clear_error(tmp_path, monkeypatch):
+    import shutil
+
+    from rlm_course.hardware import catalog_dir
+
+    data = tmp_path / "data"
+    shutil.copytree(catalog_dir(), data / "hardware")
+    (data / "hardware" / "this-machine.json").write_text("{not json")
+    monkeypatch.setenv("RLM_COURSE_DATA", str(data))
+    with pytest.raises(ValueError, match="this-machine.json is unreadable"):
+        load_catalog()

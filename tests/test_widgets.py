@@ -9,10 +9,9 @@ from rlm_course.architectures import get_spec
 from rlm_course.hardware import get_device
 from rlm_course.widgets import RLStepCalculator
 
-CHANGES = {  # control -> a new valid value
-    "model": "llama-3-70b", "algorithm": "ppo", "prompts": 256, "group_size": 4,
+CHANGES = {  # control -> a new valid value (in an order where each step stays valid)
+    "generation_tp": 4, "model": "llama-3-70b", "algorithm": "ppo", "prompts": 256, "group_size": 4, "minibatches": 8,
     "prompt_len": 256, "response_len": 1024, "device": "H200-SXM-141GB", "devices": 16,
-    "generation_tp": 4,
 }
 CUSTOM = {"n_layer": 8, "d_model": 1024, "n_head": 16, "n_kv_head": 4, "d_ff": 4096}
 
@@ -38,7 +37,7 @@ def test_every_control_changes_the_result():
 def test_the_widget_shows_the_pure_functions_result():
     calc = RLStepCalculator()
     expected = iteration_report(get_spec("llama-3-8b"), preset("grpo", group_size=16,
-                                                               prompts_per_step=1, minibatches=1),
+                                                               prompts_per_step=16, minibatches=16),
                                 Workload(512, 16, 512, 2048), get_device("H100-SXM-80GB"), 64, 1)
     assert calc.result == expected
 
@@ -48,6 +47,8 @@ def test_the_widget_shows_the_pure_functions_result():
     ("generation_tp", 3, "tp=3 must be a positive divisor of devices=64"),
     ("response_len", -5, "response_len=-5"),
     ("group_size", 1, "group_size=1 with advantage='group'"),
+    ("minibatches", 3, "minibatches=3 does not divide the batch of 8192"),
+    ("model", "tiny", "the tiny model has 32 positions"),
 ])
 def test_bad_settings_show_a_message(name, value, message):
     calc = RLStepCalculator()
@@ -64,7 +65,14 @@ def test_inconsistent_custom_model_and_moe():
     calc.controls["n_head"].value = 32
     calc.controls["n_kv_head"].value = 5
     assert "n_kv_head=5 must divide n_head=32" in calc.message
+    calc.controls["generation_tp"].value = 2  # 93 GB of Mixtral weights need two 80 GB GPUs
     calc.controls["model"].value = "mixtral-8x7b"
     assert calc.message == "" and calc.result["memory"]["policy states"] == 16 * 46702792704
     calc.controls["group_size"].value = 64  # 512 x 64 responses: beyond a laptop run, fine here
     assert calc.message == ""
+    calc.controls["generation_tp"].value = 1
+    assert "93 GB of weights" in calc.message and "do not fit in tp=1" in calc.message
+    calc.controls["model"].value = "llama-3-70b"  # 141 GB of weights on one 80 GB GPU
+    assert "141 GB of weights" in calc.message
+    calc.controls["generation_tp"].value = 4
+    assert calc.message == "" and calc.result["decode_waves"] > 1 and "waves" in calc.status.value
