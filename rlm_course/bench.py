@@ -177,8 +177,8 @@ def bench_family(repeats: int = 5) -> dict:
                      f"{stages[name]['scoring']:.3f}", f"{stages[name]['training']:.3f}",
                      cost["generated_per_trained"], cost["model_states_mb"],
                      cost["activations_mb"]])
-        result["presets"][name] = {"seconds_per_step": t, "vs_grpo": t / base,
-                                   "stage_seconds": stages[name], **cost}
+        result["presets"][name] = {**cost, "seconds_per_step": t, "vs_grpo": t / base,
+                                   "stage_seconds": stages[name]}
     print(f"Seconds per step of each preset on addition-3 (512 responses per step; median of "
           f"{repeats} steps after a warm-up; threads={torch.get_num_threads()})")
     print(format_table(rows, ["preset", "s/step", "vs grpo", "generation", "scoring", "training",
