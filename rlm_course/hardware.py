@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from .tasks import data_dir
+from .utils import best_seconds
 
 
 @dataclass(frozen=True)
@@ -105,22 +105,13 @@ def get_device(name: str) -> Device:
     return devices[name]
 
 
-def _best_seconds(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def matmul_peak(sizes=(512, 1024, 2048), repeats: int = 3) -> tuple[float, dict]:
     """Best fp32 ``n x n`` matmul throughput (FLOP/s) over ``sizes``: this machine's peak."""
     results = {}
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
         a @ b  # warm-up
-        results[n] = 2 * n**3 / _best_seconds(lambda: a @ b, repeats)
+        results[n] = 2 * n**3 / best_seconds(lambda: a @ b, repeats)
     return max(results.values()), results
 
 
@@ -130,7 +121,7 @@ def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
     n = megabytes * 2**20 // 4
     src, dst = torch.randn(n), torch.empty(n)
     dst.copy_(src)  # warm-up: touch every page
-    return 2 * n * 4 / _best_seconds(lambda: dst.copy_(src), repeats)
+    return 2 * n * 4 / best_seconds(lambda: dst.copy_(src), repeats)
 
 
 def measure_this_machine(write: bool = True) -> Device:

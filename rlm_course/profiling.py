@@ -5,7 +5,6 @@ and prefill/decode throughput for the roofline, to set against :mod:`rlm_course.
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 
 import torch
@@ -14,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from . import flops as _flops  # noqa: F401  (registers the CPU attention FLOP formulas)
 from .accounting import predict_iteration_flops
 from .model import KVCache, TinyGPT, forward_flops
-from .utils import StageTimer
+from .utils import StageTimer, best_seconds
 
 STAGES = ("generation", "reward", "scoring", "training")
 
@@ -60,15 +59,6 @@ def measure_step(trainer) -> dict:
     return row
 
 
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 @torch.no_grad()
 def roofline_points(model: TinyGPT, batches=(1, 4, 16, 64, 256), prompt_len: int = 12,
                     context: int = 16, repeats: int = 5) -> list[dict]:
@@ -91,7 +81,7 @@ def roofline_points(model: TinyGPT, batches=(1, 4, 16, 64, 256), prompt_len: int
     points = []
     for batch in batches:
         tokens = torch.randint(0, config.vocab_size, (batch, prompt_len))
-        seconds = _best(lambda: model(tokens), repeats)
+        seconds = best_seconds(lambda: model(tokens), repeats)
         flops = forward_flops(config, prompt_len, batch=batch)
         bytes_ = weight_bytes + batch * prompt_len * kv_per_token
         points.append({"kind": "prefill", "batch": batch, "flops": flops, "bytes": bytes_,
@@ -106,7 +96,7 @@ def roofline_points(model: TinyGPT, batches=(1, 4, 16, 64, 256), prompt_len: int
             cache.length = context
             model(step, None, cache)
 
-        seconds = _best(decode_step, repeats)
+        seconds = best_seconds(decode_step, repeats)
         flops = forward_flops(config, 1, context + 1, batch)
         bytes_ = weight_bytes + batch * (context + 1) * kv_per_token
         points.append({"kind": "decode", "batch": batch, "flops": flops, "bytes": bytes_,

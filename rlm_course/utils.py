@@ -108,3 +108,13 @@ def _numeric(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def best_seconds(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` wall-clock timings of ``fn()`` (the least disturbed by noise)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
