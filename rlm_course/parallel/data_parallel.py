@@ -1,0 +1,152 @@
+"""Data parallelism and ZeRO stages 1-3 on simulated ranks, with a textbook Adam on flat vectors.
+
+Every rank holds the same model and trains on its own slice of the batch; the ranks then agree on
+the mean gradient. What each ZeRO stage shards (Rajbhandari et al. 2019, arXiv:1910.02054, section
+5) and what it communicates per step, for ``P`` parameters of 4 bytes (fp32 here) on ``N`` ranks:
+
+    stage  holds per rank                            communicates per step (each rank sends)
+    0 (DP) params P, grads P, Adam states 2P         all-reduce of the grads: 2 (N-1)/N x 4P bytes
+    1      params P, grads P, Adam states 2P/N       reduce-scatter grads + all-gather params: same
+    2      params P, grads P/N, Adam states 2P/N     the same (the full gradient is freed after the
+                                                     reduce-scatter)
+    3      params P/N, grads P/N, Adam states 2P/N   all-gather params for the forward and again for
+                                                     the backward, reduce-scatter grads:
+                                                     3 (N-1)/N x 4P bytes (1.5x DP)
+
+The flat parameter vector is padded with zeros to a multiple of ``N`` so that it shards evenly.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from .world import World
+
+FP32 = 4
+STAGES = (0, 1, 2, 3)
+
+
+def flat_params(model: nn.Module) -> Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def set_flat_params(model: nn.Module, flat: Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def flat_grads(model: nn.Module) -> Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in model.parameters()])
+
+
+def adam_update(params: Tensor, grads: Tensor, m: Tensor, v: Tensor, step: int, lr: float,
+                betas=(0.9, 0.999), eps: float = 1e-8) -> Tensor:
+    """Adam (Kingma & Ba 2015, Algorithm 1) on flat vectors; updates ``m``, ``v`` in place and
+    returns the new parameters."""
+    b1, b2 = betas
+    m.mul_(b1).add_(grads, alpha=1 - b1)
+    v.mul_(b2).addcmul_(grads, grads, value=1 - b2)
+    m_hat = m / (1 - b1 ** step)
+    v_hat = v / (1 - b2 ** step)
+    return params - lr * m_hat / (v_hat.sqrt() + eps)
+
+
+class DataParallel:
+    """``world.size`` replicas of ``model`` trained with ZeRO ``stage`` (0: plain DP).
+
+    Args:
+        loss_fn: ``loss_fn(model, batch) -> scalar``, the mean loss of a rank's slice.
+
+    Raises:
+        ValueError: for an unknown stage.
+    """
+
+    def __init__(self, world: World, model: nn.Module, stage: int = 0, lr: float = 1e-3) -> None:
+        if isinstance(stage, bool) or stage not in STAGES:
+            raise ValueError(f"ZeRO stage={stage!r}: choose 0 (plain DP), 1, 2 or 3.")
+        self.world, self.stage, self.lr, self.step_count = world, stage, lr, 0
+        n = world.size
+        self.replicas = [copy.deepcopy(model) for _ in range(n)]
+        self.numel = flat_params(model).numel()
+        self.padded = -(-self.numel // n) * n
+        self.shard = self.padded // n
+        full = self._pad(flat_params(model))
+        sharded_states = stage >= 1
+        size = self.shard if sharded_states else self.padded
+        self.m = [torch.zeros(size) for _ in range(n)]
+        self.v = [torch.zeros(size) for _ in range(n)]
+        # stage 3 keeps only its parameter shard between steps
+        self.param_shards = [full[r * self.shard:(r + 1) * self.shard].clone() for r in range(n)]
+
+    def _pad(self, flat: Tensor) -> Tensor:
+        return torch.cat([flat, flat.new_zeros(self.padded - self.numel)])
+
+    def memory_per_rank(self) -> dict[str, int]:
+        """Bytes of persistent model state one rank holds between steps (fp32): the parameters it
+        keeps (stage 3: its shard; the simulation rebuilds full replicas only to compute), the
+        Adam moments it holds (measured on its tensors), and the gradients its stage keeps after
+        the step's reduce-scatter (the full vector for stages 0-1, a shard for 2-3)."""
+        n, p = self.world.size, self.padded
+        params = self.param_shards[0].numel() if self.stage == 3 else p
+        grads = p if self.stage < 2 else p // n
+        return {"params": FP32 * params, "grads": FP32 * grads,
+                "adam": FP32 * (self.m[0].numel() + self.v[0].numel())}
+
+    def step(self, batches: list, loss_fn) -> list[float]:
+        """One training step; ``batches[r]`` is rank ``r``'s slice. Returns each rank's loss."""
+        world, n = self.world, self.world.size
+        if len(batches) != n:
+            raise ValueError(f"{len(batches)} batch slices for {n} ranks; give one per rank.")
+        self.step_count += 1
+        if self.stage == 3:  # gather the parameters before the forward
+            full = world.all_gather(self.param_shards, name="all-gather params (forward)")
+            for model, flat in zip(self.replicas, full):
+                set_flat_params(model, flat[:self.numel])
+        losses, grads = [], []
+        for model, batch in zip(self.replicas, batches):
+            model.zero_grad(set_to_none=True)
+            loss = loss_fn(model, batch)
+            loss.backward()
+            losses.append(loss.item())
+            grads.append(self._pad(flat_grads(model)) / n)  # the mean over ranks
+        if self.stage == 3:  # ZeRO-3 gathers the parameters again for the backward pass
+            world.all_gather(self.param_shards, name="all-gather params (backward)")
+        if self.stage == 0:
+            mean = world.all_reduce(grads, name="all-reduce grads")
+            for r, model in enumerate(self.replicas):
+                params = self._pad(flat_params(model))
+                new = adam_update(params, mean[r], self.m[r], self.v[r], self.step_count, self.lr)
+                set_flat_params(model, new[:self.numel])
+            return losses
+        shards = world.reduce_scatter(grads, name="reduce-scatter grads")
+        for r in range(n):
+            if self.stage < 3:
+                full = self._pad(flat_params(self.replicas[r]))
+                self.param_shards[r] = full[r * self.shard:(r + 1) * self.shard].clone()
+            self.param_shards[r] = adam_update(self.param_shards[r], shards[r], self.m[r],
+                                               self.v[r], self.step_count, self.lr)
+        if self.stage < 3:  # stages 1-2 gather the updated parameters at once
+            full = world.all_gather(self.param_shards, name="all-gather params")
+            for model, flat in zip(self.replicas, full):
+                set_flat_params(model, flat[:self.numel])
+        return losses
+
+    def parameters(self, rank: int = 0) -> Tensor:
+        """Rank ``rank``'s current flat parameters (gathered from the shards for stage 3)."""
+        if self.stage == 3:
+            return torch.cat(self.param_shards)[:self.numel]
+        return flat_params(self.replicas[rank])
+
+
+def bytes_sent_per_step(stage: int, numel_padded: int, ranks: int) -> int:
+    """What the table of the module docstring says each rank sends in one step (fp32)."""
+    m = FP32 * numel_padded
+    per_collective = (ranks - 1) * m // ranks
+    return (3 if stage == 3 else 2) * per_collective

@@ -1,0 +1,278 @@
+"""A world of ``size`` simulated ranks in one process, with collectives on their tensors.
+
+A "distributed tensor" is a list with one tensor per rank. Each collective returns what every
+rank holds afterwards, adds the bytes each rank sends and receives to its counters, and records a
+communication event on the timeline of every rank taking part.
+
+**Cost model** (Hockney's alpha-beta; Thakur, Rabenseifner & Gropp 2005, "Optimization of
+collective communication operations in MPICH"): a message of ``n`` bytes over a link takes
+``alpha + n / beta`` seconds. With ``p`` ranks and ``M`` bytes per rank:
+
+* ring all-reduce: a reduce-scatter then an all-gather, ``2 (p - 1)`` steps of ``M / p`` bytes:
+  ``2 (p - 1) (alpha + M / (p beta))``; every rank sends and receives ``2 (p - 1) M / p`` bytes
+  (Patarasuk & Yuan 2009: bandwidth-optimal);
+* tree all-reduce: a binomial-tree reduce to rank 0, then a binomial-tree broadcast:
+  ``2 ceil(log2 p) (alpha + M / beta)``; fewer steps, more bytes per step;
+* ring reduce-scatter / all-gather: ``(p - 1) (alpha + M / (p beta))``, ``(p - 1) M / p`` bytes;
+* broadcast: binomial tree, ``ceil(log2 p) (alpha + M / beta)``;
+* all-to-all: pairwise exchange, ``(p - 1) alpha + (largest bytes a rank sends) / beta``;
+* send/recv: ``alpha + M / beta``.
+
+A collective starts when the last of its ranks is ready (the others wait) and ends for all of
+them together.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+ALGORITHMS = ("ring", "tree")
+
+
+@dataclass(frozen=True)
+class Link:
+    """Latency ``alpha`` (seconds per message) and bandwidth ``beta`` (bytes/s) of a link.
+
+    Raises:
+        ValueError: for a negative latency or a non-positive bandwidth.
+    """
+
+    alpha: float = 5e-6
+    beta: float = 25e9
+
+    def __post_init__(self) -> None:
+        if not (self.alpha >= 0 and self.beta > 0 and math.isfinite(self.beta)):
+            raise ValueError(f"Link(alpha={self.alpha}, beta={self.beta}): need alpha >= 0 and a "
+                             "positive finite bandwidth.")
+
+    def seconds(self, nbytes: float) -> float:
+        return self.alpha + nbytes / self.beta
+
+
+@dataclass
+class Event:
+    """One interval on a rank's timeline: ``kind`` is ``"compute"`` or ``"comm"``."""
+
+    rank: int
+    kind: str
+    name: str
+    start: float
+    end: float
+    nbytes: int = 0
+
+
+def nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass
+class World:
+    """``size`` ranks joined by identical links.
+
+    Attributes:
+        clock: per-rank simulated time (seconds); sent / received: per-rank byte counters;
+        events: the timeline.
+
+    Raises:
+        ValueError: for ``size < 1`` or an unknown all-reduce algorithm.
+    """
+
+    size: int
+    link: Link = field(default_factory=Link)
+    algorithm: str = "ring"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.size, int) and self.size >= 1):
+            raise ValueError(f"World size={self.size!r}: need at least one rank.")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm={self.algorithm!r}: choose one of {ALGORITHMS}.")
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero the clocks, the byte counters and the timeline."""
+        self.clock = [0.0] * self.size
+        self.sent = [0] * self.size
+        self.received = [0] * self.size
+        self.events: list[Event] = []
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _ranks(self, ranks) -> list[int]:
+        ranks = list(range(self.size)) if ranks is None else list(ranks)
+        if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < self.size for r in ranks):
+            raise ValueError(f"ranks {ranks}: need distinct ranks in 0..{self.size - 1}.")
+        return ranks
+
+    def _check(self, tensors: list, ranks: list[int], what: str) -> None:
+        if len(tensors) != len(ranks):
+            raise ValueError(f"{what}: {len(tensors)} tensors for {len(ranks)} ranks; give one "
+                             "per rank.")
+
+    def compute(self, rank: int, name: str, seconds: float) -> None:
+        """Advance ``rank``'s clock by ``seconds`` of computation ``name``."""
+        if seconds < 0:
+            raise ValueError(f"compute {name!r}: seconds={seconds} must be >= 0.")
+        start = self.clock[rank]
+        self.clock[rank] = start + seconds
+        self.events.append(Event(rank, "compute", name, start, start + seconds))
+
+    def _communicate(self, name: str, ranks: list[int], seconds: float, sent: dict[int, int],
+                     received: dict[int, int]) -> None:
+        start = max(self.clock[r] for r in ranks)
+        for r in ranks:
+            self.sent[r] += sent.get(r, 0)
+            self.received[r] += received.get(r, 0)
+            self.clock[r] = start + seconds
+            self.events.append(Event(r, "comm", name, start, start + seconds,
+                                     sent.get(r, 0) + received.get(r, 0)))
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, tensors: list[Tensor], ranks=None, name: str = "all-reduce") -> list[Tensor]:
+        """Every rank gets the elementwise sum of all ranks' tensors."""
+        ranks = self._ranks(ranks)
+        self._check(tensors, ranks, name)
+        total = torch.stack(tensors).sum(0)
+        p, m = len(ranks), nbytes(tensors[0])
+        if p > 1:
+            if self.algorithm == "ring":
+                each = 2 * (p - 1) * m // p
+                seconds = 2 * (p - 1) * self.link.seconds(m / p)
+                sent = received = {r: each for r in ranks}
+                self._communicate(name, ranks, seconds, sent, dict(received))
+            else:
+                down, up = _binomial_tree_bytes(ranks, m)  # the broadcast; the reduce mirrors it
+                rounds = math.ceil(math.log2(p))
+                both = {r: down[r] + up[r] for r in ranks}
+                self._communicate(name, ranks, 2 * rounds * self.link.seconds(m), both, dict(both))
+        return [total.clone() for _ in ranks]
+
+    def reduce_scatter(self, tensors: list[Tensor], ranks=None,
+                       name: str = "reduce-scatter") -> list[Tensor]:
+        """Rank ``i`` gets chunk ``i`` (of ``p`` equal chunks of the flattened tensor) of the sum.
+
+        Raises:
+            ValueError: if the number of elements does not split into ``p`` equal chunks.
+        """
+        ranks = self._ranks(ranks)
+        self._check(tensors, ranks, name)
+        p, numel = len(ranks), tensors[0].numel()
+        if numel % p:
+            raise ValueError(f"{name}: {numel} elements do not split into {p} equal shards; pad "
+                             "the tensor to a multiple of the group size.")
+        total = torch.stack([t.reshape(-1) for t in tensors]).sum(0)
+        m = nbytes(tensors[0])
+        if p > 1:
+            each = (p - 1) * m // p
+            self._communicate(name, ranks, (p - 1) * self.link.seconds(m / p),
+                              {r: each for r in ranks}, {r: each for r in ranks})
+        return [c.clone() for c in total.chunk(p)]
+
+    def all_gather(self, shards: list[Tensor], ranks=None, name: str = "all-gather") -> list[Tensor]:
+        """Every rank gets the concatenation (along dim 0) of all ranks' shards."""
+        ranks = self._ranks(ranks)
+        self._check(shards, ranks, name)
+        full = torch.cat(shards)
+        p, shard = len(ranks), nbytes(shards[0])
+        if p > 1:
+            each = (p - 1) * shard
+            self._communicate(name, ranks, (p - 1) * self.link.seconds(shard),
+                              {r: each for r in ranks}, {r: each for r in ranks})
+        return [full.clone() for _ in ranks]
+
+    def broadcast(self, tensor: Tensor, src: int, ranks=None, name: str = "broadcast") -> list[Tensor]:
+        """Every rank of ``ranks`` gets ``src``'s tensor (binomial tree rooted at ``src``)."""
+        ranks = self._ranks(ranks)
+        if src not in ranks:
+            raise ValueError(f"{name}: src={src} is not among the ranks {ranks}.")
+        p, m = len(ranks), nbytes(tensor)
+        if p > 1:
+            order = [src] + [r for r in ranks if r != src]
+            sent, received = _binomial_tree_bytes(order, m)
+            self._communicate(name, ranks, math.ceil(math.log2(p)) * self.link.seconds(m),
+                              sent, received)
+        return [tensor.clone() for _ in ranks]
+
+    def all_to_all(self, chunks: list[list[Tensor]], ranks=None,
+                   name: str = "all-to-all") -> list[list[Tensor]]:
+        """Rank ``i`` sends ``chunks[i][j]`` to rank ``j``; returns, for each rank ``j``, the list
+        of what it received from every rank ``i`` (its own chunk included)."""
+        ranks = self._ranks(ranks)
+        self._check(chunks, ranks, name)
+        p = len(ranks)
+        if any(len(row) != p for row in chunks):
+            raise ValueError(f"{name}: each rank must give one chunk per rank ({p}).")
+        sent = {r: sum(nbytes(chunks[i][j]) for j in range(p) if j != i)
+                for i, r in enumerate(ranks)}
+        received = {r: sum(nbytes(chunks[i][j]) for i in range(p) if i != j)
+                    for j, r in enumerate(ranks)}
+        if p > 1:
+            seconds = (p - 1) * self.link.alpha + max(sent.values()) / self.link.beta
+            self._communicate(name, ranks, seconds, sent, received)
+        return [[chunks[i][j].clone() for i in range(p)] for j in range(p)]
+
+    def send(self, tensor: Tensor, src: int, dst: int, name: str = "send/recv") -> Tensor:
+        """Point-to-point: ``dst`` receives ``src``'s tensor."""
+        ranks = self._ranks([src, dst])
+        m = nbytes(tensor)
+        self._communicate(name, ranks, self.link.seconds(m), {src: m}, {dst: m})
+        return tensor.clone()
+
+
+def _binomial_tree_bytes(order: list[int], m: int) -> tuple[dict[int, int], dict[int, int]]:
+    """Bytes sent and received per rank by a binomial-tree broadcast of ``m`` bytes from
+    ``order[0]`` (a reduce to ``order[0]`` mirrors it: swap the two)."""
+    sent = {r: 0 for r in order}
+    received = {r: 0 for r in order}
+    have, step = 1, 1
+    while have < len(order):
+        for i in range(min(step, len(order) - have)):
+            sender, receiver = order[i], order[have + i]
+            sent[sender] += m
+            received[receiver] += m
+        have = min(len(order), have + step)
+        step *= 2
+    return sent, received
+
+
+class Mesh:
+    """Ranks arranged on named axes, e.g. ``Mesh(world, dp=2, tp=2)``: rank ``r`` has coordinate
+    ``c[axis]`` on each axis (the last axis varies fastest), and :meth:`groups` lists the sets of
+    ranks that differ only along one axis (e.g. the TP groups).
+
+    Raises:
+        ValueError: if the product of the degrees is not the world size, or a degree is < 1.
+    """
+
+    def __init__(self, world: World, **degrees: int) -> None:
+        if not degrees or any(not isinstance(d, int) or d < 1 for d in degrees.values()):
+            raise ValueError(f"mesh degrees {degrees}: give positive integer degrees, e.g. dp=2, tp=2.")
+        if math.prod(degrees.values()) != world.size:
+            raise ValueError(f"mesh {degrees}: the degrees multiply to {math.prod(degrees.values())}, "
+                             f"not the world size {world.size}.")
+        self.world, self.degrees = world, dict(degrees)
+        self.axes = list(degrees)
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        coords, rest = {}, rank
+        for axis in reversed(self.axes):
+            coords[axis] = rest % self.degrees[axis]
+            rest //= self.degrees[axis]
+        return {a: coords[a] for a in self.axes}
+
+    def groups(self, axis: str) -> list[list[int]]:
+        """The groups of ranks that share every coordinate except ``axis``.
+
+        Raises:
+            ValueError: for an unknown axis.
+        """
+        if axis not in self.degrees:
+            raise ValueError(f"unknown mesh axis {axis!r}; the mesh has {self.axes}.")
+        groups: dict[tuple, list[int]] = {}
+        for rank in range(self.world.size):
+            c = self.coordinates(rank)
+            key = tuple(c[a] for a in self.axes if a != axis)
+            groups.setdefault(key, []).append(rank)
+        return list(groups.values())

@@ -1,0 +1,111 @@
+"""Simulated ranks: collectives give the right tensors, count the bytes the formulas say, and time
+themselves with the alpha-beta model; data parallelism and ZeRO equal one device."""
+
+import copy
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from rlm_course.parallel.data_parallel import DataParallel, bytes_sent_per_step, flat_params
+from rlm_course.parallel.world import Link, Mesh, World
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 5), st.sampled_from(["ring", "tree"]))
+def test_all_reduce_sums_and_counts_bytes(p, k, algorithm):
+    world = World(p, Link(alpha=1e-5, beta=1e9), algorithm)
+    tensors = [torch.full((k * p,), float(r)) for r in range(p)]
+    out = world.all_reduce(tensors)
+    assert all(torch.equal(o, torch.full((k * p,), p * (p - 1) / 2)) for o in out)
+    m = 4 * k * p
+    if p == 1:
+        assert world.sent == [0] and world.clock == [0.0]
+    elif algorithm == "ring":
+        assert world.sent == world.received == [2 * (p - 1) * m // p] * p
+        assert world.clock[0] == pytest.approx(2 * (p - 1) * (1e-5 + m / p / 1e9))
+    else:  # a binomial reduce then broadcast: every rank sends what it receives
+        assert world.sent == world.received and sum(world.sent) == 2 * (p - 1) * m
+        assert world.clock[0] == pytest.approx(2 * math.ceil(math.log2(p)) * (1e-5 + m / 1e9))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 4))
+def test_reduce_scatter_then_all_gather_is_an_all_reduce(p, k):
+    world = World(p)
+    g = torch.Generator().manual_seed(p * 10 + k)
+    tensors = [torch.randn(k * p, generator=g) for _ in range(p)]
+    shards = world.reduce_scatter(tensors)
+    full = world.all_gather(shards)
+    assert torch.allclose(full[0], torch.stack(tensors).sum(0), atol=1e-5)
+    m = 4 * k * p
+    assert world.sent == [2 * ((p - 1) * m // p)] * p
+
+
+def test_all_to_all_and_send_hand_example():
+    world = World(3)
+    chunks = [[torch.full((r + 1,), 10.0 * i + r) for r in range(3)] for i in range(3)]
+    got = world.all_to_all(chunks)
+    assert [t.tolist() for t in got[2]] == [[2.0] * 3, [12.0] * 3, [22.0] * 3]
+    # rank 0 sends chunks of 2 and 3 floats to ranks 1 and 2: 20 bytes; receives 2 x 4 bytes
+    assert world.sent[0] == 20 and world.received[0] == 8
+    w = World(2, Link(alpha=1e-3, beta=1e6))
+    w.compute(0, "forward", 0.5)
+    w.send(torch.zeros(250), 0, 1)  # 1000 bytes: 1 ms + 1 ms, after rank 0's 0.5 s
+    assert w.clock == [pytest.approx(0.502)] * 2 and w.received == [0, 1000]
+
+
+def test_broadcast_binomial_tree():
+    world = World(8)
+    out = world.broadcast(torch.ones(4), src=3)
+    assert len(out) == 8 and world.received[3] == 0 and sum(world.received) == 7 * 16
+    assert world.sent[3] == 3 * 16  # the root sends in each of the log2(8) rounds
+
+
+def test_mesh_groups_and_bad_input():
+    mesh = Mesh(World(8), dp=2, tp=2, pp=2)
+    assert mesh.groups("tp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert mesh.groups("pp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert mesh.coordinates(6) == {"dp": 1, "tp": 1, "pp": 0}
+    with pytest.raises(ValueError, match="multiply to 6, not the world size 8"):
+        Mesh(World(8), dp=2, tp=3)
+    with pytest.raises(ValueError, match="do not split into 3 equal shards"):
+        World(3).reduce_scatter([torch.ones(4)] * 3)
+    with pytest.raises(ValueError, match="2 tensors for 3 ranks"):
+        World(3).all_reduce([torch.ones(3)] * 2)
+    with pytest.raises(ValueError, match="size=0"):
+        World(0)
+
+
+def _model_and_data():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    return model, torch.randn(24, 6), torch.randn(24, 3)
+
+
+def _loss(model, batch):
+    return ((model(batch[0]) - batch[1]) ** 2).mean()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_zero_stages_equal_one_device_and_send_the_formula_bytes(stage, ranks):
+    model, x, y = _model_and_data()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    world = World(ranks)
+    dp = DataParallel(world, model, stage, lr=1e-2)
+    for _ in range(3):
+        optimizer.zero_grad()
+        _loss(reference, (x, y)).backward()
+        optimizer.step()
+        dp.step([(a, b) for a, b in zip(x.chunk(ranks), y.chunk(ranks))], _loss)
+    assert torch.allclose(dp.parameters(), flat_params(reference), atol=1e-6)
+    assert world.sent == [3 * bytes_sent_per_step(stage, dp.padded, ranks)] * ranks
+    memory = dp.memory_per_rank()
+    p = dp.padded
+    assert memory["adam"] == 4 * 2 * (p if stage == 0 else p // ranks)
+    assert memory["params"] == 4 * (p if stage < 3 else p // ranks)
