@@ -1,0 +1,205 @@
+"""Megatron tensor parallelism (Shoeybi et al. 2019, arXiv:1909.08053) and sequence parallelism
+(Korthikanti et al. 2022, arXiv:2205.05198) of one transformer block, on simulated ranks.
+
+A block's two matmul pairs are split so that each needs one collective per direction:
+
+* MLP: ``fc`` is **column-parallel** (rank ``r`` holds rows ``r`` of its weight: a slice of the
+  hidden units, so GELU stays local), ``out`` is **row-parallel** (rank ``r`` holds the matching
+  input columns and produces a partial sum);
+* attention: the QKV projection is column-parallel by heads (rank ``r`` computes its own heads
+  completely), the output projection row-parallel.
+
+Megatron's two conjugate operators join them: ``f`` is the identity forward and an all-reduce of
+the input gradient backward; ``g`` is an all-reduce forward and the identity backward. So each
+block costs **two all-reduces forward and two backward** of ``batch x seq x d_model`` activations.
+With sequence parallelism the norms and residuals work on sequence shards, ``f`` becomes an
+all-gather (backward: reduce-scatter) and ``g`` a reduce-scatter (backward: all-gather): the same
+bytes, but activations outside the matmuls are split ``tp`` ways. (The layer norms' parameter
+gradients are then partial sums over each rank's positions; Megatron adds them up with one small
+all-reduce per step, not simulated here.)
+
+The collectives are autograd functions that call :class:`~rlm_course.parallel.world.World`, so the
+backward pass communicates (and is counted) too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..model import Block
+from .world import World
+
+
+class _F(torch.autograd.Function):
+    """Megatron's ``f``: the identity on each rank's input; backward all-reduces the gradients
+    (each rank's column-parallel shard sees only part of the input's gradient)."""
+
+    @staticmethod
+    def forward(ctx, world, ranks, *xs):
+        ctx.world, ctx.ranks = world, ranks
+        return tuple(x.clone() for x in xs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        total = ctx.world.all_reduce([g.contiguous() for g in grads], ctx.ranks,
+                                     name="all-reduce (f, backward)")
+        return (None, None, *total)
+
+
+class _G(torch.autograd.Function):
+    """Megatron's ``g``: all-reduce of the partial outputs; backward is the identity per rank."""
+
+    @staticmethod
+    def forward(ctx, world, ranks, *partials):
+        ctx.n = len(partials)
+        total = world.all_reduce([p.contiguous() for p in partials], ranks,
+                                 name="all-reduce (g, forward)")
+        return tuple(total)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *grads)
+
+
+class _AllGatherSeq(torch.autograd.Function):
+    """Sequence parallelism's ``f``: all-gather sequence shards; backward reduce-scatters."""
+
+    @staticmethod
+    def forward(ctx, world, ranks, *shards):
+        ctx.world, ctx.ranks, ctx.shape = world, ranks, shards[0].shape
+        flat = world.all_gather([s.transpose(0, 1).contiguous().reshape(-1) for s in shards],
+                                ranks, name="all-gather (SP f, forward)")
+        b, s, d = shards[0].shape
+        full = flat[0].view(len(ranks) * s, b, d).transpose(0, 1)
+        return tuple(full.clone() for _ in ranks)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        b, s, d = ctx.shape
+        parts = ctx.world.reduce_scatter([g.transpose(0, 1).contiguous().reshape(-1) for g in grads],
+                                         ctx.ranks, name="reduce-scatter (SP f, backward)")
+        return (None, None, *(p.view(s, b, d).transpose(0, 1) for p in parts))
+
+
+class _ReduceScatterSeq(torch.autograd.Function):
+    """Sequence parallelism's ``g``: sum the partial outputs and keep one sequence shard per
+    rank; backward all-gathers."""
+
+    @staticmethod
+    def forward(ctx, world, ranks, *partials):
+        ctx.world, ctx.ranks = world, ranks
+        b, s, d = partials[0].shape
+        ctx.shape = (b, s, d)
+        parts = world.reduce_scatter([p.transpose(0, 1).contiguous().reshape(-1) for p in partials],
+                                     ranks, name="reduce-scatter (SP g, forward)")
+        shard = s // len(ranks)
+        return tuple(p.view(shard, b, d).transpose(0, 1) for p in parts)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        b, s, d = ctx.shape
+        flat = ctx.world.all_gather([g.transpose(0, 1).contiguous().reshape(-1) for g in grads],
+                                    ctx.ranks, name="all-gather (SP g, backward)")
+        full = flat[0].view(s, b, d).transpose(0, 1)
+        return (None, None, *(full.clone() for _ in grads))
+
+
+class TensorParallelBlock(nn.Module):
+    """A :class:`~rlm_course.model.Block` split over ``world.size`` ranks (all of them form the
+    TP group). Rank ``r`` owns ``shards[r]``: its heads' QKV rows and output-projection columns,
+    its slice of the MLP, and a copy of the layer norms.
+
+    Raises:
+        ValueError: if the degree does not divide the heads or the MLP width.
+    """
+
+    def __init__(self, block: Block, world: World, sequence_parallel: bool = False) -> None:
+        super().__init__()
+        tp, attn = world.size, block.attn
+        heads, d = attn.n_head, attn.qkv.in_features
+        hidden = block.mlp.fc.out_features
+        if heads % tp:
+            raise ValueError(f"TP degree {tp} does not divide the {heads} attention heads; choose "
+                             "a divisor of n_head.")
+        if hidden % tp:
+            raise ValueError(f"TP degree {tp} does not divide the MLP width {hidden}.")
+        self.world, self.tp, self.sp = world, tp, sequence_parallel
+        self.heads_per_rank, self.d_head = heads // tp, attn.d_head
+        width = self.heads_per_rank * self.d_head
+        self.ranks = list(range(tp))
+        self.shards = nn.ModuleList()
+        for r in range(tp):
+            rows = slice(r * width, (r + 1) * width)
+            qkv_w = torch.cat([attn.qkv.weight[i * d:(i + 1) * d][rows] for i in range(3)])
+            qkv_b = torch.cat([attn.qkv.bias[i * d:(i + 1) * d][rows] for i in range(3)])
+            h = slice(r * hidden // tp, (r + 1) * hidden // tp)
+            shard = nn.Module()
+            shard.ln1 = _copy_norm(block.ln1)
+            shard.ln2 = _copy_norm(block.ln2)
+            shard.qkv_w = nn.Parameter(qkv_w.detach().clone())
+            shard.qkv_b = nn.Parameter(qkv_b.detach().clone())
+            shard.proj_w = nn.Parameter(attn.proj.weight[:, rows].detach().clone())
+            shard.fc_w = nn.Parameter(block.mlp.fc.weight[h].detach().clone())
+            shard.fc_b = nn.Parameter(block.mlp.fc.bias[h].detach().clone())
+            shard.out_w = nn.Parameter(block.mlp.out.weight[:, h].detach().clone())
+            # row-parallel biases are replicated and added once, after the reduction
+            shard.proj_b = nn.Parameter(attn.proj.bias.detach().clone())
+            shard.out_b = nn.Parameter(block.mlp.out.bias.detach().clone())
+            self.shards.append(shard)
+
+    def _attention(self, shard, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        q, k, v = F.linear(x, shard.qkv_w, shard.qkv_b).chunk(3, dim=-1)
+        q, k, v = (z.view(b, t, self.heads_per_rank, self.d_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.linear(y.transpose(1, 2).reshape(b, t, -1), shard.proj_w)  # partial sum
+
+    def _mlp(self, shard, x: Tensor) -> Tensor:
+        return F.linear(F.gelu(F.linear(x, shard.fc_w, shard.fc_b)), shard.out_w)  # partial sum
+
+    def forward(self, xs: list[Tensor]) -> list[Tensor]:
+        """Each rank's input and output, ``(batch, seq, d_model)``: the same full activations on
+        every rank (TP), or each rank's sequence shard of ``seq / tp`` positions (TP + SP). Layer
+        norms, residuals and the replicated biases run on every rank; only the matmuls are split.
+
+        Raises:
+            ValueError: for a wrong number of inputs.
+        """
+        world, ranks, shards = self.world, self.ranks, self.shards
+        if len(xs) != self.tp:
+            raise ValueError(f"{len(xs)} inputs for TP degree {self.tp}; give one per rank.")
+        enter, leave = (_AllGatherSeq, _ReduceScatterSeq) if self.sp else (_F, _G)
+        h = enter.apply(world, ranks, *(s.ln1(x) for s, x in zip(shards, xs)))
+        attn = leave.apply(world, ranks, *(self._attention(s, hr) for s, hr in zip(shards, h)))
+        x1 = [x + a + s.proj_b for s, x, a in zip(shards, xs, attn)]
+        h2 = enter.apply(world, ranks, *(s.ln2(x) for s, x in zip(shards, x1)))
+        mlp = leave.apply(world, ranks, *(self._mlp(s, hr) for s, hr in zip(shards, h2)))
+        return [x + m + s.out_b for s, x, m in zip(shards, x1, mlp)]
+
+
+def shard_sequence(x: Tensor, tp: int) -> list[Tensor]:
+    """Split ``x (batch, seq, d)`` into ``tp`` sequence shards (sequence parallelism's layout).
+
+    Raises:
+        ValueError: if ``tp`` does not divide the sequence length.
+    """
+    if x.shape[1] % tp:
+        raise ValueError(f"sequence parallelism: degree {tp} does not divide the sequence length "
+                         f"{x.shape[1]}; pad the sequence.")
+    return list(x.chunk(tp, dim=1))
+
+
+def _copy_norm(norm: nn.LayerNorm) -> nn.LayerNorm:
+    new = nn.LayerNorm(norm.normalized_shape)
+    new.load_state_dict(norm.state_dict())
+    return new
+
+
+def layer_bytes_per_rank(batch: int, seq: int, d_model: int, tp: int) -> int:
+    """Bytes each rank sends for one block's forward and backward under TP (with or without SP):
+    four all-reduce-sized exchanges of the ``batch x seq x d_model`` fp32 activations, each
+    ``2 (tp - 1) / tp`` of them (Korthikanti et al. 2022, section 4.2.2)."""
+    m = 4 * batch * seq * d_model
+    return 4 * (2 * (tp - 1) * m // tp)

@@ -1,0 +1,63 @@
+"""Megatron tensor (and sequence) parallelism equals one device, forward and backward, and
+communicates four all-reduce volumes of activations per block."""
+
+import pytest
+import torch
+
+from rlm_course.model import Block, ModelConfig
+from rlm_course.parallel.tensor_parallel import (TensorParallelBlock, layer_bytes_per_rank,
+                                                 shard_sequence)
+from rlm_course.parallel.world import World
+
+CONFIG = ModelConfig(vocab_size=10, n_layer=1, n_head=4, d_model=16, max_seq_len=16)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("batch,seq", [(2, 8), (1, 4)])
+def test_tensor_parallel_block_equals_one_device(sp, tp, batch, seq):
+    torch.manual_seed(tp + 10 * batch)
+    block = Block(CONFIG)
+    x = torch.randn(batch, seq, 16, requires_grad=True)
+    w = torch.randn(batch, seq, 16)
+    reference = block(x, None)
+    (reference * w).sum().backward()
+
+    world = World(tp)
+    parallel = TensorParallelBlock(block, world, sequence_parallel=sp)
+    if sp:
+        xs = [c.detach().clone().requires_grad_(True) for c in shard_sequence(x, tp)]
+        ws = shard_sequence(w, tp)
+    else:
+        xs = [x.detach().clone().requires_grad_(True) for _ in range(tp)]
+        ws = [w] * tp
+    outs = parallel(xs)
+    sum((o * wr).sum() for o, wr in zip(outs, ws)).backward()
+
+    full = torch.cat(outs, 1) if sp else outs[0]
+    assert torch.allclose(full, reference, atol=1e-5)
+    if sp:
+        assert torch.allclose(torch.cat([a.grad for a in xs], 1), x.grad, atol=1e-5)
+    else:  # every rank ends with the full input gradient
+        assert all(torch.allclose(a.grad, x.grad, atol=1e-5) for a in xs)
+    shards = parallel.shards
+    assert torch.allclose(torch.cat([s.fc_w.grad for s in shards]), block.mlp.fc.weight.grad,
+                          atol=1e-5)
+    assert torch.allclose(torch.cat([s.out_w.grad for s in shards], 1), block.mlp.out.weight.grad,
+                          atol=1e-5)
+    assert torch.allclose(torch.cat([s.proj_w.grad for s in shards], 1), block.attn.proj.weight.grad,
+                          atol=1e-5)
+    ln = sum(s.ln1.weight.grad for s in shards) if sp else shards[0].ln1.weight.grad
+    assert torch.allclose(ln, block.ln1.weight.grad, atol=1e-5)
+    # two all-reduce volumes forward, two backward, per rank
+    assert world.sent == [layer_bytes_per_rank(batch, seq, 16, tp)] * tp
+
+
+def test_bad_degrees():
+    block = Block(CONFIG)
+    with pytest.raises(ValueError, match="TP degree 3 does not divide the 4 attention heads"):
+        TensorParallelBlock(block, World(3))
+    with pytest.raises(ValueError, match="does not divide the sequence length 6"):
+        shard_sequence(torch.zeros(1, 6, 16), 4)
+    with pytest.raises(ValueError, match="3 inputs for TP degree 2"):
+        TensorParallelBlock(block, World(2))([torch.zeros(1, 4, 16)] * 3)
