@@ -1,0 +1,232 @@
+"""Pipeline parallelism: the layers split into stages on ``p`` devices, the batch into ``m``
+micro-batches, and a schedule that says what each device does when.
+
+Schedules are explicit tables: for each device, the ordered list of ``(kind, micro_batch,
+chunk)`` with kind ``"F"`` (forward) or ``"B"`` (backward):
+
+* **GPipe** (Huang et al. 2019, arXiv:1811.06965): all forwards, then all backwards;
+* **1F1B** (PipeDream-Flush; Narayanan et al. 2021, arXiv:2104.04473, section 2.2.1): device
+  ``d`` runs ``p - d - 1`` warm-up forwards, then alternates one forward and one backward, then
+  drains; at most ``p`` micro-batches' activations live at once instead of ``m``;
+* **interleaved 1F1B** (same paper, section 2.2.2): each device holds ``v`` model chunks
+  (virtual stages ``chunk * p + device``), so a micro-batch crosses every device ``v`` times.
+
+:func:`simulate` runs a table on a timeline (a forward of one chunk takes ``t_f / v``, a backward
+``t_b / v``; a task starts when its device is free and its input is ready). The bubble it measures
+agrees with ``(p - 1) / (m + p - 1)`` of the time for GPipe and 1F1B, and with
+``(p - 1) / (v m)`` of the ideal time for the interleaved schedule. :func:`run_pipeline` executes a
+table on the tiny transformer's blocks and gives the single-device gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def schedule_table(name: str, stages: int, micro_batches: int,
+                   chunks: int = 1) -> list[list[tuple[str, int, int]]]:
+    """The order of work on each of ``stages`` devices: ``table[d]`` lists
+    ``(kind, micro_batch, chunk)``.
+
+    Raises:
+        ValueError: for an unknown schedule, non-positive sizes, ``chunks > 1`` without the
+            interleaved schedule, or (interleaved) micro-batches that are not a multiple of the
+            number of devices.
+    """
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {SCHEDULES}.")
+    p, m, v = stages, micro_batches, chunks
+    for label, value in (("stages", p), ("micro_batches", m), ("chunks", v)):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{label}={value!r} must be a positive integer.")
+    if name != "interleaved" and v != 1:
+        raise ValueError(f"{name} runs one chunk per device; chunks={v} needs the interleaved "
+                         "schedule.")
+    if name == "gpipe":
+        return [[("F", i, 0) for i in range(m)] + [("B", i, 0) for i in reversed(range(m))]
+                for _ in range(p)]
+    if name == "1f1b":
+        table = []
+        for d in range(p):
+            warmup = min(p - d - 1, m)
+            order = [("F", i, 0) for i in range(warmup)]
+            f, b = warmup, 0
+            while f < m:
+                order += [("F", f, 0), ("B", b, 0)]
+                f, b = f + 1, b + 1
+            order += [("B", i, 0) for i in range(b, m)]
+            table.append(order)
+        return table
+    if m % p:
+        raise ValueError(f"the interleaved schedule needs micro_batches ({m}) to be a multiple of "
+                         f"the pipeline devices ({p}).")
+    total = m * v
+
+    def forward_task(k: int) -> tuple[str, int, int]:
+        chunk = (k // p) % v
+        return "F", (k // (p * v)) * p + k % p, chunk
+
+    def backward_task(k: int) -> tuple[str, int, int]:
+        chunk = v - 1 - (k // p) % v
+        return "B", (k // (p * v)) * p + k % p, chunk
+
+    table = []
+    for d in range(p):
+        warmup = min((p - d - 1) * 2 + (v - 1) * p, total)
+        order = [forward_task(k) for k in range(warmup)]
+        f, b = warmup, 0
+        while f < total:
+            order += [forward_task(f), backward_task(b)]
+            f, b = f + 1, b + 1
+        order += [backward_task(k) for k in range(b, total)]
+        table.append(order)
+    return table
+
+
+@dataclass
+class Timeline:
+    """Result of :func:`simulate`: per device the ``(kind, micro_batch, chunk, start, end)``
+    tasks, the makespan, and the bubble (idle) fraction."""
+
+    tasks: list[list[tuple[str, int, int, float, float]]]
+    makespan: float
+    busy: float
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the devices' time: ``1 - busy / (p x makespan)``."""
+        return 1 - self.busy / (len(self.tasks) * self.makespan)
+
+    def peak_in_flight(self, device: int) -> int:
+        """Most micro-batch chunks whose forward has run on ``device`` and whose backward has not:
+        the activations it must hold at once (GPipe: all ``m``; 1F1B: at most ``p``)."""
+        live = peak = 0
+        for kind, *_ in self.tasks[device]:
+            live += 1 if kind == "F" else -1
+            peak = max(peak, live)
+        return peak
+
+
+def simulate(table: list[list[tuple[str, int, int]]], t_forward: float = 1.0,
+             t_backward: float = 2.0, t_comm: float = 0.0) -> Timeline:
+    """Run a schedule table on a timeline.
+
+    A forward of virtual stage ``j = chunk * p + device`` needs the forward of ``j - 1`` (plus
+    ``t_comm`` to move the activations); a backward needs the backward of ``j + 1`` (plus
+    ``t_comm``) and its own forward. Each task starts when its device is free and its inputs are
+    ready. Durations are per device for the whole model slice: a chunk takes ``1 / v`` of them.
+
+    Raises:
+        ValueError: if the table deadlocks (a device waits for a task that can never run).
+    """
+    p = len(table)
+    v = 1 + max(c for order in table for _, _, c in order)
+    last = p * v - 1
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * p
+    position = [0] * p
+    tasks: list[list] = [[] for _ in range(p)]
+    remaining = sum(len(o) for o in table)
+    while remaining:
+        progressed = False
+        for d in range(p):
+            if position[d] == len(table[d]):
+                continue
+            kind, mb, chunk = table[d][position[d]]
+            j = chunk * p + d
+            if kind == "F":
+                deps = [("F", mb, j - 1)] if j > 0 else []
+                duration = t_forward / v
+            else:
+                deps = [("F", mb, j)] + ([("B", mb, j + 1)] if j < last else [])
+                duration = t_backward / v
+            if any(dep not in done for dep in deps):
+                continue
+            ready = max([free[d]] + [done[dep] + (t_comm if dep[2] != j else 0.0) for dep in deps])
+            end = ready + duration
+            done[(kind, mb, j)] = end
+            free[d] = end
+            tasks[d].append((kind, mb, chunk, ready, end))
+            position[d] += 1
+            remaining -= 1
+            progressed = True
+        if not progressed:
+            raise ValueError("the schedule deadlocks: some device waits for work that never runs.")
+    makespan = max(free)
+    busy = sum(end - start for order in tasks for *_, start, end in order)
+    return Timeline(tasks, makespan, busy)
+
+
+def bubble_formula(name: str, stages: int, micro_batches: int, chunks: int = 1) -> float:
+    """The textbook bubble: idle fraction ``(p - 1) / (m + p - 1)`` for GPipe and 1F1B; for the
+    interleaved schedule the bubble time is ``(p - 1) / (v m)`` of the ideal time, an idle
+    fraction of ``(p - 1) / (v m + p - 1)`` (Narayanan et al. 2021, section 2.2)."""
+    p, m, v = stages, micro_batches, chunks
+    return (p - 1) / (v * m + p - 1) if name == "interleaved" else (p - 1) / (m + p - 1)
+
+
+def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]],
+                 micro_batches: list[Tensor], loss_fn) -> list[float]:
+    """Execute a schedule on real modules: ``layers`` split evenly into ``p x v`` virtual
+    stages, each forward/backward run in table order with activations handed between stages.
+    Gradients accumulate in the modules as in one device's step on the whole batch (each
+    micro-batch's loss is divided by ``m``). Returns the micro-batch losses.
+
+    Raises:
+        ValueError: if the layers do not split evenly into the virtual stages.
+    """
+    p = len(table)
+    v = 1 + max(c for order in table for _, _, c in order)
+    stages = p * v
+    if len(layers) % stages:
+        raise ValueError(f"{len(layers)} layers do not split evenly into {stages} pipeline stages "
+                         f"({p} devices x {v} chunks); choose a divisor of the layer count.")
+    per = len(layers) // stages
+    parts = [nn.Sequential(*layers[j * per:(j + 1) * per]) for j in range(stages)]
+    m = len(micro_batches)
+    inputs: dict[tuple[int, int], Tensor] = {}
+    outputs: dict[tuple[int, int], Tensor] = {}
+    grads: dict[tuple[int, int], Tensor] = {}
+    losses: dict[int, float] = {}
+    position = [0] * p
+    remaining = sum(len(o) for o in table)
+    while remaining:
+        progressed = False
+        for d in range(p):
+            if position[d] == len(table[d]):
+                continue
+            kind, mb, chunk = table[d][position[d]]
+            j = chunk * p + d
+            if kind == "F":
+                if j > 0 and (mb, j - 1) not in outputs:
+                    continue
+                x = micro_batches[mb][0] if j == 0 else outputs[(mb, j - 1)].detach()
+                x = x.requires_grad_(j > 0)
+                inputs[(mb, j)] = x
+                out = parts[j](x)
+                if j == stages - 1:
+                    out = loss_fn(out, micro_batches[mb][1]) / m
+                    losses[mb] = out.item() * m
+                outputs[(mb, j)] = out
+            else:
+                if j < stages - 1 and (mb, j) not in grads:
+                    continue
+                out = outputs.pop((mb, j))
+                if j == stages - 1:
+                    out.backward()
+                else:
+                    out.backward(grads.pop((mb, j)))
+                if j > 0:
+                    grads[(mb, j - 1)] = inputs[(mb, j)].grad
+                inputs.pop((mb, j))
+            position[d] += 1
+            remaining -= 1
+            progressed = True
+        if not progressed:
+            raise ValueError("the schedule deadlocks: some device waits for work that never runs.")
+    return [losses[i] for i in range(m)]

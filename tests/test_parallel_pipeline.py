@@ -1,0 +1,77 @@
+"""Pipeline schedules: the bubble on the simulated timeline equals the formulas, 1F1B bounds the
+activations in flight, and executing a schedule on real layers gives one device's gradients."""
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from rlm_course.parallel.pipeline import (bubble_formula, run_pipeline, schedule_table, simulate)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b", "interleaved"]), st.integers(1, 8), st.integers(1, 4),
+       st.integers(1, 4), st.floats(0.5, 3.0))
+def test_measured_bubble_equals_the_formula(name, p, k, v, ratio):
+    if name != "interleaved":
+        v = 1
+    m = k * p  # the interleaved schedule needs a multiple of p
+    timeline = simulate(schedule_table(name, p, m, v), t_forward=1.0, t_backward=ratio)
+    assert timeline.bubble_fraction == pytest.approx(bubble_formula(name, p, m, v), abs=1e-9)
+    ideal = m * (1.0 + ratio)
+    if name == "interleaved":  # the bubble time is (p - 1) / (v m) of the ideal time
+        assert timeline.makespan - ideal == pytest.approx((p - 1) / (v * m) * ideal, abs=1e-9)
+
+
+def test_1f1b_holds_at_most_p_micro_batches_gpipe_all():
+    p, m = 4, 12
+    gpipe, one_f = simulate(schedule_table("gpipe", p, m)), simulate(schedule_table("1f1b", p, m))
+    assert [gpipe.peak_in_flight(d) for d in range(p)] == [m] * p
+    assert [one_f.peak_in_flight(d) for d in range(p)] == [4, 3, 2, 1]
+    assert gpipe.makespan == one_f.makespan  # same bubble, less memory
+
+
+def test_1f1b_table_hand_example():
+    table = schedule_table("1f1b", 2, 3)
+    assert table[0] == [("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("F", 2, 0), ("B", 1, 0),
+                        ("B", 2, 0)]
+    assert table[1] == [("F", 0, 0), ("B", 0, 0), ("F", 1, 0), ("B", 1, 0), ("F", 2, 0),
+                        ("B", 2, 0)]
+
+
+def test_communication_time_lengthens_the_pipeline():
+    table = schedule_table("1f1b", 4, 8)
+    assert simulate(table, t_comm=0.1).makespan > simulate(table).makespan
+
+
+@pytest.mark.parametrize("name,p,v", [("gpipe", 2, 1), ("1f1b", 4, 1), ("interleaved", 2, 2),
+                                      ("interleaved", 2, 4)])
+def test_executing_a_schedule_gives_one_devices_gradients(name, p, v):
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(8)]
+    x, y = torch.randn(8, 6), torch.randn(8, 6)
+    reference = copy.deepcopy(layers)
+    loss = nn.functional.mse_loss(nn.Sequential(*reference)(x), y)
+    loss.backward()
+    m = 4
+    micro = list(zip(x.chunk(m), y.chunk(m)))
+    losses = run_pipeline(layers, schedule_table(name, p, m, v), micro, nn.functional.mse_loss)
+    assert sum(losses) / m == pytest.approx(loss.item(), rel=1e-5)
+    for a, b in zip(layers, reference):
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            assert torch.allclose(pa.grad, pb.grad, atol=1e-6)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="multiple of the pipeline devices"):
+        schedule_table("interleaved", 4, 6, 2)
+    with pytest.raises(ValueError, match="needs the interleaved schedule"):
+        schedule_table("1f1b", 4, 8, 2)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        schedule_table("zero-bubble", 4, 8)
+    with pytest.raises(ValueError, match="do not split evenly into 3 pipeline stages"):
+        run_pipeline([nn.Identity()] * 4, schedule_table("1f1b", 3, 3), [(torch.zeros(1), None)] * 3,
+                     None)
