@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
