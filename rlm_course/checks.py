@@ -319,6 +319,86 @@ def _checks_brent_bound(fn):
     yield "no processors is an error", rejects_zero
 
 
+def _checks_row_parallel_linear(fn):
+    from .parallel.world import World
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(3, 8, generator=g), torch.randn(5, 8, generator=g), torch.randn(5, generator=g)
+    expected = x @ w.T + b
+
+    def equals(p):
+        def check():
+            world = World(p)
+            out = fn(world, list(x.chunk(p, dim=-1)), list(w.chunk(p, dim=-1)), b)
+            if not isinstance(out, list) or len(out) != p:
+                return False, f"expected a list of {p} tensors, got {type(out).__name__}"
+            for y in out:
+                ok, msg = _close(y, expected, atol=1e-5)
+                if not ok:
+                    return ok, msg
+            m = 3 * 5 * 4
+            want = 2 * (p - 1) * m // p
+            return world.sent == [want] * p, f"each rank sent {world.sent}, expected {want} (one all-reduce)"
+        return check
+
+    yield "2 ranks: every rank gets x W^T + b, with one all-reduce", equals(2)
+    yield "4 ranks", equals(4)
+    yield "1 rank: a plain linear layer", equals(1)
+
+
+def _checks_one_f_one_b(fn):
+    yield "2 devices, 3 micro-batches (hand example)", lambda: (
+        fn(2, 3) == [[("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("F", 2, 0), ("B", 1, 0), ("B", 2, 0)],
+                     [("F", 0, 0), ("B", 0, 0), ("F", 1, 0), ("B", 1, 0), ("F", 2, 0), ("B", 2, 0)]],
+        f"got {fn(2, 3)}")
+
+    def bubble():
+        from .parallel.pipeline import bubble_formula, simulate
+
+        timeline = simulate(fn(4, 8))
+        want = bubble_formula("1f1b", 4, 8)
+        return abs(timeline.bubble_fraction - want) < 1e-9, (
+            f"bubble {timeline.bubble_fraction:.4f}, expected {want:.4f}")
+
+    yield "4 devices, 8 micro-batches: runs without deadlock, bubble (p-1)/(m+p-1)", bubble
+
+    def memory():
+        from .parallel.pipeline import simulate
+
+        timeline = simulate(fn(4, 12))
+        peaks = [timeline.peak_in_flight(d) for d in range(4)]
+        return peaks == [4, 3, 2, 1], f"micro-batches in flight per device {peaks}, expected [4, 3, 2, 1]"
+
+    yield "device d holds at most p - d micro-batches in flight", memory
+
+
+def _checks_online_softmax_merge(fn):
+    g = torch.Generator().manual_seed(0)
+    scores, values = torch.randn(3, 6, generator=g), torch.randn(6, 2, generator=g)
+
+    def part(cols):
+        s = scores[:, cols]
+        return torch.softmax(s, -1) @ values[cols], torch.logsumexp(s, -1)
+
+    full = torch.softmax(scores, -1) @ values
+    yield "merging two halves of the keys gives softmax over all of them", lambda: _close(
+        fn(*part(slice(0, 3)), *part(slice(3, 6)))[0], full)
+    yield "the merged log-sum-exp is that of all the scores", lambda: _close(
+        fn(*part(slice(0, 2)), *part(slice(2, 6)))[1], torch.logsumexp(scores, -1))
+    empty = torch.full((3,), float("-inf"))
+    yield "a part with no keys (-inf) contributes nothing, and no NaN", lambda: _close(
+        fn(torch.zeros(3, 2), empty, *part(slice(0, 6)))[0], full)
+
+
+def _checks_dispatch_indices(fn):
+    ids = torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]])
+    yield "hand example: capacity 2, three experts", lambda: _close(
+        fn(ids, 3, 2), torch.tensor([[0, 0], [1, 0], [-1, 1], [-1, -1]]))
+    yield "large capacity: slots count each expert's pairs in order", lambda: _close(
+        fn(ids, 3, 10), torch.tensor([[0, 0], [1, 0], [2, 1], [2, 3]]))
+    yield "capacity 0 drops everything", lambda: _close(fn(ids, 3, 0), torch.full((4, 2), -1))
+
+
 CHECKS = {
     "group_advantages": _checks_group_advantages,
     "clipped_surrogate": _checks_clipped_surrogate,
@@ -332,6 +412,10 @@ CHECKS = {
     "decode_intensity": _checks_decode_intensity,
     "layer": _checks_layer,
     "brent_bound": _checks_brent_bound,
+    "row_parallel_linear": _checks_row_parallel_linear,
+    "one_f_one_b": _checks_one_f_one_b,
+    "online_softmax_merge": _checks_online_softmax_merge,
+    "dispatch_indices": _checks_dispatch_indices,
 }
 
 

@@ -59,6 +59,13 @@ EXERCISES = (
              ("rlm_course.anatomy", "decode_intensity"))),
     Chapter("06", "workdepth", "Work and depth of a layer; Brent's bound",
             (("rlm_course.workdepth", "layer"), ("rlm_course.workdepth", "brent_bound"))),
+    Chapter("08", "tensor_parallel", "A row-parallel linear layer",
+            (("rlm_course.parallel.tensor_parallel", "row_parallel_linear"),)),
+    Chapter("09", "pipeline", "The 1F1B schedule table",
+            (("rlm_course.parallel.pipeline", "one_f_one_b"),)),
+    Chapter("10", "context_expert", "The online-softmax merge and the all-to-all dispatch slots",
+            (("rlm_course.parallel.context_parallel", "online_softmax_merge"),
+             ("rlm_course.parallel.expert_parallel", "dispatch_indices"))),
 )
 
 HEADER = '''"""{kind} for chapter {number}: {title}.

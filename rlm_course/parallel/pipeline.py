@@ -50,17 +50,7 @@ def schedule_table(name: str, stages: int, micro_batches: int,
         return [[("F", i, 0) for i in range(m)] + [("B", i, 0) for i in reversed(range(m))]
                 for _ in range(p)]
     if name == "1f1b":
-        table = []
-        for d in range(p):
-            warmup = min(p - d - 1, m)
-            order = [("F", i, 0) for i in range(warmup)]
-            f, b = warmup, 0
-            while f < m:
-                order += [("F", f, 0), ("B", b, 0)]
-                f, b = f + 1, b + 1
-            order += [("B", i, 0) for i in range(b, m)]
-            table.append(order)
-        return table
+        return one_f_one_b(p, m)
     if m % p:
         raise ValueError(f"the interleaved schedule needs micro_batches ({m}) to be a multiple of "
                          f"the pipeline devices ({p}).")
@@ -85,6 +75,25 @@ def schedule_table(name: str, stages: int, micro_batches: int,
         order += [backward_task(k) for k in range(b, total)]
         table.append(order)
     return table
+
+
+def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int, int]]]:
+    """The 1F1B (PipeDream-Flush) table: device ``d`` runs ``min(p - d - 1, m)`` warm-up
+    forwards, then alternates one forward and one backward (oldest micro-batch first) until every
+    forward has run, then the remaining backwards. Entries are ``(kind, micro_batch, 0)``."""
+    # BEGIN SOLUTION: per device: the warm-up forwards, then pairs (forward of the next micro-batch, backward of the oldest), then the backwards that are left
+    table = []
+    for d in range(stages):
+        warmup = min(stages - d - 1, micro_batches)
+        order = [("F", i, 0) for i in range(warmup)]
+        f, b = warmup, 0
+        while f < micro_batches:
+            order += [("F", f, 0), ("B", b, 0)]
+            f, b = f + 1, b + 1
+        order += [("B", i, 0) for i in range(b, micro_batches)]
+        table.append(order)
+    return table
+    # END SOLUTION
 
 
 @dataclass

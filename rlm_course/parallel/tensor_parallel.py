@@ -191,6 +191,26 @@ def shard_sequence(x: Tensor, tp: int) -> list[Tensor]:
     return list(x.chunk(tp, dim=1))
 
 
+def row_parallel_linear(world: World, x_shards: list[Tensor], weight_shards: list[Tensor],
+                        bias: Tensor | None = None) -> list[Tensor]:
+    """A row-parallel linear layer: ``y = x W^T + b`` with ``W (out, in)`` split by columns (its
+    input features) over the ranks, and ``x`` split the same way along its last dimension (the
+    output of a column-parallel layer). Each rank multiplies its slices, giving a partial sum of
+    ``y``; one all-reduce adds them up, then the bias is added once.
+
+    Args:
+        x_shards: per rank ``(..., in / p)``; weight_shards: per rank ``(out, in / p)``.
+
+    Returns:
+        Every rank's copy of ``y (..., out)``.
+    """
+    # BEGIN SOLUTION: each rank computes its partial product x_r W_r^T; all-reduce the partials; add the bias after the reduction (adding it on every rank would count it p times)
+    partials = [x @ w.T for x, w in zip(x_shards, weight_shards)]
+    total = world.all_reduce(partials, name="all-reduce (row-parallel)")
+    return [y + bias if bias is not None else y for y in total]
+    # END SOLUTION
+
+
 def _copy_norm(norm: nn.LayerNorm) -> nn.LayerNorm:
     new = nn.LayerNorm(norm.normalized_shape)
     new.load_state_dict(norm.state_dict())
