@@ -88,3 +88,60 @@ def plot_stage_seconds(stage_seconds: dict[str, dict[str, float]], path: str | P
     ax.set(xlabel="seconds per step", title=title)
     ax.legend(fontsize=8, ncol=4, loc="lower right")
     return _finish(fig, path)
+
+
+COMM_COLORS = {"all-reduce": "#e7298a", "reduce-scatter": "#66a61e", "all-gather": "#1f78b4",
+               "all-to-all": "#a6761d", "broadcast": "#666666", "send": "#e6ab02", "ring": "#e6ab02"}
+
+
+def plot_rank_timeline(events, path: str | Path | None = None, title: str = "timeline per rank"):
+    """Gantt chart of :class:`rlm_course.parallel.world.Event` s: one row per rank, compute in
+    green, each collective in its own colour, labelled by name."""
+    ranks = sorted({e.rank for e in events})
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(ranks) + 1.2))
+    seen = set()
+    for e in events:
+        if e.kind == "compute":
+            color, label = STAGE_COLORS["training"], "compute"
+        else:
+            key = next((k for k in COMM_COLORS if e.name.startswith(k)), "send")
+            color, label = COMM_COLORS[key], e.name
+        ax.barh(e.rank, e.end - e.start, left=e.start, color=color, edgecolor="white",
+                label=None if label in seen else label)
+        seen.add(label)
+    ax.set(yticks=ranks, yticklabels=[f"rank {r}" for r in ranks], xlabel="seconds", title=title)
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _finish(fig, path)
+
+
+def plot_pipeline(timeline, path: str | Path | None = None, title: str = "pipeline schedule"):
+    """Gantt chart of a :class:`rlm_course.parallel.pipeline.Timeline`: forwards light, backwards
+    dark, each labelled with its micro-batch; the gaps are the bubble."""
+    p = len(timeline.tasks)
+    fig, ax = plt.subplots(figsize=(10, 0.5 * p + 1.2))
+    for d, order in enumerate(timeline.tasks):
+        for kind, mb, chunk, start, end in order:
+            color = "#9ecae1" if kind == "F" else "#3182bd"
+            ax.barh(d, end - start, left=start, color=color, edgecolor="white")
+            ax.text((start + end) / 2, d, str(mb), ha="center", va="center", fontsize=6)
+    ax.set(yticks=range(p), yticklabels=[f"device {d}" for d in range(p)], xlabel="time",
+           title=f"{title} (bubble {timeline.bubble_fraction:.0%})")
+    ax.invert_yaxis()
+    return _finish(fig, path)
+
+
+def plot_memory_per_rank(memory: dict[str, dict[str, float]], path: str | Path | None = None,
+                         title: str = "model-state memory per rank"):
+    """Stacked bars: ``{strategy: {part: bytes}}`` (e.g. parameters, gradients, Adam states)."""
+    names = list(memory)
+    parts = list(dict.fromkeys(k for m in memory.values() for k in m))
+    fig, ax = plt.subplots(figsize=(6, 3))
+    bottom = [0.0] * len(names)
+    for part in parts:
+        values = [memory[n].get(part, 0) / 1e3 for n in names]
+        ax.bar(names, values, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set(ylabel="kB per rank", title=title)
+    ax.legend(fontsize=8)
+    return _finish(fig, path)
