@@ -33,6 +33,7 @@ bench: setup
 	$(BIN)/python -m rlm_course bench sampling
 	$(BIN)/python -m rlm_course bench train
 	$(BIN)/python -m rlm_course bench family
+	$(BIN)/python -m rlm_course bench parallel
 
 exercises: setup
 	$(BIN)/python -m rlm_course exercises

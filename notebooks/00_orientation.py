@@ -130,7 +130,8 @@ assert all(totals[s] > 0 for s in stages)
 # | 04 | the GRPO family (Dr. GRPO, DAPO, RLOO, REINFORCE++, GSPO) | ready |
 # | 05 | anatomy of an RL step | ready |
 # | 06 | work and depth | ready |
-# | 07-11 | data, tensor, sequence, pipeline, context, expert parallelism; real `torchrun` runs | planned |
+# | 07-10 | data (ZeRO), tensor and sequence, pipeline, context and expert parallelism, simulated | ready |
+# | 11 | real `torchrun` runs | planned |
 # | 12-14 | placement and hybrid engines; asynchronous RL; capstone | planned |
 #
 # **Try it:** from a terminal, `python -m rlm_course grpo --task addition` runs the full job (under

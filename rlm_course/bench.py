@@ -11,6 +11,9 @@ a number remembered from another machine.
   mini-batch; tokens/s, achieved FLOP/s from the analytic count (checked against
   ``torch.utils.flop_counter``), and MFU = achieved / peak, where the peak is the best fp32
   matmul throughput measured in the same run. Key: ``mfu``.
+* ``parallel``: every simulated parallelism strategy at degrees 2, 4, 8 on the tiny model: wall
+  time relative to one device (the simulation's overhead), bytes per rank, and the alpha-beta
+  prediction of the communication time (:mod:`rlm_course.parallel.bench`).
 * ``family``: seconds per step of every preset of :mod:`rlm_course.algorithms` at its default
   sizes, the presets' steps interleaved, as ratios to GRPO; with each one's stage split, responses
   generated per response trained, model-state and activation memory. Key: ``presets``.
@@ -190,7 +193,10 @@ def main(what: str, args) -> int:
     repeats = getattr(args, "repeats", 5)
     if repeats <= 0:
         raise ValueError(f"--repeats={repeats} must be positive.")
-    benches = {"sampling": bench_sampling, "train": bench_train, "family": bench_family}
+    from .parallel.bench import bench_parallel
+
+    benches = {"sampling": bench_sampling, "train": bench_train, "family": bench_family,
+               "parallel": bench_parallel}
     result = benches[what](repeats)
     print(json.dumps(result))
     return 0

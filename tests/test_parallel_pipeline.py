@@ -58,7 +58,13 @@ def test_executing_a_schedule_gives_one_devices_gradients(name, p, v):
     loss.backward()
     m = 4
     micro = list(zip(x.chunk(m), y.chunk(m)))
-    losses = run_pipeline(layers, schedule_table(name, p, m, v), micro, nn.functional.mse_loss)
+    from rlm_course.parallel.world import World
+
+    world = World(p)
+    losses = run_pipeline(layers, schedule_table(name, p, m, v), micro, nn.functional.mse_loss,
+                          world)
+    # every stage boundary carries each micro-batch's activations forward and gradients back
+    assert sum(world.sent) == 2 * (p * v - 1) * m * (8 // m) * 6 * 4
     assert sum(losses) / m == pytest.approx(loss.item(), rel=1e-5)
     for a, b in zip(layers, reference):
         for pa, pb in zip(a.parameters(), b.parameters()):

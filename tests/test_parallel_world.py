@@ -109,3 +109,22 @@ def test_zero_stages_equal_one_device_and_send_the_formula_bytes(stage, ranks):
     p = dp.padded
     assert memory["adam"] == 4 * 2 * (p if stage == 0 else p // ranks)
     assert memory["params"] == 4 * (p if stage < 3 else p // ranks)
+
+
+def test_bench_parallel_reports_every_strategy_and_the_degrees_that_do_not_fit():
+    from rlm_course.parallel.bench import bench_parallel
+
+    result = bench_parallel(repeats=1)
+    names = {"DP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "TP", "TP+SP", "PP (1F1B)", "CP (ring)",
+             "EP (MoE)"}
+    assert set(result["strategies"]) == names
+    for name, by_degree in result["strategies"].items():
+        for degree, row in by_degree.items():
+            if "error" in row:
+                assert (name, degree) in {("TP", 8), ("TP+SP", 8), ("PP (1F1B)", 8)}, row
+            else:
+                assert row["max_bytes_sent_per_rank"] > 0 and row["predicted_comm_seconds"] > 0
+    zero = result["strategies"]
+    # ZeRO-3 sends 1.5x what DP sends; ZeRO-1/2 the same
+    assert zero["ZeRO-3"][4]["max_bytes_sent_per_rank"] == 1.5 * zero["DP"][4]["max_bytes_sent_per_rank"]
+    assert zero["ZeRO-1"][4]["max_bytes_sent_per_rank"] == zero["DP"][4]["max_bytes_sent_per_rank"]

@@ -179,11 +179,13 @@ def bubble_formula(name: str, stages: int, micro_batches: int, chunks: int = 1) 
 
 
 def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]],
-                 micro_batches: list[Tensor], loss_fn) -> list[float]:
+                 micro_batches: list[Tensor], loss_fn, world=None) -> list[float]:
     """Execute a schedule on real modules: ``layers`` split evenly into ``p x v`` virtual
     stages, each forward/backward run in table order with activations handed between stages.
     Gradients accumulate in the modules as in one device's step on the whole batch (each
-    micro-batch's loss is divided by ``m``). Returns the micro-batch losses.
+    micro-batch's loss is divided by ``m``). Returns the micro-batch losses. With a ``world`` of
+    ``p`` ranks, every activation sent forward and every gradient sent back between devices is a
+    counted send/recv: ``2 x (p v - 1) x m`` messages of one micro-batch's activations.
 
     Raises:
         ValueError: if the layers do not split evenly into the virtual stages.
@@ -214,6 +216,8 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
                 if j > 0 and (mb, j - 1) not in outputs:
                     continue
                 x = micro_batches[mb][0] if j == 0 else outputs[(mb, j - 1)].detach()
+                if world is not None and j > 0:
+                    world.send(x, (j - 1) % p, d, name="send activations")
                 x = x.requires_grad_(j > 0)
                 inputs[(mb, j)] = x
                 out = parts[j](x)
@@ -231,6 +235,8 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
                     out.backward(grads.pop((mb, j)))
                 if j > 0:
                     grads[(mb, j - 1)] = inputs[(mb, j)].grad
+                    if world is not None:
+                        world.send(grads[(mb, j - 1)], d, (j - 1) % p, name="send gradients")
                 inputs.pop((mb, j))
             position[d] += 1
             remaining -= 1

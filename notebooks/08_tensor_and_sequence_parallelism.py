@@ -1,0 +1,99 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · Tensor and sequence parallelism
+#
+# Megatron-LM (Shoeybi et al. 2019, arXiv:1909.08053) splits each matmul pair of a block so that
+# it needs one collective per direction. The first matmul is **column-parallel**: rank `r` holds
+# some output features (some heads, some MLP hidden units) and computes them completely. The second
+# is **row-parallel**: rank `r` holds the matching input features and produces a *partial sum* of
+# the output; one all-reduce adds the partial sums. A block costs two all-reduces forward and two
+# backward, of `batch x seq x d_model` activations.
+#
+# Sequence parallelism (Korthikanti et al. 2022) replaces each all-reduce by a reduce-scatter and
+# each copy by an all-gather along the sequence: same bytes, but norms and residuals run on
+# `1/tp` of the positions.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import torch
+
+from rlm_course.utils import seed_everything
+
+seed_everything(0)
+print(torch.__version__)
+
+# %% [markdown]
+# ## 1. A row-parallel linear layer
+
+# %%
+from rlm_course.parallel.tensor_parallel import row_parallel_linear
+from rlm_course.parallel.world import World
+
+x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
+world = World(4)
+out = row_parallel_linear(world, list(x.chunk(4, dim=-1)), list(w.chunk(4, dim=-1)), b)
+print("max |TP - one device|:", (out[0] - (x @ w.T + b)).abs().max().item(),
+      "| bytes sent per rank:", world.sent)
+assert torch.allclose(out[0], x @ w.T + b, atol=1e-5)
+
+# %% [markdown]
+# ## 2. A whole block, forward and backward
+
+# %%
+from rlm_course.model import Block, ModelConfig
+from rlm_course.parallel.tensor_parallel import (TensorParallelBlock, layer_bytes_per_rank,
+                                                 shard_sequence)
+from rlm_course.utils import format_table
+
+config = ModelConfig(vocab_size=10, n_layer=1, n_head=8, d_model=64, max_seq_len=64)
+block = Block(config)
+x = torch.randn(4, 32, 64, requires_grad=True)
+reference = block(x, None)
+reference.sum().backward()
+rows, worlds = [], {}
+for sp in (False, True):
+    for tp in (2, 4, 8):
+        world = World(tp)
+        parallel = TensorParallelBlock(block, world, sequence_parallel=sp)
+        xs = ([c.detach().clone().requires_grad_(True) for c in shard_sequence(x, tp)] if sp
+              else [x.detach().clone().requires_grad_(True) for _ in range(tp)])
+        outs = parallel(xs)
+        sum(o.sum() for o in outs).backward()
+        full = torch.cat(outs, 1) if sp else outs[0]
+        error = (full - reference).abs().max().item()
+        grad = torch.cat([s.fc_w.grad for s in parallel.shards])
+        grad_error = (grad - block.mlp.fc.weight.grad).abs().max().item()
+        assert error < 1e-4 and grad_error < 1e-4
+        assert world.sent[0] == layer_bytes_per_rank(4, 32, 64, tp)
+        collectives = sorted({e.name for e in world.events})
+        rows.append(["TP+SP" if sp else "TP", tp, f"{error:.1e}", f"{grad_error:.1e}",
+                     world.sent[0], ", ".join(collectives)])
+        worlds[(sp, tp)] = world
+print(format_table(rows, ["strategy", "degree", "output error", "grad error", "bytes/rank",
+                          "collectives"]))
+
+# %%
+from rlm_course.plots import plot_rank_timeline
+
+plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block forward + backward");
+
+# %% [markdown]
+# ## Questions
+#
+# * The bytes per rank grow as `2(tp-1)/tp`: nearly flat in `tp`. Why, then, is tensor parallelism
+#   kept inside one node (NVLink) in practice? (Hint: these collectives sit on the critical path of
+#   every layer, twice per direction.)
+# * With sequence parallelism the layer-norm weights' gradients are partial sums over each rank's
+#   positions. What must happen to them before the optimizer step?

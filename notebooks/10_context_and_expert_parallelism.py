@@ -1,0 +1,101 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · Context and expert parallelism
+#
+# **Context parallelism** splits one long sequence over ranks. Ring attention (Liu et al. 2023)
+# keeps each rank's queries and passes the keys and values around a ring; the online-softmax merge
+# combines partial results exactly. Long reasoning traces (tens of thousands of tokens) make this
+# the way to score and train on them.
+#
+# **Expert parallelism** spreads the experts of a mixture-of-experts layer over ranks: a router
+# sends each token to its `k` best experts, an all-to-all carries the tokens to the experts' ranks
+# and a second one brings the results back; experts take at most `capacity` tokens, the rest are
+# dropped.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import torch
+import torch.nn.functional as F
+
+from rlm_course.utils import seed_everything
+
+seed_everything(0)
+print(torch.__version__)
+
+# %% [markdown]
+# ## 1. Ring attention equals full causal attention
+
+# %%
+from rlm_course.parallel.context_parallel import ring_attention
+from rlm_course.parallel.world import World
+from rlm_course.utils import format_table
+
+q, k, v = (torch.randn(2, 4, 64, 16) for _ in range(3))
+reference = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+rows = []
+for p in (2, 4, 8):
+    for balanced in (False, True):
+        world = World(p)
+        out, work = ring_attention(world, q, k, v, causal=True, load_balanced=balanced)
+        error = (out - reference).abs().max().item()
+        assert error < 1e-5
+        rows.append([p, "zigzag" if balanced else "contiguous", f"{error:.1e}",
+                     f"{max(work) / (sum(work) / p):.2f}", world.sent[0]])
+print(format_table(rows, ["ranks", "layout", "error", "max / mean work", "bytes sent / rank"]))
+
+# %% [markdown]
+# With the causal mask, the rank holding the last positions does most of the work in the
+# contiguous layout; giving each rank one early and one late chunk evens it out.
+#
+# ## 2. A mixture of experts over ranks
+
+# %%
+from rlm_course.parallel.expert_parallel import MoELayer, expert_parallel_forward
+
+torch.manual_seed(0)
+layer = MoELayer(d_model=16, d_ff=32, n_experts=8, k=2, capacity_factor=1.25)
+rows = []
+for p in (1, 2, 4, 8):
+    groups = [torch.randn(64, 16) for _ in range(p)]
+    world = World(p)
+    out, stats = expert_parallel_forward(world, layer, groups)
+    reference = layer(groups)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(out, reference))
+    rows.append([p, stats["dropped"], f"{stats['imbalance']:.2f}", max(world.sent)])
+print(format_table(rows, ["EP degree", "dropped (token, expert) pairs", "max / mean load",
+                          "max bytes sent"]))
+
+# %%
+import matplotlib.pyplot as plt
+
+factors = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0]
+dropped = []
+groups = [torch.randn(64, 16) for _ in range(4)]
+for cf in factors:
+    layer.capacity_factor = cf
+    dropped.append(expert_parallel_forward(World(4), layer, groups)[1]["dropped"] / (4 * 64 * 2))
+plt.figure(figsize=(5, 3))
+plt.plot(factors, dropped, "o-")
+plt.xlabel("capacity factor"); plt.ylabel("share of pairs dropped");
+assert dropped == sorted(dropped, reverse=True)
+
+# %% [markdown]
+# ## Questions
+#
+# * Ring attention sends `p - 1` key/value blocks per rank per layer. How does that compare with
+#   the attention FLOPs each rank does as the sequence grows? Why can the transfer hide behind the
+#   compute?
+# * A router that sends most tokens to a few experts: what happens to the load per rank, the
+#   dropped tokens and the all-to-all time?
