@@ -29,7 +29,6 @@
 # NBVAL_IGNORE_OUTPUT
 import copy
 
-import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
