@@ -65,6 +65,12 @@ def test_expert_parallel_equals_the_single_device_layer(p):
     out, stats = expert_parallel_forward(world, layer, groups)
     reference = layer(groups)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(out, reference))
+    params = [layer.router.weight, layer.experts[0][0].weight, layer.experts[7][2].bias]
+    grads = torch.autograd.grad(sum((o ** 2).sum() for o in out), params, allow_unused=True)
+    expected = torch.autograd.grad(sum((o ** 2).sum() for o in reference), params,
+                                   allow_unused=True)
+    for a, b in zip(grads, expected):
+        assert (a is None and b is None) or torch.allclose(a, b, atol=1e-6)
     # bytes: each kept (token, expert) pair whose expert lives on another rank crosses twice
     per_rank = 8 // p
     for i, x in enumerate(groups):
