@@ -120,6 +120,30 @@ class Timeline:
         return peak
 
 
+def _walk(table: list[list[tuple[str, int, int]]], step) -> None:
+    """Run every device's tasks in table order: sweep the devices, letting each run its next task
+    when ``step(device, kind, micro_batch, chunk, virtual_stage)`` says it could (returns True).
+
+    Raises:
+        ValueError: if a sweep makes no progress (the table deadlocks).
+    """
+    p = len(table)
+    position = [0] * p
+    remaining = sum(len(o) for o in table)
+    while remaining:
+        progressed = False
+        for d in range(p):
+            if position[d] == len(table[d]):
+                continue
+            kind, mb, chunk = table[d][position[d]]
+            if step(d, kind, mb, chunk, chunk * p + d):
+                position[d] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError("the schedule deadlocks: some device waits for work that never runs.")
+
+
 def simulate(table: list[list[tuple[str, int, int]]], t_forward: float = 1.0,
              t_backward: float = 2.0, t_comm: float = 0.0) -> Timeline:
     """Run a schedule table on a timeline.
@@ -137,34 +161,23 @@ def simulate(table: list[list[tuple[str, int, int]]], t_forward: float = 1.0,
     last = p * v - 1
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * p
-    position = [0] * p
     tasks: list[list] = [[] for _ in range(p)]
-    remaining = sum(len(o) for o in table)
-    while remaining:
-        progressed = False
-        for d in range(p):
-            if position[d] == len(table[d]):
-                continue
-            kind, mb, chunk = table[d][position[d]]
-            j = chunk * p + d
-            if kind == "F":
-                deps = [("F", mb, j - 1)] if j > 0 else []
-                duration = t_forward / v
-            else:
-                deps = [("F", mb, j)] + ([("B", mb, j + 1)] if j < last else [])
-                duration = t_backward / v
-            if any(dep not in done for dep in deps):
-                continue
-            ready = max([free[d]] + [done[dep] + (t_comm if dep[2] != j else 0.0) for dep in deps])
-            end = ready + duration
-            done[(kind, mb, j)] = end
-            free[d] = end
-            tasks[d].append((kind, mb, chunk, ready, end))
-            position[d] += 1
-            remaining -= 1
-            progressed = True
-        if not progressed:
-            raise ValueError("the schedule deadlocks: some device waits for work that never runs.")
+
+    def step(d, kind, mb, chunk, j) -> bool:
+        if kind == "F":
+            deps = [("F", mb, j - 1)] if j > 0 else []
+            duration = t_forward / v
+        else:
+            deps = [("F", mb, j)] + ([("B", mb, j + 1)] if j < last else [])
+            duration = t_backward / v
+        if any(dep not in done for dep in deps):
+            return False
+        ready = max([free[d]] + [done[dep] + (t_comm if dep[2] != j else 0.0) for dep in deps])
+        done[(kind, mb, j)] = free[d] = ready + duration
+        tasks[d].append((kind, mb, chunk, ready, ready + duration))
+        return True
+
+    _walk(table, step)
     makespan = max(free)
     busy = sum(end - start for order in tasks for *_, start, end in order)
     return Timeline(tasks, makespan, busy)
@@ -203,44 +216,35 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
     outputs: dict[tuple[int, int], Tensor] = {}
     grads: dict[tuple[int, int], Tensor] = {}
     losses: dict[int, float] = {}
-    position = [0] * p
-    remaining = sum(len(o) for o in table)
-    while remaining:
-        progressed = False
-        for d in range(p):
-            if position[d] == len(table[d]):
-                continue
-            kind, mb, chunk = table[d][position[d]]
-            j = chunk * p + d
-            if kind == "F":
-                if j > 0 and (mb, j - 1) not in outputs:
-                    continue
-                x = micro_batches[mb][0] if j == 0 else outputs[(mb, j - 1)].detach()
-                if world is not None and j > 0:
-                    world.send(x, (j - 1) % p, d, name="send activations")
-                x = x.requires_grad_(j > 0)
-                inputs[(mb, j)] = x
-                out = parts[j](x)
-                if j == stages - 1:
-                    out = loss_fn(out, micro_batches[mb][1]) / m
-                    losses[mb] = out.item() * m
-                outputs[(mb, j)] = out
-            else:
-                if j < stages - 1 and (mb, j) not in grads:
-                    continue
-                out = outputs.pop((mb, j))
-                if j == stages - 1:
-                    out.backward()
-                else:
-                    out.backward(grads.pop((mb, j)))
-                if j > 0:
-                    grads[(mb, j - 1)] = inputs[(mb, j)].grad
-                    if world is not None:
-                        world.send(grads[(mb, j - 1)], d, (j - 1) % p, name="send gradients")
-                inputs.pop((mb, j))
-            position[d] += 1
-            remaining -= 1
-            progressed = True
-        if not progressed:
-            raise ValueError("the schedule deadlocks: some device waits for work that never runs.")
+
+    def step(d, kind, mb, chunk, j) -> bool:
+        if kind == "F":
+            if j > 0 and (mb, j - 1) not in outputs:
+                return False
+            x = micro_batches[mb][0] if j == 0 else outputs[(mb, j - 1)].detach()
+            if world is not None and j > 0:
+                world.send(x, (j - 1) % p, d, name="send activations")
+            x = x.requires_grad_(j > 0)
+            inputs[(mb, j)] = x
+            out = parts[j](x)
+            if j == stages - 1:
+                out = loss_fn(out, micro_batches[mb][1]) / m
+                losses[mb] = out.item() * m
+            outputs[(mb, j)] = out
+            return True
+        if j < stages - 1 and (mb, j) not in grads:
+            return False
+        out = outputs.pop((mb, j))
+        if j == stages - 1:
+            out.backward()
+        else:
+            out.backward(grads.pop((mb, j)))
+        if j > 0:
+            grads[(mb, j - 1)] = inputs[(mb, j)].grad
+            if world is not None:
+                world.send(grads[(mb, j - 1)], d, (j - 1) % p, name="send gradients")
+        inputs.pop((mb, j))
+        return True
+
+    _walk(table, step)
     return [losses[i] for i in range(m)]
