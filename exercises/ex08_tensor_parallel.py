@@ -27,5 +27,8 @@ def row_parallel_linear(world: World, x_shards: list[Tensor], weight_shards: lis
     Returns:
         Every rank's copy of ``y (..., out)``.
     """
+    if not len(x_shards) == len(weight_shards) == world.size:
+        raise ValueError(f"row_parallel_linear: {len(x_shards)} input and {len(weight_shards)} "
+                         f"weight shards for {world.size} ranks; give one of each per rank.")
     # TODO: each rank computes its partial product x_r W_r^T; all-reduce the partials; add the bias after the reduction (adding it on every rank would count it p times)
     raise NotImplementedError('not implemented yet: each rank computes its partial product x_r W_r^T; all-reduce the partials; add the bias after the reduction (adding it on every rank would count it p times)')

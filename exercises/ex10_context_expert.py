@@ -33,6 +33,10 @@ def dispatch_indices(expert_ids: Tensor, n_experts: int, capacity: int) -> Tenso
     """Slot of every (token, choice) in its expert's buffer, in token order; ``-1`` when the
     expert is already full (the pair is dropped).
 
+    Priority is by token order, then choice order: a later token's first choice can be dropped
+    while an earlier token's second choice is kept (GShard instead serves all first choices before
+    any second choice).
+
     Args:
         expert_ids: ``(tokens, k)`` chosen experts; earlier tokens (then earlier choices) win.
 

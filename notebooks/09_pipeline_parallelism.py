@@ -53,7 +53,8 @@ for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4
     rows.append([f"{name} v={v}", f"{timeline.bubble_fraction:.3f}", f"{formula:.3f}",
                  timeline.peak_in_flight(0), f"{timeline.makespan:.1f}"])
 print(format_table(rows, ["schedule", "bubble (timeline)", "bubble (formula)",
-                          "in flight on device 0", "makespan"]))
+                          "chunks in flight on device 0", "makespan"]))
+# (an interleaved chunk is 1/v of a micro-batch's activations on that device)
 
 # %%
 plot_pipeline(simulate(schedule_table("gpipe", p, m)), title="GPipe, 4 devices, 8 micro-batches");

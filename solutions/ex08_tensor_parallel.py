@@ -26,6 +26,9 @@ def row_parallel_linear(world: World, x_shards: list[Tensor], weight_shards: lis
     Returns:
         Every rank's copy of ``y (..., out)``.
     """
+    if not len(x_shards) == len(weight_shards) == world.size:
+        raise ValueError(f"row_parallel_linear: {len(x_shards)} input and {len(weight_shards)} "
+                         f"weight shards for {world.size} ranks; give one of each per rank.")
     partials = [x @ w.T for x, w in zip(x_shards, weight_shards)]
     total = world.all_reduce(partials, name="all-reduce (row-parallel)")
     return [y + bias if bias is not None else y for y in total]

@@ -90,3 +90,28 @@ def test_bad_expert_parallel_degree():
         MoELayer(4, 8, 8, k=9)
     with pytest.raises(ValueError, match="do not divide the sequence length 10"):
         ring_attention(World(4), *(torch.zeros(1, 1, 10, 2),) * 3)
+
+
+def test_ring_steps_run_in_parallel_and_top1_routing_trains_the_router():
+    from rlm_course.parallel.world import Link
+
+    q = torch.randn(1, 1, 8, 4)
+    world = World(4, Link(alpha=1e-3, beta=1e6))
+    ring_attention(world, q, q, q, causal=True, load_balanced=True)
+    block = 2 * 1 * 2 * 4 * 4  # K and V of 2 positions, 4 floats each
+    assert world.clock == [pytest.approx(3 * (1e-3 + block / 1e6))] * 4  # p - 1 ring steps
+    layer = MoELayer(8, 16, 4, k=1)
+    out = layer([torch.randn(16, 8)])[0]
+    (grad,) = torch.autograd.grad((out ** 2).sum(), [layer.router.weight])
+    assert grad.abs().sum() > 1e-3  # top-1 keeps its probability as the gate (Switch)
+
+
+def test_all_to_all_time_counts_what_the_busiest_rank_receives():
+    from rlm_course.parallel.world import Link
+
+    world = World(4, Link(alpha=0.0, beta=1.0))
+    chunks = [[torch.zeros(0)] * 4 for _ in range(4)]
+    for i in (1, 2, 3):
+        chunks[i][0] = torch.zeros(100)  # three ranks send 400 bytes each to rank 0
+    world.all_to_all(chunks)
+    assert world.clock[0] == pytest.approx(1200.0)

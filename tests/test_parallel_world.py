@@ -128,3 +128,10 @@ def test_bench_parallel_reports_every_strategy_and_the_degrees_that_do_not_fit()
     # ZeRO-3 sends 1.5x what DP sends; ZeRO-1/2 the same
     assert zero["ZeRO-3"][4]["max_bytes_sent_per_rank"] == 1.5 * zero["DP"][4]["max_bytes_sent_per_rank"]
     assert zero["ZeRO-1"][4]["max_bytes_sent_per_rank"] == zero["DP"][4]["max_bytes_sent_per_rank"]
+
+
+def test_uneven_batch_slices_are_refused():
+    model, x, y = _model_and_data()
+    dp = DataParallel(World(2), model)
+    with pytest.raises(ValueError, match="slices of sizes \\[10, 14\\]"):
+        dp.step([(x[:10], y[:10]), (x[10:], y[10:])], _loss)

@@ -110,6 +110,11 @@ def _strategies(config, batch: int, seq: int):
             "CP (ring)": (one_cp, cp), "EP (MoE)": (one_ep, ep)}
 
 
+def _short(message: str) -> str:
+    """A table-sized reason: the part of an error message before its first semicolon."""
+    return "does not fit: " + message.split(";")[0]
+
+
 class _BlockLayer(nn.Module):
     """A transformer block as a one-argument layer (hidden states in and out) for pipelining."""
 
@@ -133,7 +138,7 @@ def bench_parallel(repeats: int = 3, batch: int = 8, seq: int = 16) -> dict:
             try:
                 world, state = parallel(p)
             except ValueError as err:
-                rows.append([name, p, "-", "-", "-", "-", f"does not fit: {err}"[:60]])
+                rows.append([name, p, "-", "-", "-", "-", _short(str(err))])
                 result["strategies"][name][p] = {"error": str(err)}
                 continue
             seconds = best_seconds(lambda: parallel(p), repeats)

@@ -87,6 +87,9 @@ def ring_attention(world: World, q: Tensor, k: Tensor, v: Tensor, causal: bool =
     Raises:
         ValueError: if the degree does not divide the sequence.
     """
+    if not q.shape == k.shape == v.shape or q.dim() != 4:
+        raise ValueError("ring_attention: q, k and v must have the same (batch, heads, seq, d) "
+                         f"shape; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}.")
     p = world.size
     positions = layout(q.shape[2], p, load_balanced and causal)
     local_q = [q[:, :, pos] for pos in positions]
@@ -100,14 +103,10 @@ def ring_attention(world: World, q: Tensor, k: Tensor, v: Tensor, causal: bool =
             o, l, pairs = block_attention(local_q[r], kb, vb, positions[r], kpos, causal)
             out[r], lse[r] = online_softmax_merge(out[r], lse[r], o, l)
             work[r] += pairs
-        if step < p - 1:  # pass the key/value blocks one rank along the ring
-            moved = []
-            for r in range(p):
-                kb, vb, kpos = blocks[(r - 1) % p]
-                world.send(torch.cat([kb.reshape(-1), vb.reshape(-1)]), (r - 1) % p, r,
-                           name="ring K/V")
-                moved.append((kb, vb, kpos))
-            blocks = moved
+        if step < p - 1:  # pass the key/value blocks one rank along the ring, all at once
+            world.ring_shift([torch.cat([kb.reshape(-1), vb.reshape(-1)]) for kb, vb, _ in blocks],
+                             name="ring K/V")
+            blocks = [blocks[(r - 1) % p] for r in range(p)]
     full = torch.empty_like(q)
     for r, pos in enumerate(positions):
         full[:, :, pos] = out[r]

@@ -104,6 +104,11 @@ class DataParallel:
         world, n = self.world, self.world.size
         if len(batches) != n:
             raise ValueError(f"{len(batches)} batch slices for {n} ranks; give one per rank.")
+        sizes = {len(b[0]) if isinstance(b, (tuple, list)) else len(b) for b in batches}
+        if len(sizes) != 1:
+            raise ValueError(f"batch slices of sizes {sorted(sizes)}: the mean over ranks equals the "
+                             "whole batch's mean gradient only for equal slices; split the batch "
+                             "evenly (a multiple of the number of ranks).")
         self.step_count += 1
         if self.stage == 3:  # gather the parameters before the forward
             full = world.all_gather(self.param_shards, name="all-gather params (forward)")

@@ -32,6 +32,10 @@ def dispatch_indices(expert_ids: Tensor, n_experts: int, capacity: int) -> Tenso
     """Slot of every (token, choice) in its expert's buffer, in token order; ``-1`` when the
     expert is already full (the pair is dropped).
 
+    Priority is by token order, then choice order: a later token's first choice can be dropped
+    while an earlier token's second choice is kept (GShard instead serves all first choices before
+    any second choice).
+
     Args:
         expert_ids: ``(tokens, k)`` chosen experts; earlier tokens (then earlier choices) win.
 
@@ -53,10 +57,11 @@ class MoELayer(nn.Module):
     def __init__(self, d_model: int, d_ff: int, n_experts: int, k: int = 2,
                  capacity_factor: float = 1.25) -> None:
         super().__init__()
-        if not 1 <= k <= n_experts:
-            raise ValueError(f"k={k} experts per token must be in 1..n_experts={n_experts}.")
-        if capacity_factor <= 0:
-            raise ValueError(f"capacity_factor={capacity_factor} must be positive.")
+        if not (isinstance(k, int) and 1 <= k <= n_experts):
+            raise ValueError(f"k={k!r} experts per token must be an integer in 1..n_experts="
+                             f"{n_experts}.")
+        if not (math.isfinite(capacity_factor) and capacity_factor > 0):
+            raise ValueError(f"capacity_factor={capacity_factor} must be a positive finite number.")
         self.k, self.n_experts, self.capacity_factor = k, n_experts, capacity_factor
         self.router = nn.Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(),
@@ -64,13 +69,25 @@ class MoELayer(nn.Module):
                                      for _ in range(n_experts))
 
     def capacity(self, tokens: int) -> int:
+        """``ceil(capacity_factor x tokens x k / n_experts)`` slots per expert per group.
+
+        Raises:
+            ValueError: if ``capacity_factor`` (which may be changed after construction) is not a
+                positive finite number.
+        """
+        if not (math.isfinite(self.capacity_factor) and self.capacity_factor > 0):
+            raise ValueError(f"capacity_factor={self.capacity_factor} must be a positive finite "
+                             "number.")
         return math.ceil(self.capacity_factor * tokens * self.k / self.n_experts)
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``x (tokens, d)`` -> ``(expert_ids (tokens, k), gates (tokens, k), slots (tokens, k))``."""
+        if x.dim() != 2:
+            raise ValueError(f"MoE input must be (tokens, d_model), got shape {tuple(x.shape)}.")
         probs = torch.softmax(self.router(x), dim=-1)
         gates, expert_ids = probs.topk(self.k, dim=-1)
-        gates = gates / gates.sum(-1, keepdim=True)
+        if self.k > 1:  # top-k gates renormalised (GShard); top-1 keeps its probability (Switch),
+            gates = gates / gates.sum(-1, keepdim=True)  # so that the router still gets gradient
         return expert_ids, gates, dispatch_indices(expert_ids, self.n_experts,
                                                    self.capacity(x.shape[0]))
 

@@ -14,7 +14,8 @@ chunk)`` with kind ``"F"`` (forward) or ``"B"`` (backward):
 :func:`simulate` runs a table on a timeline (a forward of one chunk takes ``t_f / v``, a backward
 ``t_b / v``; a task starts when its device is free and its input is ready). The bubble it measures
 agrees with ``(p - 1) / (m + p - 1)`` of the time for GPipe and 1F1B, and with
-``(p - 1) / (v m)`` of the ideal time for the interleaved schedule. :func:`run_pipeline` executes a
+``(p - 1) / (v m)`` of the ideal time for the interleaved schedule, when moving activations takes
+no time (``t_comm = 0``; communication lengthens every hop). :func:`run_pipeline` executes a
 table on the tiny transformer's blocks and gives the single-device gradients.
 """
 
@@ -41,7 +42,7 @@ def schedule_table(name: str, stages: int, micro_batches: int,
         raise ValueError(f"unknown schedule {name!r}; choose one of {SCHEDULES}.")
     p, m, v = stages, micro_batches, chunks
     for label, value in (("stages", p), ("micro_batches", m), ("chunks", v)):
-        if not (isinstance(value, int) and value >= 1):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise ValueError(f"{label}={value!r} must be a positive integer.")
     if name != "interleaved" and v != 1:
         raise ValueError(f"{name} runs one chunk per device; chunks={v} needs the interleaved "
@@ -107,7 +108,9 @@ class Timeline:
 
     @property
     def bubble_fraction(self) -> float:
-        """Idle share of the devices' time: ``1 - busy / (p x makespan)``."""
+        """Idle share of the devices' time: ``1 - busy / (p x makespan)`` (0 for an empty run)."""
+        if self.makespan == 0:
+            return 0.0
         return 1 - self.busy / (len(self.tasks) * self.makespan)
 
     def peak_in_flight(self, device: int) -> int:
@@ -118,6 +121,14 @@ class Timeline:
             live += 1 if kind == "F" else -1
             peak = max(peak, live)
         return peak
+
+
+def _check_table(table) -> None:
+    if not table or not all(table):
+        raise ValueError("a schedule table needs at least one device with tasks.")
+    kinds = {kind for order in table for kind, _, _ in order}
+    if not kinds <= {"F", "B"}:
+        raise ValueError(f"unknown task kinds {sorted(kinds - {'F', 'B'})}: use 'F' and 'B'.")
 
 
 def _walk(table: list[list[tuple[str, int, int]]], step) -> None:
@@ -156,6 +167,10 @@ def simulate(table: list[list[tuple[str, int, int]]], t_forward: float = 1.0,
     Raises:
         ValueError: if the table deadlocks (a device waits for a task that can never run).
     """
+    _check_table(table)
+    for label, value in (("t_forward", t_forward), ("t_backward", t_backward), ("t_comm", t_comm)):
+        if value < 0:
+            raise ValueError(f"simulate: {label}={value} must be >= 0.")
     p = len(table)
     v = 1 + max(c for order in table for _, _, c in order)
     last = p * v - 1
@@ -203,9 +218,16 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
     Raises:
         ValueError: if the layers do not split evenly into the virtual stages.
     """
+    _check_table(table)
     p = len(table)
     v = 1 + max(c for order in table for _, _, c in order)
     stages = p * v
+    needed = 1 + max(mb for order in table for _, mb, _ in order)
+    if len(micro_batches) != needed:
+        raise ValueError(f"the schedule runs {needed} micro-batches; {len(micro_batches)} given.")
+    if world is not None and world.size != p:
+        raise ValueError(f"the world has {world.size} ranks for a {p}-device schedule; use "
+                         f"World({p}).")
     if len(layers) % stages:
         raise ValueError(f"{len(layers)} layers do not split evenly into {stages} pipeline stages "
                          f"({p} devices x {v} chunks); choose a divisor of the layer count.")
@@ -222,7 +244,7 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
             if j > 0 and (mb, j - 1) not in outputs:
                 return False
             x = micro_batches[mb][0] if j == 0 else outputs[(mb, j - 1)].detach()
-            if world is not None and j > 0:
+            if world is not None and j > 0 and (j - 1) % p != d:
                 world.send(x, (j - 1) % p, d, name="send activations")
             x = x.requires_grad_(j > 0)
             inputs[(mb, j)] = x
@@ -241,7 +263,7 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
             out.backward(grads.pop((mb, j)))
         if j > 0:
             grads[(mb, j - 1)] = inputs[(mb, j)].grad
-            if world is not None:
+            if world is not None and (j - 1) % p != d:
                 world.send(grads[(mb, j - 1)], d, (j - 1) % p, name="send gradients")
         inputs.pop((mb, j))
         return True

@@ -3,8 +3,8 @@
 
 A block's two matmul pairs are split so that each needs one collective per direction:
 
-* MLP: ``fc`` is **column-parallel** (rank ``r`` holds rows ``r`` of its weight: a slice of the
-  hidden units, so GELU stays local), ``out`` is **row-parallel** (rank ``r`` holds the matching
+* MLP: ``fc`` is **column-parallel** (rank ``r`` holds the ``r``-th block of rows of its weight:
+  a slice of the hidden units (output features), so GELU stays local), ``out`` is **row-parallel** (rank ``r`` holds the matching
   input columns and produces a partial sum);
 * attention: the QKV projection is column-parallel by heads (rank ``r`` computes its own heads
   completely), the output projection row-parallel.
@@ -170,6 +170,10 @@ class TensorParallelBlock(nn.Module):
         world, ranks, shards = self.world, self.ranks, self.shards
         if len(xs) != self.tp:
             raise ValueError(f"{len(xs)} inputs for TP degree {self.tp}; give one per rank.")
+        if len({tuple(x.shape) for x in xs}) != 1:
+            raise ValueError(f"inputs of different shapes {[tuple(x.shape) for x in xs]}: every "
+                             "rank holds the same activations (TP) or an equal sequence shard (SP; "
+                             "use shard_sequence).")
         enter, leave = (_AllGatherSeq, _ReduceScatterSeq) if self.sp else (_F, _G)
         h = enter.apply(world, ranks, *(s.ln1(x) for s, x in zip(shards, xs)))
         attn = leave.apply(world, ranks, *(self._attention(s, hr) for s, hr in zip(shards, h)))
@@ -204,6 +208,9 @@ def row_parallel_linear(world: World, x_shards: list[Tensor], weight_shards: lis
     Returns:
         Every rank's copy of ``y (..., out)``.
     """
+    if not len(x_shards) == len(weight_shards) == world.size:
+        raise ValueError(f"row_parallel_linear: {len(x_shards)} input and {len(weight_shards)} "
+                         f"weight shards for {world.size} ranks; give one of each per rank.")
     # BEGIN SOLUTION: each rank computes its partial product x_r W_r^T; all-reduce the partials; add the bias after the reduction (adding it on every rank would count it p times)
     partials = [x @ w.T for x, w in zip(x_shards, weight_shards)]
     total = world.all_reduce(partials, name="all-reduce (row-parallel)")

@@ -15,7 +15,8 @@ collective communication operations in MPICH"): a message of ``n`` bytes over a 
   ``2 ceil(log2 p) (alpha + M / beta)``; fewer steps, more bytes per step;
 * ring reduce-scatter / all-gather: ``(p - 1) (alpha + M / (p beta))``, ``(p - 1) M / p`` bytes;
 * broadcast: binomial tree, ``ceil(log2 p) (alpha + M / beta)``;
-* all-to-all: pairwise exchange, ``(p - 1) alpha + (largest bytes a rank sends) / beta``;
+* all-to-all: pairwise exchange, ``(p - 1) alpha + (most bytes a rank sends or receives) / beta``;
+* ring shift (each rank sends to the next, all at once): ``alpha + M / beta``;
 * send/recv: ``alpha + M / beta``.
 
 A collective starts when the last of its ranks is ready (the others wait) and ends for all of
@@ -86,7 +87,7 @@ class World:
     algorithm: str = "ring"
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.size, int) and self.size >= 1):
+        if not (isinstance(self.size, int) and not isinstance(self.size, bool) and self.size >= 1):
             raise ValueError(f"World size={self.size!r}: need at least one rank.")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm={self.algorithm!r}: choose one of {ALGORITHMS}.")
@@ -113,6 +114,8 @@ class World:
 
     def compute(self, rank: int, name: str, seconds: float) -> None:
         """Advance ``rank``'s clock by ``seconds`` of computation ``name``."""
+        if not 0 <= rank < self.size:
+            raise ValueError(f"compute {name!r}: rank={rank} is not in 0..{self.size - 1}.")
         if seconds < 0:
             raise ValueError(f"compute {name!r}: seconds={seconds} must be >= 0.")
         start = self.clock[rank]
@@ -174,6 +177,9 @@ class World:
         """Every rank gets the concatenation (along dim 0) of all ranks' shards."""
         ranks = self._ranks(ranks)
         self._check(shards, ranks, name)
+        if len({tuple(t.shape) for t in shards}) != 1:
+            raise ValueError(f"{name}: shards of different shapes {[tuple(t.shape) for t in shards]}; "
+                             "every rank must contribute an equal shard.")
         full = torch.cat(shards)
         p, shard = len(ranks), nbytes(shards[0])
         if p > 1:
@@ -208,10 +214,24 @@ class World:
                 for i, r in enumerate(ranks)}
         received = {r: sum(nbytes(chunks[i][j]) for i in range(p) if i != j)
                     for j, r in enumerate(ranks)}
-        if p > 1:
-            seconds = (p - 1) * self.link.alpha + max(sent.values()) / self.link.beta
+        if p > 1:  # a rank's link carries what it sends and, at the same time, what it receives
+            busiest = max(max(sent.values()), max(received.values()))
+            seconds = (p - 1) * self.link.alpha + busiest / self.link.beta
             self._communicate(name, ranks, seconds, sent, received)
         return [[chunks[i][j].clone() for i in range(p)] for j in range(p)]
+
+    def ring_shift(self, tensors: list[Tensor], ranks=None, name: str = "ring shift") -> list[Tensor]:
+        """Every rank sends its tensor to the next rank of ``ranks`` (the last to the first), all
+        transfers at once: rank ``i`` gets what rank ``i - 1`` had."""
+        ranks = self._ranks(ranks)
+        self._check(tensors, ranks, name)
+        p = len(ranks)
+        if p > 1:
+            sizes = [nbytes(t) for t in tensors]
+            self._communicate(name, ranks, self.link.seconds(max(sizes)),
+                              {r: sizes[i] for i, r in enumerate(ranks)},
+                              {r: sizes[(i - 1) % p] for i, r in enumerate(ranks)})
+        return [tensors[(i - 1) % p].clone() for i in range(p)]
 
     def send(self, tensor: Tensor, src: int, dst: int, name: str = "send/recv") -> Tensor:
         """Point-to-point: ``dst`` receives ``src``'s tensor."""
@@ -247,7 +267,8 @@ class Mesh:
     """
 
     def __init__(self, world: World, **degrees: int) -> None:
-        if not degrees or any(not isinstance(d, int) or d < 1 for d in degrees.values()):
+        if not degrees or any(not isinstance(d, int) or isinstance(d, bool) or d < 1
+                              for d in degrees.values()):
             raise ValueError(f"mesh degrees {degrees}: give positive integer degrees, e.g. dp=2, tp=2.")
         if math.prod(degrees.values()) != world.size:
             raise ValueError(f"mesh {degrees}: the degrees multiply to {math.prod(degrees.values())}, "
