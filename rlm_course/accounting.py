@@ -36,17 +36,16 @@ from torch import nn
 from .algorithms import RLConfig
 from .model import ModelConfig, forward_flops
 
-STAGES = ("generation", "reward", "scoring", "training")
-MODEL_ROLES = ("policy", "critic", "reference", "reward model", "old policy")
 ADAM_BYTES_PER_PARAM = 16  # fp32 weight + gradient + exp_avg + exp_avg_sq
 FP32 = 4
 
 
 def models_held(config: RLConfig) -> dict[str, str]:
-    """The five model roles of RL post-training and whether ``config`` holds each one.
+    """The five model roles of RL post-training (policy, critic, reference, reward model, old
+    policy) and whether ``config`` holds each one.
 
     Returns:
-        ``{role: "trained" | "frozen" | "not held: <why>"}`` for the roles of :data:`MODEL_ROLES`.
+        ``{role: "trained" | "frozen" | "not held: <why>"}``.
     """
     return {
         "policy": "trained",

@@ -239,15 +239,6 @@ class RLConfig:
         cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
         return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine)
 
-    def options(self) -> dict:
-        """The algorithm parts only (what distinguishes one preset from another)."""
-        return {name: getattr(self, name) for name in ALGORITHM_OPTIONS}
-
-
-#: The fields that choose the algorithm (as opposed to the schedule and the sizes).
-ALGORITHM_OPTIONS = ("advantage", "normalize_std", "ratio_level", "clip_eps", "clip_eps_high",
-                     "loss_agg", "kl_mode", "kl_estimator", "kl_coef", "dynamic_sampling",
-                     "overlong_buffer", "use_critic")
 
 _GRPO = dict(advantage="group", normalize_std=True, ratio_level="token", clip_eps=0.2,
              clip_eps_high=None, loss_agg="seq-mean-token-mean", kl_mode="loss", kl_estimator="k3",

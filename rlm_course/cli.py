@@ -45,14 +45,14 @@ RL_FLAGS = (("steps", int), ("group-size", int), ("prompts-per-step", int), ("lr
 #: Algorithm parts (see rlm_course.algorithms.RLConfig): flag -> type, or a tuple of choices, or
 #: bool (an on/off pair --x / --no-x). Each overrides the chosen --variant's value.
 ALGORITHM_FLAGS = {
-    "advantage": ("group", "rloo", "reinforce_pp", "gae"),
+    "advantage": "ADVANTAGES",  # the name of the allowed values in rlm_course.algorithms
     "normalize-std": bool,
-    "ratio-level": ("token", "sequence"),
+    "ratio-level": "RATIO_LEVELS",
     "clip-eps": float,
     "clip-eps-high": float,
-    "loss-agg": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"),
-    "kl-mode": ("none", "loss", "reward"),
-    "kl-estimator": ("k1", "k2", "k3"),
+    "loss-agg": "AGGREGATIONS",
+    "kl-mode": "KL_MODES",
+    "kl-estimator": "KL_ESTIMATORS",
     "kl-coef": float,
     "entropy-coef": float,
     "dynamic-sampling": bool,
@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rlm_course", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    from . import algorithms
     from .algorithms import PRESETS
 
     for command, help_text in (("grpo", "SFT warm start if needed, then GRPO or another --variant "
@@ -199,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         for flag, kind in ALGORITHM_FLAGS.items():
             if kind is bool:
                 p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
-            elif isinstance(kind, tuple):
-                p.add_argument(f"--{flag}", choices=kind, default=None)
+            elif isinstance(kind, str):
+                p.add_argument(f"--{flag}", choices=getattr(algorithms, kind), default=None)
             else:
                 p.add_argument(f"--{flag}", type=kind, default=None)
         p.add_argument("--name", default=None,

@@ -16,10 +16,10 @@ other preset, is :class:`rlm_course.trainer.RLTrainer`.
 
 from __future__ import annotations
 
-from .algorithms import MAX_BATCH, RLConfig, preset
+from .algorithms import RLConfig, preset
 from .trainer import RLTrainer
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "MAX_BATCH"]
+__all__ = ["GRPOConfig", "GRPOTrainer"]
 
 
 def GRPOConfig(**overrides) -> RLConfig:  # noqa: N802 (reads as the constructor it stands for)

@@ -15,8 +15,6 @@ from .accounting import predict_iteration_flops
 from .model import KVCache, TinyGPT, forward_flops
 from .utils import StageTimer, best_seconds
 
-STAGES = ("generation", "reward", "scoring", "training")
-
 
 class MeasuringTimer(StageTimer):
     """A :class:`StageTimer` that also reads a running ``FlopCounterMode`` at each stage's start

@@ -36,9 +36,7 @@ from .sft import SFTConfig, run_sft
 from .tasks import Task, data_dir, load_eval_set
 from .tokenizer import CharTokenizer
 from .trainer import RLTrainer
-from .utils import atomic_write_json, atomic_write_text, seed_everything
-
-STAGES = ("generation", "reward", "scoring", "training")
+from .utils import STAGES, atomic_write_json, atomic_write_text, seed_everything
 
 
 def default_sft_checkpoint(task: Task) -> Path:

@@ -39,7 +39,7 @@ from .rl import KL_CLAMP, group_advantages, masked_mean
 from .sampling import concat_rollouts, generate, response_log_probs, select_rollouts
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
-from .utils import StageTimer, derived_seed
+from .utils import STAGES, StageTimer, derived_seed
 
 
 class RLTrainer:
@@ -348,6 +348,5 @@ class RLTrainer:
             "prompt_columns": batch["rollout"].prompt_len if batch["rollout"] is not None else 0,
             "response_columns": (batch["rollout"].response_mask.shape[1]
                                  if batch["rollout"] is not None else 0),
-            **{f"seconds_{s}": seconds.get(s, 0.0) for s in ("generation", "reward", "scoring",
-                                                              "training")},
+            **{f"seconds_{s}": seconds.get(s, 0.0) for s in STAGES},
         }

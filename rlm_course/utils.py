@@ -66,6 +66,10 @@ def atomic_write_json(path: str | Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
+#: The stages of one RL iteration that the trainer times (and run summaries report).
+STAGES = ("generation", "reward", "scoring", "training")
+
+
 class StageTimer:
     """Accumulates wall-clock seconds per named stage: ``with timer("generation"): ...``."""
 

@@ -23,10 +23,10 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from ..anatomy import ZERO_STAGES
 from .world import World
 
 FP32 = 4
-STAGES = (0, 1, 2, 3)
 
 
 def flat_params(model: nn.Module) -> Tensor:
@@ -69,7 +69,7 @@ class DataParallel:
     """
 
     def __init__(self, world: World, model: nn.Module, stage: int = 0, lr: float = 1e-3) -> None:
-        if isinstance(stage, bool) or stage not in STAGES:
+        if isinstance(stage, bool) or stage not in ZERO_STAGES:
             raise ValueError(f"ZeRO stage={stage!r}: choose 0 (plain DP), 1, 2 or 3.")
         self.world, self.stage, self.lr, self.step_count = world, stage, lr, 0
         n = world.size
