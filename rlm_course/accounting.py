@@ -11,8 +11,8 @@ arXiv:2402.03300, section 4.1): for each response,
   when a KL term is on, a critic forward for ``V(s_t)`` with GAE;
 * **training**: per epoch, one forward and one backward of the policy (and of the critic).
 
-FLOPs use :func:`rlm_course.model.forward_flops` (``2 x matmul params`` per token plus attention)
-and the rule that a backward costs twice its forward (Kaplan et al. 2020, arXiv:2001.08361,
+FLOPs use :func:`rlm_course.architectures.teacher_forced_flops` (``2 x matmul params`` per token
+plus attention) and the rule that a backward costs twice its forward (Kaplan et al. 2020, arXiv:2001.08361,
 section 2.1). Memory: fp32 weights (4 bytes/parameter), gradients (4) and AdamW's two moments (8)
 plus one step counter per tensor for each trained model; weights only for a frozen one.
 
@@ -34,7 +34,8 @@ import torch
 from torch import nn
 
 from .algorithms import RLConfig
-from .model import ModelConfig, forward_flops
+from .architectures import from_model_config, kv_cache_bytes, teacher_forced_flops
+from .model import ModelConfig
 
 ADAM_BYTES_PER_PARAM = 16  # fp32 weight + gradient + exp_avg + exp_avg_sq
 FP32 = 4
@@ -85,16 +86,6 @@ def predict_passes(config: RLConfig) -> dict[str, dict[str, dict[str, int]]]:
     return passes
 
 
-def critic_forward_flops(model_config: ModelConfig, seq_len: int, response_len: int,
-                         batch: int = 1) -> int:
-    """Forward FLOPs of the critic: the policy-sized trunk over ``seq_len`` tokens, without the
-    language-model head (``2 d V`` per token), plus the value head (``2 d``) on the
-    ``response_len`` response positions."""
-    d, vocab = model_config.d_model, model_config.vocab_size
-    head = 2 * d * vocab * seq_len * batch
-    return forward_flops(model_config, seq_len, batch=batch) - head + 2 * d * response_len * batch
-
-
 def predict_iteration_flops(model_config: ModelConfig, config: RLConfig, *, generated: int,
                             trained: int, prompt_len: int, response_len: int,
                             decode_steps: int | None = None) -> dict[str, int]:
@@ -121,11 +112,12 @@ def predict_iteration_flops(model_config: ModelConfig, config: RLConfig, *, gene
             raise ValueError(f"predict_iteration_flops: {name}={value} must be >= 0.")
     steps = response_len - 1 if decode_steps is None else decode_steps
     seq = prompt_len + response_len
-    generation = forward_flops(model_config, prompt_len, batch=generated) + sum(
-        forward_flops(model_config, 1, prompt_len + t + 1, generated) for t in range(steps))
+    spec = from_model_config(model_config)
+    generation = teacher_forced_flops(spec, prompt_len, generated) + sum(
+        generated * spec.forward_flops_per_token(prompt_len + t + 1) for t in range(steps))
     passes = predict_passes(config)
-    policy_fwd = forward_flops(model_config, seq, batch=trained)
-    critic_fwd = critic_forward_flops(model_config, seq, response_len, trained)
+    policy_fwd = teacher_forced_flops(spec, seq, trained)
+    critic_fwd = teacher_forced_flops(spec, seq, trained, value_positions=response_len)
     per_model = {"policy": policy_fwd, "reference": policy_fwd, "critic": critic_fwd}
     scoring = sum(per_model[m] * p["forward"] for m, p in passes["scoring"].items())
     training = sum(per_model[m] * (p["forward"] + 2 * p["backward"])
@@ -262,10 +254,11 @@ class ActivationMeter:
         self.peak_bytes = max(self.peak_bytes, sum(storages.values()))
 
 
-def kv_cache_bytes(model_config: ModelConfig, batch: int, total_len: int) -> int:
-    """Bytes of the fp32 KV cache that generation allocates: keys and values for every layer,
-    ``2 x n_layer x batch x total_len x d_model x 4``."""
-    return 2 * model_config.n_layer * batch * total_len * model_config.d_model * FP32
+def kv_cache_allocated_bytes(model_config: ModelConfig, batch: int, total_len: int) -> int:
+    """Bytes of the fp32 KV cache that generation allocates for ``batch`` sequences of
+    ``total_len`` positions (:func:`rlm_course.architectures.kv_cache_bytes`)."""
+    return kv_cache_bytes(model_config.n_layer, model_config.n_head, model_config.d_head,
+                          batch * total_len, FP32)
 
 
 def peak_rss_bytes() -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from .accounting import predict_passes
 from .algorithms import RLConfig
-from .architectures import TransformerSpec
+from .architectures import TransformerSpec, teacher_forced_flops
 from .hardware import Device
 
 STAGES = ("prefill", "decode", "scoring", "policy update", "critic update")
@@ -139,21 +139,6 @@ class StageCost:
         traffic = self.bytes + (reads - 1) * self.replica_bytes
         return max(self.flops / (devices * device.peak_flops),
                    traffic / (devices * device.memory_bandwidth))
-
-
-def _attention_per_token(spec: TransformerSpec, context: int) -> float:
-    return 4 * spec.n_layer * spec.n_head * spec.head_dim * context
-
-
-def teacher_forced_flops(spec: TransformerSpec, seq_len: int, sequences: int,
-                         value_positions: int | None = None) -> float:
-    """Forward FLOPs of ``sequences`` full passes over ``seq_len`` tokens. A critic
-    (``value_positions`` given) has no language-model head (``2 d V`` per token) but a scalar value
-    head (``2 d``) on its ``value_positions`` response positions."""
-    flops = 2 * spec.matmul_params() * seq_len + _attention_per_token(spec, seq_len) * seq_len
-    if value_positions is not None:
-        flops += 2 * spec.d_model * value_positions - 2 * spec.d_model * spec.vocab_size * seq_len
-    return sequences * flops
 
 
 def decode_step_flops(spec: TransformerSpec, context: int, sequences: int) -> float:

@@ -187,6 +187,17 @@ class TransformerSpec:
         return 2 * self.matmul_params() + 4 * self.n_layer * self.n_head * self.head_dim * context
 
 
+def teacher_forced_flops(spec: TransformerSpec, seq_len: int, sequences: int,
+                         value_positions: int | None = None) -> float:
+    """Forward FLOPs of ``sequences`` full passes over ``seq_len`` tokens. A critic
+    (``value_positions`` given) has no language-model head (``2 d V`` per token) but a scalar value
+    head (``2 d``) on its ``value_positions`` response positions."""
+    flops = 2 * spec.matmul_params() * seq_len + 4 * spec.n_layer * spec.n_head * spec.head_dim * seq_len * seq_len
+    if value_positions is not None:
+        flops += 2 * spec.d_model * value_positions - 2 * spec.d_model * spec.vocab_size * seq_len
+    return sequences * flops
+
+
 def from_model_config(config: ModelConfig, name: str = "tiny") -> TransformerSpec:
     """The course's :class:`~rlm_course.model.TinyGPT` as a spec (GELU MLP with biases, LayerNorm,
     learned positions, untied head, biases on every linear)."""

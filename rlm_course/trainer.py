@@ -28,7 +28,7 @@ import copy
 
 import torch
 
-from .accounting import ActivationMeter, PassCounter, kv_cache_bytes
+from .accounting import ActivationMeter, PassCounter, kv_cache_allocated_bytes
 from .algorithms import GROUP_ADVANTAGES, RLConfig
 from .critic import Critic, clipped_value_loss
 from .evaluate import evaluate
@@ -137,7 +137,7 @@ class RLTrainer:
             generator = torch.Generator().manual_seed(derived_seed(cfg.seed, step, 2, *extra))
             rollout = generate(self.policy, tokens, mask, self.max_new_tokens, tok.eos_id,
                                tok.pad_id, temperature=cfg.temperature, generator=generator)
-        self.peak_kv_cache_bytes = max(self.peak_kv_cache_bytes, kv_cache_bytes(
+        self.peak_kv_cache_bytes = max(self.peak_kv_cache_bytes, kv_cache_allocated_bytes(
             self.policy.config, len(group), tokens.shape[1] + self.max_new_tokens))
         with timer("reward"):
             verdicts = [self.task.verify(p, tok.decode(r)) for p, r in zip(group, rollout.responses)]
