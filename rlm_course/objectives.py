@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .rl import check_groups, kl_k3, masked_mean, sequence_mean
+from .rl import check_groups, clipped_tokens, kl_k3, masked_mean, sequence_mean
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
@@ -223,8 +223,7 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
         ratio = ratio[:, None].expand_as(log_probs)
     else:
         raise ValueError(f"unknown ratio level {ratio_level!r}; choose token or sequence.")
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    clipped = ((ratio > 1 + clip_high) & (adv > 0)) | ((ratio < 1 - clip_low) & (adv < 0))
+    clipped = clipped_tokens(ratio, advantages, clip_low, clip_high)
     loss = aggregate_loss(per_token, response_mask, loss_agg, constant_length)
     return loss, clipped.detach() & response_mask
 

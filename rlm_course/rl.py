@@ -121,15 +121,23 @@ def sequence_mean(per_token: Tensor, response_mask: Tensor) -> Tensor:
     return masked_mean(per_token, response_mask, dim=1).mean()
 
 
+def clipped_tokens(ratio: Tensor, advantages: Tensor, clip_low: float,
+                   clip_high: float | None = None) -> Tensor:
+    """Where the clipped objective removed the gradient: the ratio above ``1 + clip_high`` with a
+    positive advantage, or below ``1 - clip_low`` with a negative one. ``ratio (batch, R)``;
+    ``advantages (batch,)`` (broadcast over tokens) or ``(batch, R)``. Returns a bool tensor."""
+    clip_high = clip_low if clip_high is None else clip_high
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    return ((ratio > 1 + clip_high) & (adv > 0)) | ((ratio < 1 - clip_low) & (adv < 0))
+
+
 def clip_fraction(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, clip_eps: float,
                   response_mask: Tensor) -> Tensor:
     """Share of response tokens whose ratio was clipped (where clipping removed the gradient).
 
     ``advantages`` is ``(batch,)`` (one per response) or ``(batch, R)`` (per token, e.g. GAE)."""
     ratio = torch.exp(log_probs - old_log_probs)
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    clipped = ((ratio > 1 + clip_eps) & (adv > 0)) | ((ratio < 1 - clip_eps) & (adv < 0))
-    return masked_mean(clipped.float(), response_mask)
+    return masked_mean(clipped_tokens(ratio, advantages, clip_eps).float(), response_mask)
 
 
 KL_CLAMP = 10.0
