@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -64,41 +66,74 @@ print(format_table(rows, ["ranks", "algorithm", "MB sent per rank", "ms"]))
 #
 # A small MLP, a batch of 24 split over 4 ranks, three Adam steps. Each stage must end with the
 # same parameters as one device training on the whole batch.
+#
+# *How equal?* Each rank sums the gradient over its 6 samples, then the collective adds the four
+# partial sums: the same numbers added in another order than one device's sum over 24. Float
+# addition is not associative, so the two differ in the last bits, and by how much depends on the
+# machine (its SIMD kernels, its thread count). Adam then divides each gradient by the square root
+# of its running square: for a parameter whose gradient is within rounding of zero, a difference
+# of 1e-9 can move it by up to a whole learning rate. So we check the *algorithm* in float64,
+# where rounding is 1e-16 and the bound of `rlm_course.numerics.adam_tolerance` is tiny, and we
+# look at float32 (what the bytes below count) separately.
 
 # %%
+from rlm_course.numerics import adam_tolerance
 from rlm_course.parallel.data_parallel import DataParallel, bytes_sent_per_step, flat_params
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 32))
 x, y = torch.randn(24, 32), torch.randn(24, 32)
+LR, STEPS, P = 1e-2, 3, 4
 
 
 def loss_fn(m, batch):
     return ((m(batch[0]) - batch[1]) ** 2).mean()
 
 
-reference = copy.deepcopy(model)
-optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
-for _ in range(3):
-    optimizer.zero_grad()
-    loss_fn(reference, (x, y)).backward()
-    optimizer.step()
+def train(stage, dtype):
+    """One device (stage None) or P simulated ranks; returns the parameters and the world."""
+    m, xb, yb = copy.deepcopy(model).to(dtype), x.to(dtype), y.to(dtype)
+    if stage is None:
+        optimizer = torch.optim.Adam(m.parameters(), lr=LR)
+        for _ in range(STEPS):
+            optimizer.zero_grad()
+            loss_fn(m, (xb, yb)).backward()
+            optimizer.step()
+        return flat_params(m), None, None
+    world = World(P, link)
+    dp = DataParallel(world, m, stage, lr=LR)
+    for _ in range(STEPS):
+        dp.step(list(zip(xb.chunk(P), yb.chunk(P))), loss_fn)
+    return dp.parameters(), world, dp
 
-P = 4
+
+one_device = {dtype: train(None, dtype)[0] for dtype in (torch.float64, torch.float32)}
+# the longest sum is a weight gradient over the 24 samples, through 4 chained reductions
+tolerance = adam_tolerance(torch.float64, terms=24, lr=LR, steps=STEPS, depth=4)
 rows, memory, worlds = [], {}, {}
 for stage in (0, 1, 2, 3):
-    world = World(P, link)
-    dp = DataParallel(world, model, stage, lr=1e-2)
-    for _ in range(3):
-        dp.step(list(zip(x.chunk(P), y.chunk(P))), loss_fn)
-    error = (dp.parameters() - flat_params(reference)).abs().max().item()
-    assert error < 1e-5 and world.sent[0] == 3 * bytes_sent_per_step(stage, dp.padded, P)
+    params64, _, _ = train(stage, torch.float64)
+    error64 = (params64 - one_device[torch.float64]).abs().max().item()
+    assert error64 <= tolerance, (stage, error64, tolerance)
+    params, world, dp = train(stage, torch.float32)
+    error32 = (params - one_device[torch.float32]).abs().max().item()
+    assert world.sent[0] == STEPS * bytes_sent_per_step(stage, dp.padded, P)
     name = "DP" if stage == 0 else f"ZeRO-{stage}"
     memory[name] = dp.memory_per_rank()
     worlds[name] = world
-    rows.append([name, f"{error:.1e}", world.sent[0] // 3, sum(dp.memory_per_rank().values())])
-print(format_table(rows, ["strategy", "max |param - one device|", "bytes sent / rank / step",
-                          "state bytes / rank"]))
+    rows.append([name, f"{error64:.0e}", f"{error32:.0e}", world.sent[0] // STEPS,
+                 sum(dp.memory_per_rank().values())])
+print(f"float64 tolerance (rlm_course.numerics.adam_tolerance): {tolerance:.0e}")
+print(format_table(rows, ["strategy", "max |param - one device| float64", "float32",
+                          "bytes sent / rank / step (fp32)", "state bytes / rank (fp32)"]))
+
+# %% [markdown]
+# In float64 every stage lands within about 1e-13 of one device (Adam has already amplified the
+# 1e-16 rounding a thousandfold): the strategies compute the same function. The float32 column is
+# what a real run would see: differences above float32's own rounding (6e-8), amplified by Adam,
+# and different on every machine (about 1e-6 on the machine this course was written on, 1.4e-5 on
+# another Intel CPU). That is why frameworks compare distributed runs with loss curves and
+# tolerances, not bit for bit.
 
 # %%
 from rlm_course.plots import plot_memory_per_rank

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -91,10 +93,14 @@ x, y = torch.randn(16, 16), torch.randn(16, 16)
 nn.functional.mse_loss(nn.Sequential(*reference)(x), y).backward()
 run_pipeline(layers, schedule_table("interleaved", 2, 4, 2), list(zip(x.chunk(4), y.chunk(4))),
              nn.functional.mse_loss)
-error = max((a.grad - b.grad).abs().max().item()
+from rlm_course.numerics import relative_error, reorder_tolerance
+
+error = max(relative_error(a.grad, b.grad)
             for la, lb in zip(layers, reference) for a, b in zip(la.parameters(), lb.parameters()))
-print("max gradient error, interleaved 1F1B on 2 devices x 2 chunks:", error)
-assert error < 1e-6
+print(f"largest relative gradient error, interleaved 1F1B on 2 devices x 2 chunks: {error:.1e}")
+# each weight gradient adds 4 micro-batches' sums of 4 rows instead of one sum of 16: float32
+# rounding only, through 8 layers forward and back
+assert error <= reorder_tolerance(torch.float32, terms=16, depth=16)
 
 # %% [markdown]
 # ## Questions

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -16,8 +18,8 @@
 #
 # **Context parallelism** splits one long sequence over ranks. Ring attention (Liu et al. 2023)
 # keeps each rank's queries and passes the keys and values around a ring; the online-softmax merge
-# combines partial results exactly. Long reasoning traces (tens of thousands of tokens) make this
-# the way to score and train on them.
+# combines partial results exactly (in exact arithmetic; in floats, up to rounding). Long
+# reasoning traces (tens of thousands of tokens) make this the way to score and train on them.
 #
 # **Expert parallelism** spreads the experts of a mixture-of-experts layer over ranks: a router
 # sends each token to its `k` best experts, an all-to-all carries the tokens to the experts' ranks
@@ -38,6 +40,7 @@ print(torch.__version__)
 # ## 1. Ring attention equals full causal attention
 
 # %%
+from rlm_course.numerics import relative_error, reorder_tolerance
 from rlm_course.parallel.context_parallel import ring_attention
 from rlm_course.parallel.world import World
 from rlm_course.utils import format_table
@@ -49,11 +52,12 @@ for p in (2, 4, 8):
     for balanced in (False, True):
         world = World(p)
         out, work = ring_attention(world, q, k, v, causal=True, load_balanced=balanced)
-        error = (out - reference).abs().max().item()
-        assert error < 1e-5
+        error = relative_error(out, reference)
+        # the online softmax adds the 64 keys block by block: float32 rounding only
+        assert error <= reorder_tolerance(torch.float32, terms=64, depth=4)
         rows.append([p, "zigzag" if balanced else "contiguous", f"{error:.1e}",
                      f"{max(work) / (sum(work) / p):.2f}", world.sent[0]])
-print(format_table(rows, ["ranks", "layout", "error", "max / mean work", "bytes sent / rank"]))
+print(format_table(rows, ["ranks", "layout", "rel. error", "max / mean work", "bytes sent / rank"]))
 
 # %% [markdown]
 # With the causal mask, the rank holding the last positions does most of the work in the
@@ -72,7 +76,8 @@ for p in (1, 2, 4, 8):
     world = World(p)
     out, stats = expert_parallel_forward(world, layer, groups)
     reference = layer(groups)
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(out, reference))
+    assert all(relative_error(a, b) <= reorder_tolerance(torch.float32, terms=32, depth=4)
+               for a, b in zip(out, reference))
     rows.append([p, stats["dropped"], f"{stats['imbalance']:.2f}", max(world.sent)])
 print(format_table(rows, ["EP degree", "dropped (token, expert) pairs", "max / mean load",
                           "max bytes sent"]))

@@ -50,6 +50,14 @@ class CheckReport:
 
 
 def _close(actual, expected, atol=1e-5) -> tuple[bool, str]:
+    """Whether a learner's tensor equals the reference up to float32 rounding.
+
+    A correct implementation may add in another order than the reference, so it can differ in the
+    last bits, by how much depending on the machine. The checks use inputs of order 1 and sums of
+    at most a few dozen terms, whose float32 rounding stays below 1e-6 relative
+    (:func:`rlm_course.numerics.reorder_tolerance`); ``rtol=1e-4`` and ``atol=1e-5`` are a hundred
+    times that, far below the size of any wrong formula.
+    """
     if not isinstance(actual, torch.Tensor):
         return False, f"expected a tensor, got {type(actual).__name__}"
     if not isinstance(expected, torch.Tensor):

@@ -13,7 +13,8 @@ survive Ctrl-C.
 
 The first Ctrl-C finishes the current step, writes the checkpoint and exits; a second one stops
 at once, leaving the previous checkpoint. ``--resume`` continues from the checkpoint, dropping any
-metrics lines written after it, and repeats the uninterrupted run exactly (same seed, same numbers).
+metrics lines written after it, and repeats the uninterrupted run exactly (same seed, machine and
+thread count, same numbers).
 """
 
 from __future__ import annotations

@@ -52,6 +52,11 @@ class Rollout:
         return self.response_mask.sum(-1)
 
 
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    """Log-probabilities are computed in float32 at least (float64 models keep float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _filter_logits(logits: Tensor, temperature: float, top_k: int | None) -> Tensor:
     logits = logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:
@@ -98,9 +103,10 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
     tokens[:, :prompt_len] = prompt_tokens
     attention_mask = torch.zeros((batch, total), dtype=torch.bool, device=device)
     attention_mask[:, :prompt_len] = prompt_mask
-    log_probs = torch.zeros((batch, max_new_tokens), device=device)
+    dtype = next(model.parameters()).dtype
+    log_probs = torch.zeros((batch, max_new_tokens), dtype=_at_least_fp32(dtype), device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    cache = KVCache(model.config, batch, total, device=device) if use_cache else None
+    cache = KVCache(model.config, batch, total, dtype=dtype, device=device) if use_cache else None
 
     was_training = model.training
     model.eval()
@@ -113,9 +119,10 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
                                      "its weights have diverged; lower the learning rate.")
         if greedy:
             next_token = logits.argmax(-1)
-            step_log_probs = torch.zeros(batch, device=device)
+            step_log_probs = log_probs.new_zeros(batch)
         else:
-            step_logp = F.log_softmax(_filter_logits(logits.float(), temperature, top_k), dim=-1)
+            step_logp = F.log_softmax(_filter_logits(logits.to(log_probs.dtype), temperature, top_k),
+                                      dim=-1)
             next_token = torch.multinomial(step_logp.exp(), 1, generator=generator).squeeze(-1)
             step_log_probs = step_logp.gather(-1, next_token[:, None]).squeeze(-1)
         alive = ~finished
@@ -151,7 +158,8 @@ def response_log_probs(model: TinyGPT, tokens: Tensor, attention_mask: Tensor, p
         ``log_probs (batch, R)`` (and ``entropy (batch, R)`` in nats). Positions outside the
         response mask hold values of padding; mask them out.
     """
-    logits = model(tokens, attention_mask)[:, prompt_len - 1:-1].float()  # (batch, R, vocab)
+    logits = model(tokens, attention_mask)[:, prompt_len - 1:-1]  # (batch, R, vocab)
+    logits = logits.to(_at_least_fp32(logits.dtype))
     logp = F.log_softmax(logits, dim=-1)
     targets = tokens[:, prompt_len:]
     token_logp = logp.gather(-1, targets[..., None]).squeeze(-1)

@@ -19,7 +19,8 @@ step 4, weight sync, moves the new weights to the rollout engine (chapter 12).
 
 Every step is a pure function of ``(seed, step, weights, optimizer state)``: problems and samples
 are drawn from generators seeded by ``(seed, step, round)``, so a resumed run repeats an
-uninterrupted one exactly on CPU.
+uninterrupted one exactly on the same machine with the same thread count (another CPU or thread
+count adds in another order and rounds differently; see :mod:`rlm_course.numerics`).
 """
 
 from __future__ import annotations

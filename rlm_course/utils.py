@@ -16,7 +16,8 @@ import torch
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch so that CPU runs repeat exactly."""
+    """Seed Python, NumPy and torch so that CPU runs repeat exactly on the same machine with the
+    same thread count (other kernels or threads round differently: :mod:`rlm_course.numerics`)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

@@ -9,6 +9,7 @@ from rlm_course import objectives as ob
 from rlm_course.accounting import predict_iteration_flops, predict_passes
 from rlm_course.algorithms import PRESETS, RLConfig, preset
 from rlm_course.flops import count_flops
+from rlm_course.numerics import relative_error, reorder_tolerance
 from rlm_course.grpo import GRPOConfig
 from rlm_course.ppo import PPOConfig
 from rlm_course.rl import grpo_loss
@@ -120,7 +121,8 @@ def test_policy_loss_sequence_ratio_hand_example():
 
 
 def test_concatenated_rollouts_score_as_in_their_own_batches():
-    policy = load_checkpoint(default_sft_checkpoint(TASK))["model"]
+    # float64: more left padding only adds masked keys, so the scores differ by rounding alone
+    policy = load_checkpoint(default_sft_checkpoint(TASK))["model"].double()
     rollouts = []
     for prompts, seed in ((["1+2=", "123+456="], 0), (["99+1=", "5+5=", "800+200="], 1)):
         tokens, mask = TOK.encode_prompts(prompts)
@@ -136,8 +138,8 @@ def test_concatenated_rollouts_score_as_in_their_own_batches():
             width = r.response_mask.shape[1]
             rows = slice(row, row + len(r.tokens))
             assert torch.equal(joined.response_mask[rows, :width], r.response_mask)
-            assert torch.allclose(together[rows, :width][r.response_mask], alone[r.response_mask],
-                                  atol=1e-5)
+            assert relative_error(together[rows, :width][r.response_mask],
+                                  alone[r.response_mask]) <= reorder_tolerance(torch.float64, 512, 8)
             row += len(r.tokens)
 
 

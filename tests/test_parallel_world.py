@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from rlm_course.numerics import adam_tolerance, relative_error, reorder_tolerance
 from rlm_course.parallel.data_parallel import DataParallel, bytes_sent_per_step, flat_params
 from rlm_course.parallel.world import Link, Mesh, World
 
@@ -40,7 +41,11 @@ def test_reduce_scatter_then_all_gather_is_an_all_reduce(p, k):
     tensors = [torch.randn(k * p, generator=g) for _ in range(p)]
     shards = world.reduce_scatter(tensors)
     full = world.all_gather(shards)
-    assert torch.allclose(full[0], torch.stack(tensors).sum(0), atol=1e-5)
+    # the ring adds the p contributions in another order than stack().sum(): rounding only
+    # (relative to the largest contribution, since a sum may cancel to nearly 0)
+    scale = torch.stack(tensors).abs().max()
+    assert (full[0] - torch.stack(tensors).sum(0)).abs().max() <= \
+        reorder_tolerance(torch.float32, p) * p * scale
     m = 4 * k * p
     assert world.sent == [2 * ((p - 1) * m // p)] * p
 
@@ -80,10 +85,10 @@ def test_mesh_groups_and_bad_input():
         World(0)
 
 
-def _model_and_data():
+def _model_and_data(dtype=torch.float32):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-    return model, torch.randn(24, 6), torch.randn(24, 3)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).to(dtype)
+    return model, torch.randn(24, 6, dtype=dtype), torch.randn(24, 3, dtype=dtype)
 
 
 def _loss(model, batch):
@@ -93,7 +98,9 @@ def _loss(model, batch):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_zero_stages_equal_one_device_and_send_the_formula_bytes(stage, ranks):
-    model, x, y = _model_and_data()
+    # float64: Adam amplifies rounding differences of near-zero gradients up to lr per step, so
+    # float32 results may differ by far more than its rounding (see rlm_course.numerics)
+    model, x, y = _model_and_data(torch.float64)
     reference = copy.deepcopy(model)
     optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
     world = World(ranks)
@@ -103,12 +110,14 @@ def test_zero_stages_equal_one_device_and_send_the_formula_bytes(stage, ranks):
         _loss(reference, (x, y)).backward()
         optimizer.step()
         dp.step([(a, b) for a, b in zip(x.chunk(ranks), y.chunk(ranks))], _loss)
-    assert torch.allclose(dp.parameters(), flat_params(reference), atol=1e-6)
-    assert world.sent == [3 * bytes_sent_per_step(stage, dp.padded, ranks)] * ranks
+    # the longest sum: a gradient over the 24 samples of the batch
+    tol = adam_tolerance(torch.float64, terms=24, lr=1e-2, steps=3, depth=4)
+    assert (dp.parameters() - flat_params(reference)).abs().max() <= tol
+    assert world.sent == [3 * bytes_sent_per_step(stage, dp.padded, ranks, 8)] * ranks
     memory = dp.memory_per_rank()
     p = dp.padded
-    assert memory["adam"] == 4 * 2 * (p if stage == 0 else p // ranks)
-    assert memory["params"] == 4 * (p if stage < 3 else p // ranks)
+    assert memory["adam"] == 8 * 2 * (p if stage == 0 else p // ranks)
+    assert memory["params"] == 8 * (p if stage < 3 else p // ranks)
 
 
 def test_bench_parallel_reports_every_strategy_and_the_degrees_that_do_not_fit():

@@ -95,7 +95,7 @@ def ring_attention(world: World, q: Tensor, k: Tensor, v: Tensor, causal: bool =
     local_q = [q[:, :, pos] for pos in positions]
     blocks = [(k[:, :, pos], v[:, :, pos], pos) for pos in positions]  # what each rank holds now
     out = [torch.zeros_like(lq) for lq in local_q]
-    lse = [torch.full(lq.shape[:-1], float("-inf")) for lq in local_q]
+    lse = [lq.new_full(lq.shape[:-1], float("-inf")) for lq in local_q]
     work = [0] * p
     for step in range(p):
         for r in range(p):

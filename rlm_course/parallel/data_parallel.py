@@ -2,7 +2,8 @@
 
 Every rank holds the same model and trains on its own slice of the batch; the ranks then agree on
 the mean gradient. What each ZeRO stage shards (Rajbhandari et al. 2019, arXiv:1910.02054, section
-5) and what it communicates per step, for ``P`` parameters of 4 bytes (fp32 here) on ``N`` ranks:
+5) and what it communicates per step, for ``P`` parameters of 4 bytes (fp32; 8 in float64, the
+element size of the model's parameters is used throughout) on ``N`` ranks:
 
     stage  holds per rank                            communicates per step (each rank sends)
     0 (DP) params P, grads P, Adam states 2P         all-reduce of the grads: 2 (N-1)/N x 4P bytes
@@ -78,10 +79,11 @@ class DataParallel:
         self.padded = -(-self.numel // n) * n
         self.shard = self.padded // n
         full = self._pad(flat_params(model))
+        self.bytes_per_element = full.element_size()
         sharded_states = stage >= 1
         size = self.shard if sharded_states else self.padded
-        self.m = [torch.zeros(size) for _ in range(n)]
-        self.v = [torch.zeros(size) for _ in range(n)]
+        self.m = [full.new_zeros(size) for _ in range(n)]
+        self.v = [full.new_zeros(size) for _ in range(n)]
         # stage 3 keeps only its parameter shard between steps
         self.param_shards = [full[r * self.shard:(r + 1) * self.shard].clone() for r in range(n)]
 
@@ -89,15 +91,17 @@ class DataParallel:
         return torch.cat([flat, flat.new_zeros(self.padded - self.numel)])
 
     def memory_per_rank(self) -> dict[str, int]:
-        """Bytes of persistent model state one rank holds between steps (fp32): the parameters it
+        """Bytes of persistent model state one rank holds between steps (in the parameters' dtype,
+        4 bytes per element in fp32): the parameters it
         keeps (stage 3: its shard; the simulation rebuilds full replicas only to compute), the
         Adam moments it holds (measured on its tensors), and the gradients its stage keeps after
         the step's reduce-scatter (the full vector for stages 0-1, a shard for 2-3)."""
         n, p = self.world.size, self.padded
         params = self.param_shards[0].numel() if self.stage == 3 else p
         grads = p if self.stage < 2 else p // n
-        return {"params": FP32 * params, "grads": FP32 * grads,
-                "adam": FP32 * (self.m[0].numel() + self.v[0].numel())}
+        size = self.bytes_per_element
+        return {"params": size * params, "grads": size * grads,
+                "adam": size * (self.m[0].numel() + self.v[0].numel())}
 
     def step(self, batches: list, loss_fn) -> list[float]:
         """One training step; ``batches[r]`` is rank ``r``'s slice. Returns each rank's loss."""
@@ -150,8 +154,10 @@ class DataParallel:
         return flat_params(self.replicas[rank])
 
 
-def bytes_sent_per_step(stage: int, numel_padded: int, ranks: int) -> int:
-    """What the table of the module docstring says each rank sends in one step (fp32)."""
-    m = FP32 * numel_padded
+def bytes_sent_per_step(stage: int, numel_padded: int, ranks: int,
+                        bytes_per_element: int = FP32) -> int:
+    """What the table of the module docstring says each rank sends in one step (fp32 by
+    default)."""
+    m = bytes_per_element * numel_padded
     per_collective = (ranks - 1) * m // ranks
     return (3 if stage == 3 else 2) * per_collective

@@ -24,6 +24,8 @@ backward pass communicates (and is counted) too.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -219,14 +221,13 @@ def row_parallel_linear(world: World, x_shards: list[Tensor], weight_shards: lis
 
 
 def _copy_norm(norm: nn.LayerNorm) -> nn.LayerNorm:
-    new = nn.LayerNorm(norm.normalized_shape)
-    new.load_state_dict(norm.state_dict())
-    return new
+    return copy.deepcopy(norm)  # same weights, dtype and device
 
 
-def layer_bytes_per_rank(batch: int, seq: int, d_model: int, tp: int) -> int:
+def layer_bytes_per_rank(batch: int, seq: int, d_model: int, tp: int,
+                         bytes_per_element: int = 4) -> int:
     """Bytes each rank sends for one block's forward and backward under TP (with or without SP):
-    four all-reduce-sized exchanges of the ``batch x seq x d_model`` fp32 activations, each
-    ``2 (tp - 1) / tp`` of them (Korthikanti et al. 2022, section 4.2.2)."""
-    m = 4 * batch * seq * d_model
+    four all-reduce-sized exchanges of the ``batch x seq x d_model`` activations (fp32 by
+    default), each ``2 (tp - 1) / tp`` of them (Korthikanti et al. 2022, section 4.2.2)."""
+    m = bytes_per_element * batch * seq * d_model
     return 4 * (2 * (tp - 1) * m // tp)
