@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -57,10 +59,11 @@ print(f"rlm_course {rlm_course.__version__}, torch {torch.__version__}, python {
 # command that made it.
 
 # %%
-from rlm_course.evaluate import evaluate
-from rlm_course.runs import load_sft_policy
-from rlm_course.tasks import get_task, load_eval_set
-from rlm_course.tokenizer import CharTokenizer
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.evaluate import evaluate
+from rlm_course.rl.runs import load_sft_policy
+from rlm_course.tasks import get_task
+from rlm_course.tasks.eval_sets import load_eval_set
 
 tokenizer = CharTokenizer()
 task = get_task("addition", digits=3)
@@ -81,21 +84,22 @@ assert 0.1 <= before.accuracy <= 0.4, "the warm start should be weak but not hop
 #
 # ## Run the loop
 #
-# `GRPOTrainer.step()` runs one iteration: 64 prompts x 8 samples = 512 rollouts, verifier rewards,
+# `RLTrainer.step()` runs one iteration: 64 prompts x 8 samples = 512 rollouts, verifier rewards,
 # a scoring pass with the policy and the reference, then a policy update. Thirty steps take well
 # under a minute here.
 
 # %%
 from tqdm.auto import tqdm
 
-from rlm_course.grpo import GRPOConfig, GRPOTrainer
+from rlm_course.rl.algorithms import GRPOConfig
+from rlm_course.rl.trainer import RLTrainer
 
-trainer = GRPOTrainer(policy, task, tokenizer, GRPOConfig(steps=30, eval_every=10), held_out)
+trainer = RLTrainer(policy, task, tokenizer, GRPOConfig(steps=30, eval_every=10), held_out)
 metrics = [trainer.step() for _ in tqdm(range(30), desc="GRPO")]
 print({k: round(v, 3) for k, v in metrics[-1].items()})
 
 # %%
-from rlm_course.plots import plot_learning_curve
+from rlm_course.tools.plots import plot_learning_curve
 
 plot_learning_curve(metrics, accuracy_before=before.accuracy, title="30 GRPO steps on addition-3");
 

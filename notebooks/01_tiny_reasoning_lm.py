@@ -20,7 +20,7 @@
 #
 # 1. a character **tokenizer**;
 # 2. two **verifiable tasks** (addition, Countdown) with verifiers that never call `eval`;
-# 3. a decoder-only **transformer** (`rlm_course/model.py`, one readable file), its parameter
+# 3. a decoder-only **transformer** (`rlm_course/lm/model.py`, one readable file), its parameter
 #    count and its forward FLOPs, checked against `torch.utils.flop_counter`;
 # 4. **sampling** with and without a **KV cache**.
 
@@ -45,7 +45,7 @@ print(torch.__version__)
 # the right.
 
 # %%
-from rlm_course.tokenizer import CharTokenizer
+from rlm_course.lm.tokenizer import CharTokenizer
 
 tok = CharTokenizer()
 ids = tok.encode("47+85=", bos=True)
@@ -84,11 +84,11 @@ for response in [problem.answer, f"{first}*{first}", f"{first}/0", f"{first}+{se
 #
 # Per token, a forward pass costs about **2 FLOPs per matmul parameter** (one multiply, one add)
 # plus the attention scores: `2 * N_matmul + 4 * n_layer * d_model * ctx`
-# (`rlm_course.model.forward_flops`). We check the formula against PyTorch's own FLOP counter.
+# (`rlm_course.lm.model.forward_flops`). We check the formula against PyTorch's own FLOP counter.
 
 # %%
-from rlm_course.flops import count_flops
-from rlm_course.model import ModelConfig, TinyGPT, forward_flops, matmul_parameters
+from rlm_course.cost.flops import count_flops
+from rlm_course.lm.model import ModelConfig, TinyGPT, forward_flops, matmul_parameters
 
 config = ModelConfig(vocab_size=tok.vocab_size, n_layer=4, n_head=4, d_model=128, max_seq_len=128)
 model = TinyGPT(config).eval()
@@ -113,7 +113,7 @@ for seq in (8, 32, 128):
 # exercise.)
 
 # %%
-from rlm_course.sampling import generate
+from rlm_course.lm.sampling import generate
 
 prompts, prompt_mask = tok.encode_prompts([p.prompt for p in addition.problems(32, seed=0)])
 lengths, times = [8, 16, 32, 64], {"KV cache": [], "recompute": []}
@@ -147,7 +147,7 @@ plt.xlabel("new tokens"); plt.ylabel("seconds (32 sequences)"); plt.legend(); pl
 # identical gets identical rewards and so zero advantage.
 
 # %%
-from rlm_course.runs import load_sft_policy
+from rlm_course.rl.runs import load_sft_policy
 
 policy, _ = load_sft_policy(addition, tok)
 one = addition.problems(1, seed=11)[0]

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -26,8 +28,10 @@
 # \qquad r_{i,t} = \frac{\pi_\theta(o_{i,t}\mid q,o_{i,<t})}{\pi_{\mathrm{old}}(o_{i,t}\mid q,o_{i,<t})}
 # $$
 #
-# We build it in four pieces (all in `rlm_course/rl.py`): group sampling, group-relative
-# advantages, the clipped surrogate, and the k3 KL to the frozen reference; then train.
+# We build it in four pieces: group sampling, group-relative advantages
+# (`rlm_course/rl/advantages.py`), the clipped surrogate (`rlm_course/rl/losses.py`) and the k3 KL
+# to the frozen reference (`rlm_course/rl/kl.py`); then assemble and train. Chapter 04 extends the
+# same three modules with the rest of the family.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -45,11 +49,11 @@ print(torch.__version__)
 # Each prompt is repeated G times in the batch (groups contiguous) and sampled at temperature 1.
 
 # %%
-from rlm_course.rl import group_advantages
-from rlm_course.runs import load_sft_policy
-from rlm_course.sampling import generate
+from rlm_course.lm.sampling import generate
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.advantages import group_advantages
+from rlm_course.rl.runs import load_sft_policy
 from rlm_course.tasks import get_task
-from rlm_course.tokenizer import CharTokenizer
 
 tok, task = CharTokenizer(), get_task("addition", digits=3)
 policy, _ = load_sft_policy(task, tok)
@@ -93,12 +97,12 @@ assert abs(group_advantages(example, 4).view(2, 4).sum(1)).max() < 1e-5
 # favours.
 
 # %%
-from rlm_course.rl import clipped_surrogate
+from rlm_course.rl.losses import clipped_objective
 
 ratio = torch.linspace(0.5, 1.5, 101)
 fig, axes = plt.subplots(1, 2, figsize=(9, 3))
 for ax, a in zip(axes, (1.0, -1.0)):
-    loss = clipped_surrogate(ratio.log()[None], torch.zeros(1, 101), torch.tensor([a]), 0.2)[0]
+    loss = clipped_objective(ratio[None], torch.tensor([a]), 0.2)[0]
     ax.plot(ratio, -loss, label="-loss = min(rA, clip(r)A)")
     ax.plot(ratio, ratio * a, "--", alpha=0.5, label="rA (unclipped)")
     ax.set(title=f"A = {a:+.0f}", xlabel="ratio r")
@@ -115,7 +119,7 @@ fig.tight_layout()
 # distributions, for growing distance.
 
 # %%
-from rlm_course.rl import kl_k3
+from rlm_course.rl.kl import kl_k3
 
 g = torch.Generator().manual_seed(0)
 base = torch.randn(12, generator=g)
@@ -136,16 +140,55 @@ assert max(abs(a - b) for a, b in zip(exact, estimate)) < 0.05
 # %% [markdown]
 # k3 has a heavy tail: `rho - log(rho) - 1` grows like `exp(log rho)`. A token the policy now
 # finds very unlikely (`log pi_theta = -12`) but the reference does not (`log pi_ref = -1`) scores
-# `e^11 - 12`, about 60,000 nats, enough to swamp a whole batch. `grpo_loss` therefore caps each
-# token's k3 at 10, as verl does.
+# `e^11 - 12`, about 60,000 nats, enough to swamp a whole batch. The trainer therefore caps each
+# token's k3 at 10 (`rlm_course.rl.kl.KL_CLAMP`), as verl does.
 
 # %%
 print(kl_k3(torch.tensor([-12.0]), torch.tensor([-1.0])).item())
 
 # %% [markdown]
-# ## 5. Train
+# ## 5. The GRPO loss, assembled
 #
-# `GRPOTrainer.step()` puts the pieces together: rollout (64 prompts x 8 samples), rewards,
+# The equation at the top, in five lines: the ratio per token, the clipped objective, the k3
+# penalty, then the mean over each response's tokens and over the responses. Here on the rollout of
+# section 1, with a perturbed copy of the policy standing in for `pi_theta` after a few updates.
+# The trainer computes the same number with the general loss of the whole family
+# (`rlm_course.rl.losses.policy_loss` with GRPO's options: token ratio, symmetric clip,
+# `seq-mean-token-mean`), which chapter 04 opens up.
+
+# %%
+import copy
+
+from rlm_course.lm.sampling import response_log_probs
+from rlm_course.rl.kl import KL_CLAMP
+from rlm_course.rl.losses import aggregate_loss, policy_loss
+
+theta = copy.deepcopy(policy)
+with torch.no_grad():
+    for p in theta.parameters():
+        p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    args = (rollout.tokens, rollout.attention_mask, rollout.prompt_len)
+    logp_old = response_log_probs(policy, *args)  # pi_old = pi_ref: the warm start
+    logp = response_log_probs(theta, *args)
+eps, beta, m = 0.2, 0.005, rollout.response_mask.float()
+
+# GRPO as written (DeepSeekMath eq. 3)
+per_token = clipped_objective(torch.exp(logp - logp_old), advantages, eps) \
+    + beta * kl_k3(logp, logp_old).clamp(max=KL_CLAMP)
+simple = ((per_token * m).sum(1) / m.sum(1)).mean()
+
+# the family's general loss with GRPO's options
+general, _ = policy_loss(logp, logp_old, advantages, rollout.response_mask, "token", eps, None,
+                         "seq-mean-token-mean")
+general = general + beta * aggregate_loss(kl_k3(logp, logp_old).clamp(max=KL_CLAMP),
+                                          rollout.response_mask, "seq-mean-token-mean")
+print(f"GRPO loss as written {simple.item():.6f}, general loss with GRPO's options {general.item():.6f}")
+assert torch.allclose(simple, general)
+
+# %% [markdown]
+# ## 6. Train
+#
+# `RLTrainer.step()` puts the pieces together: rollout (64 prompts x 8 samples), rewards,
 # advantages, the scoring pass (old-policy and reference log-probs), then one pass over the batch
 # in two mini-batches. 80 steps take about a minute here; the full job
 # (`python -m rlm_course grpo --task addition`) runs 300.
@@ -153,15 +196,16 @@ print(kl_k3(torch.tensor([-12.0]), torch.tensor([-1.0])).item())
 # %%
 from tqdm.auto import tqdm
 
-from rlm_course.evaluate import evaluate
-from rlm_course.grpo import GRPOConfig, GRPOTrainer
-from rlm_course.plots import plot_learning_curve
-from rlm_course.tasks import load_eval_set
+from rlm_course.rl.algorithms import GRPOConfig
+from rlm_course.rl.evaluate import evaluate
+from rlm_course.rl.trainer import RLTrainer
+from rlm_course.tasks.eval_sets import load_eval_set
+from rlm_course.tools.plots import plot_learning_curve
 
 held_out = load_eval_set(task)
 policy, _ = load_sft_policy(task, tok)  # fresh copy of the warm start
 accuracy_before = evaluate(policy, task, held_out, tok).accuracy
-trainer = GRPOTrainer(policy, task, tok, GRPOConfig(steps=80, eval_every=20, seed=0), held_out)
+trainer = RLTrainer(policy, task, tok, GRPOConfig(steps=80, eval_every=20, seed=0), held_out)
 metrics = [trainer.step() for _ in tqdm(range(80), desc="GRPO")]
 accuracy_after = evaluate(policy, task, held_out, tok).accuracy
 print(f"held-out greedy accuracy {accuracy_before:.1%} -> {accuracy_after:.1%}")
@@ -186,7 +230,7 @@ for key in ("reward_mean", "groups_with_signal", "kl", "clip_fraction", "entropy
 # %% [markdown]
 # ## Exercises
 #
-# Write `group_advantages`, `clipped_surrogate` and `kl_k3` in `exercises/ex02_grpo.py`, check
+# Write `group_advantages`, `clipped_objective` and `kl_k3` in `exercises/ex02_grpo.py`, check
 # them with `exercises/ex02_grpo.ipynb` or `python -m rlm_course grade 02`. Then try: set
 # `normalize_std=False` (Dr. GRPO) or `kl_coef=0` (no reference model at all) and compare the
 # curves and the seconds spent in scoring.

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -50,16 +52,16 @@ print(torch.__version__)
 # ## 1. The critic
 #
 # A transformer as large as the policy with a scalar head instead of the language-model head
-# (`rlm_course/critic.py`). We copy the SFT policy's trunk and start the value head at zero, so
+# (`rlm_course/rl/critic.py`). We copy the SFT policy's trunk and start the value head at zero, so
 # the first values are all 0: the first advantages come from the rewards alone
 # (`A_t = (gamma lambda)^(T-t) R` for a terminal reward `R`, then whitened over the batch).
 
 # %%
-from rlm_course.critic import Critic
-from rlm_course.runs import load_sft_policy
-from rlm_course.sampling import generate, response_log_probs
+from rlm_course.lm.sampling import generate, response_log_probs
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.critic import Critic
+from rlm_course.rl.runs import load_sft_policy
 from rlm_course.tasks import get_task
-from rlm_course.tokenizer import CharTokenizer
 
 tok, task = CharTokenizer(), get_task("addition", digits=3)
 policy, _ = load_sft_policy(task, tok)
@@ -83,7 +85,7 @@ print("values:", values.shape, "all zero:", bool((values == 0).all()))
 # policy *is* the reference, so the KL part is 0; it grows as training moves the policy.)
 
 # %%
-from rlm_course.objectives import kl_estimate
+from rlm_course.rl.kl import kl_estimate
 
 beta = 0.005
 rewards = torch.tensor([task.verify(p, tok.decode(r)).reward
@@ -108,7 +110,7 @@ for p, r, row, m in zip(problems, rollout.responses, token_rewards, rmask):
 # reward 1 at the end and a critic that has learned a ramp of values.
 
 # %%
-from rlm_course.objectives import gae
+from rlm_course.rl.advantages import gae
 
 T = 6
 reward_row = torch.zeros(1, T); reward_row[0, -1] = 1.0
@@ -137,12 +139,11 @@ import time
 
 from tqdm.auto import tqdm
 
-from rlm_course.evaluate import evaluate
-from rlm_course.grpo import GRPOConfig
-from rlm_course.plots import plot_eval_curves
-from rlm_course.ppo import PPOConfig
-from rlm_course.tasks import load_eval_set
-from rlm_course.trainer import RLTrainer
+from rlm_course.rl.algorithms import GRPOConfig, PPOConfig
+from rlm_course.rl.evaluate import evaluate
+from rlm_course.rl.trainer import RLTrainer
+from rlm_course.tasks.eval_sets import load_eval_set
+from rlm_course.tools.plots import plot_eval_curves
 
 held_out = load_eval_set(task)
 STEPS = 60
@@ -171,9 +172,9 @@ assert curves["PPO"][0][-1][1] > curves["PPO"][0][0][1] + 0.05, "PPO should impr
 # `predict_passes` derives the same counts from the configuration alone; the two must agree.
 
 # %%
-from rlm_course.accounting import cost_row, predict_passes
-from rlm_course.plots import plot_stage_seconds
-from rlm_course.runs import cost_summary
+from rlm_course.cost.accounting import cost_row, predict_passes
+from rlm_course.rl.runs import cost_summary
+from rlm_course.tools.plots import plot_stage_seconds
 from rlm_course.utils import format_table
 
 table = []

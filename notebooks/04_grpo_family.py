@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -44,7 +46,7 @@ seed_everything(0)
 print(torch.__version__)
 
 # %%
-from rlm_course.algorithms import PRESETS, preset
+from rlm_course.rl.algorithms import PRESETS, preset
 from rlm_course.utils import format_table
 
 rows = []
@@ -68,8 +70,8 @@ print(format_table(rows, ["preset", "advantage", "ratio", "clip", "aggregation",
 # all of them: it costs generation and teaches nothing; DAPO's dynamic sampling drops it.
 
 # %%
-from rlm_course.objectives import groups_with_signal, rloo_advantages
-from rlm_course.rl import group_advantages
+from rlm_course.rl.advantages import group_advantages, rloo_advantages
+from rlm_course.rl.rewards import groups_with_signal
 
 rewards = torch.tensor([1.0, 0.1, 1.0, 0.1,
                         1.0, 0.1, 0.1, 0.1,
@@ -95,7 +97,7 @@ assert torch.allclose(estimators["RLOO"], 4 / 3 * estimators["Dr. GRPO"])
 # does too, and keeps the scale independent of the batch's lengths.
 
 # %%
-from rlm_course.objectives import aggregate_loss
+from rlm_course.rl.losses import aggregate_loss
 
 mask = torch.zeros(2, 8, dtype=torch.bool)
 mask[0, :2] = True
@@ -121,7 +123,7 @@ axes[0].set_ylabel("gradient weight"); axes[0].legend(fontsize=7);
 # bound, `eps_high = 0.28`.
 
 # %%
-from rlm_course.objectives import clipped_objective
+from rlm_course.rl.losses import clipped_objective
 
 ratio = torch.linspace(0.6, 1.5, 181)
 plt.figure(figsize=(5, 3))
@@ -141,7 +143,7 @@ plt.xlabel("ratio r"); plt.ylabel("objective for A = +1"); plt.legend(fontsize=8
 # it stays close to 1, and GSPO's clip range is tiny: 3e-4 / 4e-4.
 
 # %%
-from rlm_course.objectives import sequence_ratio
+from rlm_course.rl.losses import sequence_ratio
 
 log_ratio = torch.zeros(1, 6)
 log_ratio[0, 2] = torch.log(torch.tensor(3.0))
@@ -160,10 +162,11 @@ print("sequence ratio ", round(sequence_ratio(log_ratio, torch.zeros(1, 6), full
 # %%
 from tqdm.auto import tqdm
 
-from rlm_course.runs import load_sft_policy
-from rlm_course.tasks import get_task, load_eval_set
-from rlm_course.tokenizer import CharTokenizer
-from rlm_course.trainer import RLTrainer
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.runs import load_sft_policy
+from rlm_course.rl.trainer import RLTrainer
+from rlm_course.tasks import get_task
+from rlm_course.tasks.eval_sets import load_eval_set
 
 tok, task = CharTokenizer(), get_task("addition", digits=3)
 held_out = load_eval_set(task)
@@ -185,7 +188,7 @@ assert generated >= trained and all(m["responses_trained"] <= 512 for m in dapo_
 # the command that made them; rerun it (about 40 minutes) to reproduce or extend them.
 
 # %%
-from rlm_course.tasks import data_dir
+from rlm_course.utils import data_dir
 
 results = json.loads((data_dir() / "experiments" / "family-addition-3.json").read_text())
 print("made by:", results["command"])
@@ -194,7 +197,7 @@ for run in results["runs"]:
     curves.setdefault(run["variant"], []).append(
         [(0, run["accuracy_before"])] + [tuple(p) for p in run["eval_curve"]])
 
-from rlm_course.plots import plot_eval_curves
+from rlm_course.tools.plots import plot_eval_curves
 
 plot_eval_curves(curves, title=f"held-out greedy accuracy, {results['task']}, mean and range");
 
@@ -207,7 +210,7 @@ plot_eval_curves(curves, title=f"held-out greedy accuracy, {results['task']}, me
 # %%
 from statistics import mean
 
-from rlm_course.accounting import cost_row, predict_passes
+from rlm_course.cost.accounting import cost_row, predict_passes
 
 table = []
 for variant in results["variants"]:
@@ -239,8 +242,8 @@ assert all(r["accuracy_after"] > r["accuracy_before"] for r in results["runs"])
 # responses than it trains on: we use the ratio its stored runs measured.
 
 # %%
-from rlm_course.accounting import predict_iteration_flops
-from rlm_course.model import ModelConfig
+from rlm_course.cost.accounting import predict_iteration_flops
+from rlm_course.lm.model import ModelConfig
 
 big = ModelConfig(vocab_size=32000, n_layer=32, n_head=32, d_model=4096, max_seq_len=8192)
 table = []

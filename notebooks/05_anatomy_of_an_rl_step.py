@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -43,12 +45,13 @@ print(torch.__version__, "threads:", torch.get_num_threads())
 # (prompt and response columns, responses generated and trained).
 
 # %%
-from rlm_course.algorithms import preset
-from rlm_course.profiling import measure_step
-from rlm_course.runs import load_sft_policy
-from rlm_course.tasks import get_task, load_eval_set
-from rlm_course.tokenizer import CharTokenizer
-from rlm_course.trainer import RLTrainer
+from rlm_course.cost.profiling import measure_step
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.algorithms import preset
+from rlm_course.rl.runs import load_sft_policy
+from rlm_course.rl.trainer import RLTrainer
+from rlm_course.tasks import get_task
+from rlm_course.tasks.eval_sets import load_eval_set
 from rlm_course.utils import format_table
 
 tok, task = CharTokenizer(), get_task("addition", digits=3)
@@ -72,13 +75,13 @@ print(format_table(rows, ["algorithm", "stage", "predicted GFLOP", "measured GFL
 #
 # For the time we need this machine's roofline: its peak (the best fp32 matmul rate) and its
 # memory bandwidth (the best large-copy rate), measured now. The predicted time of a stage is its
-# FLOPs at peak or its bytes at full bandwidth, whichever is longer (`rlm_course.anatomy`, with the
+# FLOPs at peak or its bytes at full bandwidth, whichever is longer (`rlm_course.cost.anatomy`, with the
 # tiny model as an architecture and this step's shapes); the ratio shows how far each stage is
 # from the bound.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from rlm_course.hardware import measure_this_machine
+from rlm_course.cost.hardware import measure_this_machine
 
 cpu = measure_this_machine(write=False)
 print(f"this machine: {cpu.peak_flops / 1e9:.0f} GFLOP/s peak, {cpu.memory_bandwidth / 1e9:.1f} GB/s, "
@@ -86,8 +89,8 @@ print(f"this machine: {cpu.peak_flops / 1e9:.0f} GFLOP/s peak, {cpu.memory_bandw
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from rlm_course.anatomy import Workload, stage_costs
-from rlm_course.architectures import from_model_config
+from rlm_course.cost.anatomy import Workload, stage_costs
+from rlm_course.cost.architectures import from_model_config
 
 tiny = from_model_config(policy.config)
 rows = []
@@ -129,7 +132,7 @@ print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
 # bandwidth slope, prefill reaches the compute roof.
 
 # %%
-from rlm_course.profiling import roofline_points
+from rlm_course.cost.profiling import roofline_points
 
 points = roofline_points(policy)
 xs = [10 ** (k / 10) for k in range(-10, 31)]
@@ -147,7 +150,7 @@ assert decode == sorted(decode)
 # %% [markdown]
 # ## 4. At scale: an 8B and a 70B policy on 64 H100s
 #
-# The same accounting for real architectures (`rlm_course.architectures`: Llama-3-8B and 70B with
+# The same accounting for real architectures (`rlm_course.cost.architectures`: Llama-3-8B and 70B with
 # grouped-query attention and SwiGLU) and a GRPO workload of 512 prompts x 16 samples, 512-token
 # prompts and 2,048-token responses, in 16 gradient steps; generation runs in replicas of `tp`
 # GPUs, and **each replica reads all of its weights at every decode step**. When the KV caches of
@@ -155,9 +158,9 @@ assert decode == sorted(decode)
 # the weights again for each.
 
 # %%
-from rlm_course.anatomy import Workload, shares, stage_costs, stage_seconds
-from rlm_course.architectures import get_spec
-from rlm_course.hardware import get_device
+from rlm_course.cost.anatomy import Workload, shares, stage_costs, stage_seconds
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
 
 h100 = get_device("H100-SXM-80GB")
 work = Workload(prompts=512, group_size=16, prompt_len=512, response_len=2048)
@@ -195,7 +198,7 @@ print(format_table(rows, ["model", "algorithm", "generation FLOP share", "genera
 # ridge point however many sequences share a replica.
 
 # %%
-from rlm_course.anatomy import decode_intensity, prefill_intensity
+from rlm_course.cost.anatomy import decode_intensity, prefill_intensity
 
 llama = get_spec("llama-3-8b")
 batches = [1, 4, 16, 64, 256, 1024]
@@ -218,7 +221,7 @@ plt.xlabel("sequences per replica"); plt.ylabel("FLOP / byte"); plt.legend(fonts
 # the data-parallel devices (`zero_model_state_bytes`).
 
 # %%
-from rlm_course.anatomy import memory
+from rlm_course.cost.anatomy import memory
 
 for name in ("llama-3-8b", "llama-3-70b"):
     spec = get_spec(name)
@@ -236,7 +239,7 @@ for name in ("llama-3-8b", "llama-3-70b"):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from rlm_course.widgets import RLStepCalculator
+from rlm_course.tools.widgets import RLStepCalculator
 
 calc = RLStepCalculator()
 calc.widget

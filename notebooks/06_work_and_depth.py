@@ -25,7 +25,7 @@
 # * `W / D` is its **parallelism**, and **Brent's bound** says `p` processors need at most
 #   `W/p + D` steps (and at least `max(W/p, D)`). Past `p ≈ W/D`, more processors barely help.
 #
-# The cost model (`rlm_course/workdepth.py`): work in FLOPs (a matmul `(m,k)@(k,n)` is `2mkn`),
+# The cost model (`rlm_course/cost/workdepth.py`): work in FLOPs (a matmul `(m,k)@(k,n)` is `2mkn`),
 # elementwise operations have depth 1, a sum of `n` values is a tree of depth `ceil(log2 n)`;
 # sequential parts add depth, independent parts take the maximum.
 
@@ -46,7 +46,7 @@ print(torch.__version__)
 # gives `n/p + log2 n`: linear speedup while `p` is well below `n / log n`, then a plateau.
 
 # %%
-from rlm_course import workdepth as wd
+from rlm_course.cost import workdepth as wd
 
 total = wd.reduction(1, 1_000_000)
 print(f"W = {total.work:,}, D = {total.depth}, W/D = {total.parallelism:,.0f}")
@@ -67,7 +67,7 @@ assert total.speedup(10**9) <= total.parallelism
 # logarithm of the sequence length: all tokens are processed at once.
 
 # %%
-from rlm_course.architectures import get_spec
+from rlm_course.cost.architectures import get_spec
 from rlm_course.utils import format_table
 
 llama = get_spec("llama-3-8b")
@@ -113,7 +113,7 @@ assert depths[-1] > 10 * depths[0]
 
 # %%
 from rlm_course.numerics import relative_error, reorder_tolerance
-from rlm_course.objectives import gae
+from rlm_course.rl.advantages import gae
 
 for t in (16, 1024, 32768):
     loop, scan = wd.gae_scan(512, t), wd.gae_prefix_scan(512, t)
@@ -178,7 +178,7 @@ plt.legend(fontsize=7);
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from rlm_course.widgets import RLStepCalculator
+from rlm_course.tools.widgets import RLStepCalculator
 
 calc = RLStepCalculator()
 calc.widget

@@ -136,7 +136,7 @@ print(format_table(rows, ["strategy", "max |param - one device| float64", "float
 # tolerances, not bit for bit.
 
 # %%
-from rlm_course.plots import plot_memory_per_rank
+from rlm_course.tools.plots import plot_memory_per_rank
 
 plot_memory_per_rank(memory, title=f"model state per rank, {P} ranks");
 
@@ -146,7 +146,7 @@ plot_memory_per_rank(memory, title=f"model state per rank, {P} ranks");
 # sends 1.5x as much. The timelines show when each rank talks:
 
 # %%
-from rlm_course.plots import plot_rank_timeline
+from rlm_course.tools.plots import plot_rank_timeline
 
 plot_rank_timeline([e for e in worlds["ZeRO-3"].events if e.end <= worlds["ZeRO-3"].clock[0] / 3],
                    title="ZeRO-3, one step: gather, gather, reduce-scatter");
@@ -155,7 +155,7 @@ plot_rank_timeline([e for e in worlds["ZeRO-3"].events if e.end <= worlds["ZeRO-
 # ## Questions
 #
 # * A 7.5B-parameter model with mixed-precision Adam on 64 GPUs: how many GB per GPU does each
-#   stage hold? (`rlm_course.anatomy.zero_model_state_bytes`; the ZeRO paper's Figure 1 says 120,
+#   stage hold? (`rlm_course.cost.anatomy.zero_model_state_bytes`; the ZeRO paper's Figure 1 says 120,
 #   31.4, 16.6 and 1.9.)
 # * Why does the ring all-reduce's time per rank stop growing with `p` for large messages, while
 #   the tree's keeps growing?

@@ -40,10 +40,9 @@ print(torch.__version__)
 # ## 1. A row-parallel linear layer
 
 # %%
+from rlm_course.numerics import relative_error, reorder_tolerance
 from rlm_course.parallel.tensor_parallel import row_parallel_linear
 from rlm_course.parallel.world import World
-
-from rlm_course.numerics import relative_error, reorder_tolerance
 
 x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
 world = World(4)
@@ -62,9 +61,12 @@ assert error <= reorder_tolerance(torch.float32, terms=8)
 # ## 2. A whole block, forward and backward
 
 # %%
-from rlm_course.model import Block, ModelConfig
-from rlm_course.parallel.tensor_parallel import (TensorParallelBlock, layer_bytes_per_rank,
-                                                 shard_sequence)
+from rlm_course.lm.model import Block, ModelConfig
+from rlm_course.parallel.tensor_parallel import (
+    TensorParallelBlock,
+    layer_bytes_per_rank,
+    shard_sequence,
+)
 from rlm_course.utils import format_table
 
 config = ModelConfig(vocab_size=10, n_layer=1, n_head=8, d_model=64, max_seq_len=64)
@@ -96,7 +98,7 @@ print(format_table(rows, ["strategy", "degree", "output rel. error", "grad rel. 
                           "collectives"]))
 
 # %%
-from rlm_course.plots import plot_rank_timeline
+from rlm_course.tools.plots import plot_rank_timeline
 
 plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block forward + backward");
 

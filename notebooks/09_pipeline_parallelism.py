@@ -42,7 +42,7 @@ print(torch.__version__)
 
 # %%
 from rlm_course.parallel.pipeline import bubble_formula, schedule_table, simulate
-from rlm_course.plots import plot_pipeline
+from rlm_course.tools.plots import plot_pipeline
 from rlm_course.utils import format_table
 
 p, m = 4, 8

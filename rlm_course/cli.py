@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .tasks import TASKS, get_task
+from rlm_course.tasks import TASKS, get_task
 
 TASK_FLAGS = {  # task settings exposed as flags: name -> (type, help)
     "digits": (int, "addition: digits per operand"),
@@ -42,10 +42,10 @@ def _task_from_args(args):
 
 RL_FLAGS = (("steps", int), ("group-size", int), ("prompts-per-step", int), ("lr", float),
             ("seed", int), ("ppo-epochs", int), ("minibatches", int), ("eval-every", int))
-#: Algorithm parts (see rlm_course.algorithms.RLConfig): flag -> type, or a tuple of choices, or
+#: Algorithm parts (see rlm_course.rl.algorithms.RLConfig): flag -> type, or a tuple of choices, or
 #: bool (an on/off pair --x / --no-x). Each overrides the chosen --variant's value.
 ALGORITHM_FLAGS = {
-    "advantage": "ADVANTAGES",  # the name of the allowed values in rlm_course.algorithms
+    "advantage": "ADVANTAGES",  # the name of the allowed values in rlm_course.rl.algorithms
     "normalize-std": bool,
     "ratio-level": "RATIO_LEVELS",
     "clip-eps": float,
@@ -67,8 +67,8 @@ ALGORITHM_FLAGS = {
 
 
 def _rl(args) -> int:
-    from .algorithms import preset
-    from .runs import run_rl
+    from rlm_course.rl.algorithms import preset
+    from rlm_course.rl.runs import run_rl
 
     task = _task_from_args(args)
     names = [n for n, _ in RL_FLAGS] + list(ALGORITHM_FLAGS)
@@ -86,9 +86,9 @@ def _rl(args) -> int:
 
 
 def _sft(args) -> int:
-    from .runs import default_sft_checkpoint, make_sft_checkpoint
-    from .sft import SFTConfig
-    from .tokenizer import CharTokenizer
+    from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.rl.runs import default_sft_checkpoint, make_sft_checkpoint
+    from rlm_course.rl.sft import SFTConfig
 
     task = _task_from_args(args)
     out = Path(args.out) if args.out else default_sft_checkpoint(task)
@@ -99,10 +99,10 @@ def _sft(args) -> int:
 
 
 def _eval(args) -> int:
-    from .checkpoint import load_checkpoint
-    from .evaluate import evaluate
-    from .tasks import load_eval_set
-    from .tokenizer import CharTokenizer
+    from rlm_course.lm.checkpoint import load_checkpoint
+    from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.rl.evaluate import evaluate
+    from rlm_course.tasks.eval_sets import load_eval_set
 
     task = _task_from_args(args)
     if args.show < 0:
@@ -122,25 +122,25 @@ def _eval(args) -> int:
 
 
 def _bench(args) -> int:
-    from . import bench
+    from rlm_course.tools import bench
 
     return bench.main(args.what, args)
 
 
 def _grade(args) -> int:
-    from .grading import main as grade_main
+    from rlm_course.tools.grading import main as grade_main
 
     return grade_main(args.impl, args.chapter)
 
 
 def _exercises(args) -> int:
-    from .exercisegen import main as gen_main
+    from rlm_course.tools.exercisegen import main as gen_main
 
     return gen_main(check=args.check, force=args.force)
 
 
 def _family(args) -> int:
-    from .experiments import run_family
+    from rlm_course.rl.experiments import run_family
 
     task = _task_from_args(args)
     flags = ["--task", args.task]
@@ -154,8 +154,8 @@ def _family(args) -> int:
 
 
 def _hardware(args) -> int:
-    from .hardware import load_catalog, measure_this_machine
-    from .utils import format_table
+    from rlm_course.cost.hardware import load_catalog, measure_this_machine
+    from rlm_course.utils import format_table
 
     if args.measure:
         device = measure_this_machine()
@@ -172,7 +172,7 @@ def _hardware(args) -> int:
 
 
 def _make_eval_sets(args) -> int:
-    from .tasks import write_eval_set
+    from rlm_course.tasks.eval_sets import write_eval_set
 
     for name in sorted(TASKS):
         print(f"wrote {write_eval_set(get_task(name))}")
@@ -183,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rlm_course", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from . import algorithms
-    from .algorithms import PRESETS
+    from rlm_course.rl import algorithms
+    from rlm_course.rl.algorithms import PRESETS
 
     for command, help_text in (("grpo", "SFT warm start if needed, then GRPO or another --variant "
                                         "of the family; writes runs/<name>/"),

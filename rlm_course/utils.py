@@ -123,3 +123,13 @@ def best_seconds(fn, repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def repo_root() -> Path:
+    """The course's checkout: the folder that holds ``rlm_course/``, ``data/``, ``notebooks/``."""
+    return Path(__file__).resolve().parent.parent
+
+
+def data_dir() -> Path:
+    """The course's ``data/`` folder (``RLM_COURSE_DATA`` overrides)."""
+    return Path(os.environ.get("RLM_COURSE_DATA", repo_root() / "data"))

@@ -5,25 +5,23 @@ import dataclasses
 import pytest
 import torch
 
-from rlm_course import objectives as ob
-from rlm_course.accounting import predict_iteration_flops, predict_passes
-from rlm_course.algorithms import PRESETS, RLConfig, preset
-from rlm_course.flops import count_flops
+from rlm_course.cost.accounting import predict_iteration_flops, predict_passes
+from rlm_course.cost.flops import count_flops
+from rlm_course.lm.checkpoint import load_checkpoint
+from rlm_course.lm.sampling import concat_rollouts, generate, response_log_probs
+from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.numerics import relative_error, reorder_tolerance
-from rlm_course.grpo import GRPOConfig
-from rlm_course.ppo import PPOConfig
-from rlm_course.rl import grpo_loss
-from rlm_course.runs import cost_summary, default_sft_checkpoint, run_rl
-from rlm_course.checkpoint import load_checkpoint
-from rlm_course.sampling import concat_rollouts, generate, response_log_probs
-from rlm_course.tasks import get_task, load_eval_set
-from rlm_course.tokenizer import CharTokenizer
-from rlm_course.trainer import RLTrainer
+from rlm_course.rl.algorithms import PRESETS, GRPOConfig, PPOConfig, RLConfig, preset
+from rlm_course.rl.rewards import groups_with_signal
+from rlm_course.rl.runs import cost_summary, default_sft_checkpoint, run_rl
+from rlm_course.rl.trainer import RLTrainer
+from rlm_course.tasks import get_task
+from rlm_course.tasks.eval_sets import load_eval_set
 
 TASK = get_task("addition", digits=3)
 TOK = CharTokenizer()
 
-# The published combinations, written out independently of rlm_course.algorithms.PRESETS:
+# The published combinations, written out independently of rlm_course.rl.algorithms.PRESETS:
 # (advantage, normalize_std, ratio, clip low, clip high, aggregation, KL mode, KL estimator,
 #  dynamic sampling, overlong shaping, critic, group size)
 PUBLISHED = {
@@ -94,32 +92,6 @@ def test_sequence_ratio_with_gae_is_refused_for_ppo():
         preset("ppo", ratio_level="sequence")
 
 
-def test_policy_loss_grpo_options_equal_grpo_loss_exactly():
-    g = torch.Generator().manual_seed(0)
-    lp, old, ref = (torch.randn(6, 5, generator=g) for _ in range(3))
-    adv = torch.randn(6, generator=g)
-    mask = torch.rand(6, 5, generator=g) > 0.3
-    expected, _ = grpo_loss(lp, old, ref, adv, mask, 0.2, 0.005)
-    loss, _ = ob.policy_loss(lp, old, adv, mask, "token", 0.2, None, "seq-mean-token-mean")
-    kl = ob.aggregate_loss(ob.kl_estimate(lp, ref, "k3").clamp(-10, 10), mask,
-                           "seq-mean-token-mean")
-    assert torch.equal(loss + 0.005 * kl, expected)
-
-
-def test_policy_loss_sequence_ratio_hand_example():
-    # one response of 2 tokens with log-ratios ln 2 and 0: sequence ratio sqrt(2) = 1.414
-    lp = torch.log(torch.tensor([[0.5, 0.5, 0.3]]))
-    old = torch.log(torch.tensor([[0.25, 0.5, 0.9]]))
-    mask = torch.tensor([[True, True, False]])
-    loss, clipped = ob.policy_loss(lp, old, torch.tensor([1.0]), mask, "sequence", 0.2, 0.28)
-    assert loss.item() == pytest.approx(-1.28)  # clipped at 1 + 0.28 for a positive advantage
-    assert clipped.tolist() == [[True, True, False]]
-    loss, _ = ob.policy_loss(lp, old, torch.tensor([-1.0]), mask, "sequence", 0.2, 0.28)
-    assert loss.item() == pytest.approx(2 ** 0.5, rel=1e-5)  # negative advantage: not clipped
-    with pytest.raises(ValueError, match="one advantage per response"):
-        ob.policy_loss(lp, old, torch.ones(1, 3), mask, "sequence")
-
-
 def test_concatenated_rollouts_score_as_in_their_own_batches():
     # float64: more left padding only adds masked keys, so the scores differ by rounding alone
     policy = load_checkpoint(default_sft_checkpoint(TASK))["model"].double()
@@ -153,7 +125,7 @@ def test_dynamic_sampling_trains_only_on_groups_with_signal():
     batch = trainer.collect(1)
     rewards = batch["rewards"]
     assert len(rewards) == 16 * 4  # refilled to the full batch
-    assert ob.groups_with_signal(rewards, 4).all()
+    assert groups_with_signal(rewards, 4).all()
     generated = len(batch["all_rewards"])
     assert generated == 64 * batch["rounds"] and batch["rounds"] >= 2  # some groups were dropped
     assert len(batch["rollout"].tokens) == 64

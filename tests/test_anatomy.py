@@ -2,14 +2,22 @@
 
 import pytest
 
-from rlm_course.accounting import predict_iteration_flops
-from rlm_course.algorithms import preset
-from rlm_course.anatomy import (StageCost, Workload, activation_bytes, decode_intensity, memory,
-                                prefill_intensity, stage_costs, stage_seconds)
-from rlm_course.architectures import from_model_config, get_spec
-from rlm_course.hardware import get_device
-from rlm_course.sft import default_model_config
-from rlm_course.tokenizer import CharTokenizer
+from rlm_course.cost.accounting import predict_iteration_flops
+from rlm_course.cost.anatomy import (
+    StageCost,
+    Workload,
+    activation_bytes,
+    decode_intensity,
+    memory,
+    prefill_intensity,
+    stage_costs,
+    stage_seconds,
+)
+from rlm_course.cost.architectures import from_model_config, get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.algorithms import preset
+from rlm_course.rl.sft import default_model_config
 
 TINY_CONFIG = default_model_config(CharTokenizer())
 TINY = from_model_config(TINY_CONFIG)

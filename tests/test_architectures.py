@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from rlm_course.architectures import SPECS, TransformerSpec, from_model_config, get_spec
-from rlm_course.model import ModelConfig, TinyGPT, forward_flops, matmul_parameters
-from rlm_course.tasks import data_dir
+from rlm_course.cost.architectures import SPECS, TransformerSpec, from_model_config, get_spec
+from rlm_course.lm.model import ModelConfig, TinyGPT, forward_flops, matmul_parameters
+from rlm_course.utils import data_dir
 
 FIGURES = json.loads((data_dir() / "published" / "figures.json").read_text())["figures"]
 
@@ -24,7 +24,7 @@ def _value(figure):
         spec = get_spec(model)
         return 3 * spec.forward_flops_per_token(context=128) / spec.matmul_params()
     if figure["what"].startswith("zero_stage"):
-        from rlm_course.anatomy import zero_model_state_bytes
+        from rlm_course.cost.anatomy import zero_model_state_bytes
 
         return zero_model_state_bytes(int(7.5e9), dp=64, stage=int(figure["what"][10]))
     if figure["what"] == "adam_mixed_precision_bytes_per_param":

@@ -2,8 +2,8 @@ import inspect
 
 import pytest
 
-from rlm_course import exercisegen
-from rlm_course.grading import grade, load_impl
+from rlm_course.tools import exercisegen
+from rlm_course.tools.grading import grade, load_impl
 
 
 def test_committed_exercises_and_solutions_are_generated_from_the_package():
@@ -35,6 +35,17 @@ def test_exercise_and_solution_share_signatures_and_docstrings(chapter):
         assert a.__doc__ == b.__doc__
 
 
+@pytest.mark.parametrize("module,name", [f for c in exercisegen.EXERCISES for f in c.functions],
+                         ids=lambda x: x)
+def test_package_functions_pass_their_exercise_checks(module, name):
+    import importlib
+
+    from rlm_course.tools.checks import run_check
+
+    report = run_check(name, getattr(importlib.import_module(module), name))
+    assert report.all_passed, str(report)
+
+
 def test_markers_are_checked():
     with pytest.raises(ValueError, match="without # END"):
         exercisegen.split_regions("def f():\n    # BEGIN SOLUTION\n    return 1\n", False)
@@ -62,7 +73,7 @@ def test_grading_a_broken_file_is_a_clear_error(tmp_path):
 
 
 def test_learner_code_that_exits_is_reported_not_fatal():
-    from rlm_course.checks import run_check
+    from rlm_course.tools.checks import run_check
 
     def rude(*args, **kwargs):
         raise SystemExit(3)

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from rlm_course.accounting import predict_passes
-from rlm_course.algorithms import PRESETS, preset
-from rlm_course.experiments import default_results_path, run_family
+from rlm_course.cost.accounting import predict_passes
+from rlm_course.rl.algorithms import PRESETS, preset
+from rlm_course.rl.experiments import default_results_path, run_family
 from rlm_course.tasks import get_task
 
 TASK = get_task("addition", digits=3)

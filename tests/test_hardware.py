@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlm_course.hardware import copy_bandwidth, get_device, load_catalog, measure_this_machine
+from rlm_course.cost.hardware import copy_bandwidth, get_device, load_catalog, measure_this_machine
 
 ACCELERATORS = ("A100-SXM-80GB", "H100-SXM-80GB", "H200-SXM-141GB", "B200-HGX-180GB",
                 "MI300X-192GB")
@@ -40,7 +40,7 @@ def test_measuring_this_machine_gives_plausible_figures():
 def test_a_corrupt_local_measurement_is_a_clear_error(tmp_path, monkeypatch):
     import shutil
 
-    from rlm_course.hardware import catalog_dir
+    from rlm_course.cost.hardware import catalog_dir
 
     data = tmp_path / "data"
     shutil.copytree(catalog_dir(), data / "hardware")

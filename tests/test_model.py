@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from rlm_course.flops import count_flops
-from rlm_course.model import KVCache, ModelConfig, TinyGPT, forward_flops, matmul_parameters
+from rlm_course.cost.flops import count_flops
+from rlm_course.lm.model import KVCache, ModelConfig, TinyGPT, forward_flops, matmul_parameters
+from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.numerics import relative_error, reorder_tolerance
-from rlm_course.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 # Equivalence checks run in float64: the two computations add in other orders, and float64's

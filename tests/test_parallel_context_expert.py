@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 
 from rlm_course.numerics import relative_error, reorder_tolerance
 from rlm_course.parallel.context_parallel import layout, online_softmax_merge, ring_attention
-from rlm_course.parallel.expert_parallel import (MoELayer, dispatch_indices,
-                                                 expert_parallel_forward)
+from rlm_course.parallel.expert_parallel import MoELayer, dispatch_indices, expert_parallel_forward
 from rlm_course.parallel.world import World
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from rlm_course.numerics import relative_error, reorder_tolerance
-from rlm_course.parallel.pipeline import (bubble_formula, run_pipeline, schedule_table, simulate)
+from rlm_course.parallel.pipeline import bubble_formula, run_pipeline, schedule_table, simulate
 
 
 @settings(max_examples=40, deadline=None)

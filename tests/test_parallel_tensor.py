@@ -4,10 +4,13 @@ communicates four all-reduce volumes of activations per block."""
 import pytest
 import torch
 
-from rlm_course.model import Block, ModelConfig
+from rlm_course.lm.model import Block, ModelConfig
 from rlm_course.numerics import relative_error, reorder_tolerance
-from rlm_course.parallel.tensor_parallel import (TensorParallelBlock, layer_bytes_per_rank,
-                                                 shard_sequence)
+from rlm_course.parallel.tensor_parallel import (
+    TensorParallelBlock,
+    layer_bytes_per_rank,
+    shard_sequence,
+)
 from rlm_course.parallel.world import World
 
 CONFIG = ModelConfig(vocab_size=10, n_layer=1, n_head=4, d_model=16, max_seq_len=16)

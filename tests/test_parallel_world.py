@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from rlm_course.numerics import adam_tolerance, relative_error, reorder_tolerance
+from rlm_course.numerics import adam_tolerance, reorder_tolerance
 from rlm_course.parallel.data_parallel import DataParallel, bytes_sent_per_step, flat_params
 from rlm_course.parallel.world import Link, Mesh, World
 

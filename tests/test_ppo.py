@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from rlm_course.checkpoint import load_checkpoint
-from rlm_course.critic import Critic, clipped_value_loss
-from rlm_course.ppo import PPOConfig
-from rlm_course.runs import default_sft_checkpoint, run_rl
+from rlm_course.lm.checkpoint import load_checkpoint
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.algorithms import PPOConfig
+from rlm_course.rl.critic import Critic, clipped_value_loss
+from rlm_course.rl.runs import default_sft_checkpoint, run_rl
 from rlm_course.tasks import get_task
-from rlm_course.tokenizer import CharTokenizer
 
 TASK = get_task("addition", digits=3)
 

@@ -2,12 +2,13 @@
 
 import pytest
 
-from rlm_course.algorithms import preset
-from rlm_course.profiling import measure_step, roofline_points
-from rlm_course.runs import load_sft_policy
-from rlm_course.tasks import get_task, load_eval_set
-from rlm_course.tokenizer import CharTokenizer
-from rlm_course.trainer import RLTrainer
+from rlm_course.cost.profiling import measure_step, roofline_points
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.algorithms import preset
+from rlm_course.rl.runs import load_sft_policy
+from rlm_course.rl.trainer import RLTrainer
+from rlm_course.tasks import get_task
+from rlm_course.tasks.eval_sets import load_eval_set
 
 TASK, TOK = get_task("addition", digits=3), CharTokenizer()
 

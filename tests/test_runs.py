@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from rlm_course.cli import main
-from rlm_course.grpo import GRPOConfig
-from rlm_course.runs import run_rl
+from rlm_course.rl.algorithms import GRPOConfig
+from rlm_course.rl.runs import run_rl
 from rlm_course.tasks import get_task
 
 ROOT = Path(__file__).resolve().parent.parent

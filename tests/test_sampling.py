@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from rlm_course.model import ModelConfig, TinyGPT
+from rlm_course.lm.model import ModelConfig, TinyGPT
+from rlm_course.lm.sampling import generate, response_log_probs
+from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.numerics import relative_error, reorder_tolerance
-from rlm_course.sampling import generate, response_log_probs
-from rlm_course.tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
 

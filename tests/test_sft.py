@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from rlm_course.checkpoint import load_checkpoint, save_checkpoint
-from rlm_course.sft import SFTConfig, demonstration_batch, run_sft
-from rlm_course.tasks import Problem, get_task
-from rlm_course.tokenizer import CharTokenizer
+from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.sft import SFTConfig, demonstration_batch, run_sft
+from rlm_course.tasks import get_task
+from rlm_course.tasks.base import Problem
 
 TOK = CharTokenizer()
 TASK = get_task("addition", digits=2)

@@ -4,8 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlm_course.tasks import (EVAL_SIZE, ExpressionError, Problem, eval_set_path, get_task,
-                              load_eval_set, make_eval_set, parse_expression)
+from rlm_course.tasks import get_task
+from rlm_course.tasks.base import Problem
+from rlm_course.tasks.countdown import ExpressionError, parse_expression
+from rlm_course.tasks.eval_sets import EVAL_SIZE, eval_set_path, load_eval_set, make_eval_set
 
 ADD = get_task("addition", digits=3)
 CD = get_task("countdown")

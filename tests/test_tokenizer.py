@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlm_course.tokenizer import CHARS, CharTokenizer
+from rlm_course.lm.tokenizer import CHARS, CharTokenizer
 
 TOK = CharTokenizer()
 

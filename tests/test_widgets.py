@@ -3,11 +3,11 @@ messages."""
 
 import pytest
 
-from rlm_course.algorithms import preset
-from rlm_course.anatomy import Workload, iteration_report
-from rlm_course.architectures import get_spec
-from rlm_course.hardware import get_device
-from rlm_course.widgets import RLStepCalculator
+from rlm_course.cost.anatomy import Workload, iteration_report
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.rl.algorithms import preset
+from rlm_course.tools.widgets import RLStepCalculator
 
 CHANGES = {  # control -> a new valid value (in an order where each step stays valid)
     "generation_tp": 4, "model": "llama-3-70b", "algorithm": "ppo", "prompts": 256, "group_size": 4, "minibatches": 8,

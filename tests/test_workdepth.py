@@ -3,14 +3,13 @@ convention against the model's, and the properties the course draws from it."""
 
 import pytest
 import torch
-
-from rlm_course.numerics import relative_error, reorder_tolerance
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlm_course import workdepth as wd
-from rlm_course.model import ModelConfig, forward_flops
-from rlm_course.objectives import gae
+from rlm_course.cost import workdepth as wd
+from rlm_course.lm.model import ModelConfig, forward_flops
+from rlm_course.numerics import relative_error, reorder_tolerance
+from rlm_course.rl.advantages import gae
 
 TINY = ModelConfig(vocab_size=24, n_layer=2, n_head=2, d_model=16, max_seq_len=64)
 
@@ -115,8 +114,8 @@ def test_iterations_generation_depth_dominates_and_group_adds_work_only():
 
 @pytest.mark.parametrize("name", ["llama-3-8b", "mixtral-8x7b"])
 def test_gqa_swiglu_and_moe_layers_count_the_flops_of_the_architecture(name):
-    from rlm_course.anatomy import teacher_forced_flops
-    from rlm_course.architectures import get_spec
+    from rlm_course.cost.anatomy import teacher_forced_flops
+    from rlm_course.cost.architectures import get_spec
 
     spec = get_spec(name)
     dag = wd.forward(spec, 2, 64)

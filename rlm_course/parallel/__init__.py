@@ -1,3 +1,8 @@
-"""Simulated multi-device parallelism inside one process: a world of ranks, collectives that count
-the bytes each rank sends and receives and time themselves with an alpha-beta model, and the
-parallelism strategies built on them (one module each)."""
+"""Simulated multi-device parallelism inside one process (chapters 07-10): a world of ranks whose
+collectives count the bytes each rank sends and receives and time themselves with an alpha-beta
+model (:mod:`~rlm_course.parallel.world`), and one module per strategy: data parallelism and ZeRO
+(:mod:`~rlm_course.parallel.data_parallel`), Megatron tensor and sequence parallelism
+(:mod:`~rlm_course.parallel.tensor_parallel`), pipeline schedules
+(:mod:`~rlm_course.parallel.pipeline`), ring attention (:mod:`~rlm_course.parallel.context_parallel`)
+and mixture-of-experts all-to-all (:mod:`~rlm_course.parallel.expert_parallel`); benchmarks of all
+of them (:mod:`~rlm_course.parallel.bench`)."""

@@ -18,16 +18,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import Block, TinyGPT
-from ..sft import default_model_config
-from ..tokenizer import CharTokenizer
-from ..utils import best_seconds, format_table, seed_everything
-from .context_parallel import ring_attention
-from .data_parallel import DataParallel
-from .expert_parallel import MoELayer, expert_parallel_forward
-from .pipeline import run_pipeline, schedule_table
-from .tensor_parallel import TensorParallelBlock, shard_sequence
-from .world import Link, World
+from rlm_course.lm.model import Block, TinyGPT
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.parallel.context_parallel import ring_attention
+from rlm_course.parallel.data_parallel import DataParallel
+from rlm_course.parallel.expert_parallel import MoELayer, expert_parallel_forward
+from rlm_course.parallel.pipeline import run_pipeline, schedule_table
+from rlm_course.parallel.tensor_parallel import TensorParallelBlock, shard_sequence
+from rlm_course.parallel.world import Link, World
+from rlm_course.rl.sft import default_model_config
+from rlm_course.utils import best_seconds, format_table, seed_everything
 
 LINK = Link(alpha=5e-6, beta=25e9)
 DEGREES = (2, 4, 8)

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from .world import World
+from rlm_course.parallel.world import World
 
 
 def online_softmax_merge(o1: Tensor, lse1: Tensor, o2: Tensor, lse2: Tensor) -> tuple[Tensor, Tensor]:

@@ -24,8 +24,8 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from ..anatomy import ZERO_STAGES
-from .world import World
+from rlm_course.cost.anatomy import ZERO_STAGES
+from rlm_course.parallel.world import World
 
 FP32 = 4
 

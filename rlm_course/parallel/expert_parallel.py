@@ -25,7 +25,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .world import World
+from rlm_course.parallel.world import World
 
 
 def dispatch_indices(expert_ids: Tensor, n_experts: int, capacity: int) -> Tensor:

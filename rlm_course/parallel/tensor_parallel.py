@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..model import Block
-from .world import World
+from rlm_course.lm.model import Block
+from rlm_course.parallel.world import World
 
 
 class _F(torch.autograd.Function):
@@ -109,7 +109,7 @@ class _ReduceScatterSeq(torch.autograd.Function):
 
 
 class TensorParallelBlock(nn.Module):
-    """A :class:`~rlm_course.model.Block` split over ``world.size`` ranks (all of them form the
+    """A :class:`~rlm_course.lm.model.Block` split over ``world.size`` ranks (all of them form the
     TP group). Rank ``r`` owns ``shards[r]``: its heads' QKV rows and output-projection columns,
     its slice of the MLP, and a copy of the layer norms.
 

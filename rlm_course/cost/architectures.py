@@ -1,0 +1,240 @@
+"""Transformer architectures as numbers: parameters (total and active), KV-cache bytes and FLOPs
+per token, for the tiny course model up to 70B dense and mixture-of-experts models.
+
+A :class:`TransformerSpec` describes a decoder-only transformer with grouped-query attention
+(``n_kv_head`` key/value heads shared by ``n_head`` query heads; MQA is ``n_kv_head = 1``, MHA
+``n_kv_head = n_head``; Ainslie et al. 2023, arXiv:2305.13245), a GELU MLP (2 matrices) or a gated
+SwiGLU MLP (3 matrices; Shazeer 2020, arXiv:2002.05202), and optionally a mixture of experts
+(``n_experts`` MLPs per layer, ``experts_per_token`` of them active per token, plus
+``n_shared_experts`` always active; a linear router; Fedus et al. 2021, arXiv:2101.03961).
+
+Conventions: a forward pass costs 2 FLOPs per parameter that takes part in a matmul for each
+token (Kaplan et al. 2020, arXiv:2001.08361, section 2.1), plus attention
+``4 x n_layer x n_head x d_head x context`` per token (``q k^T`` and ``softmax v`` over the full
+score matrix: the forward third of PaLM's ``12 L H Q T``, Chowdhery et al. 2022, arXiv:2204.02311,
+appendix B; causal kernels such as FlashAttention skip the masked half); embeddings are look-ups
+(no FLOPs) but the output head is a matmul, tied or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlm_course.lm.model import ModelConfig
+
+
+def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, tokens: int,
+                   bytes_per_element: int = 2) -> int:
+    """Bytes of the KV cache of ``tokens`` tokens: a key and a value vector of ``d_head`` elements
+    for every layer and every key/value head (Pope et al. 2022, arXiv:2211.05102, section 3.1).
+
+    E.g. Llama-3-8B (32 layers, 8 KV heads of 128, bf16): 128 KiB per token.
+
+    Raises:
+        ValueError: for a negative size.
+    """
+    if min(n_layer, n_kv_head, d_head, tokens, bytes_per_element) < 0:
+        raise ValueError("kv_cache_bytes: sizes must be >= 0, got "
+                         f"{(n_layer, n_kv_head, d_head, tokens, bytes_per_element)}.")
+    # BEGIN SOLUTION: two tensors (K and V) per layer, each n_kv_head x d_head elements per token
+    return 2 * n_layer * n_kv_head * d_head * tokens * bytes_per_element
+    # END SOLUTION
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """A decoder-only transformer.
+
+    Attributes:
+        n_layer, d_model, n_head: depth, width, query heads; ``d_head`` defaults to
+            ``d_model / n_head``.
+        n_kv_head: key/value heads (GQA); default ``n_head``.
+        d_ff: hidden width of the (dense, or each expert's) MLP.
+        glu: gated MLP (SwiGLU: 3 matrices) instead of 2.
+        vocab_size, tied_embeddings: the output head shares the input embedding when tied.
+        qkv_bias, mlp_bias: linear biases (Qwen has qkv biases; GPT-2-style models have all).
+        norm_params_per_layer: parameters of the norms of one layer (RMSNorm: ``2 d``;
+            LayerNorm: ``4 d``); the final norm adds ``norm_params_per_layer // 2``.
+        n_experts, experts_per_token, n_shared_experts: MoE layout (1, 1, 0 for a dense model).
+        source: where the configuration comes from.
+
+    Raises:
+        ValueError: for non-positive sizes, heads that do not divide the width, KV heads that do
+            not divide the query heads, or more active experts than experts.
+    """
+
+    name: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    d_ff: int
+    vocab_size: int
+    n_kv_head: int | None = None
+    d_head: int | None = None
+    glu: bool = True
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    mlp_bias: bool = False
+    out_bias: bool = False
+    norm_params_per_layer: int | None = None
+    learned_positions: int = 0
+    n_experts: int = 1
+    experts_per_token: int = 1
+    n_shared_experts: int = 0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "d_model", "n_head", "d_ff", "vocab_size", "n_experts",
+                     "experts_per_token"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{self.name}: {name}={value!r} must be a positive integer.")
+        for name in ("n_kv_head", "d_head"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value <= 0):
+                raise ValueError(f"{self.name}: {name}={value!r} must be a positive integer.")
+        if self.norm_params_per_layer is not None and self.norm_params_per_layer < 0:
+            raise ValueError(f"{self.name}: norm_params_per_layer={self.norm_params_per_layer} "
+                             "must be >= 0.")
+        if self.d_head is None and self.d_model % self.n_head:
+            raise ValueError(f"{self.name}: n_head={self.n_head} does not divide "
+                             f"d_model={self.d_model}; choose a divisor or give d_head.")
+        if self.kv_heads <= 0 or self.n_head % self.kv_heads:
+            raise ValueError(f"{self.name}: n_kv_head={self.n_kv_head} must divide "
+                             f"n_head={self.n_head} (each KV head serves a group of query heads).")
+        if self.experts_per_token > self.n_experts:
+            raise ValueError(f"{self.name}: experts_per_token={self.experts_per_token} exceeds "
+                             f"n_experts={self.n_experts}.")
+        if self.n_shared_experts < 0 or self.learned_positions < 0:
+            raise ValueError(f"{self.name}: n_shared_experts and learned_positions must be >= 0.")
+
+    # ---------------------------------------------------------------- shape helpers
+    @property
+    def head_dim(self) -> int:
+        return self.d_head if self.d_head is not None else self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 1
+
+    # ---------------------------------------------------------------- parameters
+    def attention_params(self, weights_only: bool = False) -> int:
+        """Per layer: q and output projections (``d x H d_h``), k and v (``d x H_kv d_h``), and
+        their biases unless ``weights_only``."""
+        d, q, kv = self.d_model, self.n_head * self.head_dim, self.kv_heads * self.head_dim
+        params = d * q + 2 * d * kv + q * d
+        if weights_only:
+            return params
+        if self.qkv_bias:
+            params += q + 2 * kv
+        if self.out_bias:
+            params += d
+        return params
+
+    def mlp_params(self, weights_only: bool = False) -> int:
+        """One MLP (a dense layer's, or one expert's), with biases unless ``weights_only``."""
+        matrices = 3 if self.glu else 2
+        params = matrices * self.d_model * self.d_ff
+        if self.mlp_bias and not weights_only:
+            params += (matrices - 1) * self.d_ff + self.d_model
+        return params
+
+    def _norms(self) -> int:
+        return 2 * self.d_model if self.norm_params_per_layer is None else self.norm_params_per_layer
+
+    def layer_params(self, active: bool = False) -> int:
+        """One layer: attention, MLP(s) (all experts, or only the active ones), router, norms."""
+        experts = (self.experts_per_token if active else self.n_experts) + self.n_shared_experts
+        router = self.d_model * self.n_experts if self.is_moe else 0
+        return self.attention_params() + experts * self.mlp_params() + router + self._norms()
+
+    def embedding_params(self) -> int:
+        """Input embedding (plus learned positions) and, when untied, the output head."""
+        head = 0 if self.tied_embeddings else self.vocab_size * self.d_model
+        return self.vocab_size * self.d_model + self.learned_positions * self.d_model + head
+
+    def params(self, active: bool = False) -> int:
+        """Total parameters, or those that process one token (``active``: MoE's routed experts
+        count only ``experts_per_token`` times)."""
+        final_norm = self._norms() // 2
+        return self.n_layer * self.layer_params(active) + self.embedding_params() + final_norm
+
+    def matmul_params(self, active: bool = True) -> int:
+        """Weights that take part in a matmul for one token (embedding look-ups, norms and biases
+        excluded; the output head included, tied or not): the ``N`` of the ``2N`` rule."""
+        experts = (self.experts_per_token if active else self.n_experts) + self.n_shared_experts
+        router = self.d_model * self.n_experts if self.is_moe else 0
+        per_layer = (self.attention_params(weights_only=True)
+                     + experts * self.mlp_params(weights_only=True) + router)
+        return self.n_layer * per_layer + self.vocab_size * self.d_model
+
+    # ---------------------------------------------------------------- per token
+    def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
+        """Keys and values of one token in every layer:
+        ``2 x n_layer x n_kv_head x d_head x bytes`` (:func:`kv_cache_bytes`)."""
+        return kv_cache_bytes(self.n_layer, self.kv_heads, self.head_dim, 1, bytes_per_element)
+
+    def forward_flops_per_token(self, context: int) -> int:
+        """Forward FLOPs of one token attending over ``context`` positions:
+        ``2 x matmul params (active) + 4 x n_layer x n_head x d_head x context``."""
+        if context < 0:
+            raise ValueError(f"context={context} must be >= 0.")
+        return 2 * self.matmul_params() + 4 * self.n_layer * self.n_head * self.head_dim * context
+
+
+def teacher_forced_flops(spec: TransformerSpec, seq_len: int, sequences: int,
+                         value_positions: int | None = None) -> float:
+    """Forward FLOPs of ``sequences`` full passes over ``seq_len`` tokens. A critic
+    (``value_positions`` given) has no language-model head (``2 d V`` per token) but a scalar value
+    head (``2 d``) on its ``value_positions`` response positions."""
+    flops = 2 * spec.matmul_params() * seq_len + 4 * spec.n_layer * spec.n_head * spec.head_dim * seq_len * seq_len
+    if value_positions is not None:
+        flops += 2 * spec.d_model * value_positions - 2 * spec.d_model * spec.vocab_size * seq_len
+    return sequences * flops
+
+
+def from_model_config(config: ModelConfig, name: str = "tiny") -> TransformerSpec:
+    """The course's :class:`~rlm_course.lm.model.TinyGPT` as a spec (GELU MLP with biases, LayerNorm,
+    learned positions, untied head, biases on every linear)."""
+    return TransformerSpec(name=name, n_layer=config.n_layer, d_model=config.d_model,
+                           n_head=config.n_head, d_ff=config.mlp_ratio * config.d_model,
+                           vocab_size=config.vocab_size, glu=False, qkv_bias=True, mlp_bias=True,
+                           out_bias=True, norm_params_per_layer=4 * config.d_model,
+                           learned_positions=config.max_seq_len,
+                           source="rlm_course.lm.model.TinyGPT")
+
+
+_LLAMA3 = "Meta Llama 3 model card and config.json (Hugging Face meta-llama/Meta-Llama-3-{})"
+
+SPECS: dict[str, TransformerSpec] = {
+    "llama-3-8b": TransformerSpec("llama-3-8b", n_layer=32, d_model=4096, n_head=32, n_kv_head=8,
+                                  d_ff=14336, vocab_size=128256, source=_LLAMA3.format("8B")),
+    "llama-3-70b": TransformerSpec("llama-3-70b", n_layer=80, d_model=8192, n_head=64, n_kv_head=8,
+                                   d_ff=28672, vocab_size=128256, source=_LLAMA3.format("70B")),
+    "qwen2.5-7b": TransformerSpec("qwen2.5-7b", n_layer=28, d_model=3584, n_head=28, n_kv_head=4,
+                                  d_ff=18944, vocab_size=152064, qkv_bias=True,
+                                  source="Qwen2.5 technical report, arXiv:2412.15115, Table 1; "
+                                         "config.json of Qwen/Qwen2.5-7B"),
+    "mixtral-8x7b": TransformerSpec("mixtral-8x7b", n_layer=32, d_model=4096, n_head=32,
+                                    n_kv_head=8, d_ff=14336, vocab_size=32000, n_experts=8,
+                                    experts_per_token=2,
+                                    source="Mixtral of Experts, Jiang et al. 2024, arXiv:2401.04088, "
+                                           "Table 1; config.json of mistralai/Mixtral-8x7B-v0.1"),
+}
+
+
+def get_spec(name: str) -> TransformerSpec:
+    """A named architecture of :data:`SPECS`.
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    if name not in SPECS:
+        raise ValueError(f"unknown architecture {name!r}; choose one of {', '.join(SPECS)}, or "
+                         "build a TransformerSpec.")
+    return SPECS[name]

@@ -1,0 +1,149 @@
+"""The hardware catalog: peak compute, memory and bandwidths of accelerators, and of this machine.
+
+Accelerator figures live in ``data/hardware/accelerators.json``, each with its datasheet source.
+This machine's CPU is measured, not looked up: ``python -m rlm_course hardware --measure`` times
+fp32 matmuls (peak FLOP/s) and large tensor copies (memory bandwidth) and writes
+``data/hardware/this-machine.json``, naming the command that made it.
+
+Units: FLOP/s, bytes, bytes/s. The **ridge point** ``peak / bandwidth`` (FLOP per byte) is where
+the roofline bends: below it a kernel is memory-bound (Williams et al. 2009, "Roofline", CACM 52(4)).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from rlm_course.utils import best_seconds, data_dir
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of the catalog.
+
+    Attributes:
+        peak_flops: dense peak FLOP/s at the precision the course assumes for it (bf16 for
+            accelerators, fp32 for a CPU); memory_bytes: device memory; memory_bandwidth: bytes/s
+            between memory and compute; intra_node_bandwidth / inter_node_bandwidth: bytes/s of one
+            device's links inside a node and to other nodes; source: where the figures come from.
+    """
+
+    name: str
+    peak_flops: float
+    memory_bytes: float
+    memory_bandwidth: float
+    intra_node_bandwidth: float
+    inter_node_bandwidth: float
+    devices_per_node: int
+    source: str
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOP per byte at which a kernel stops being memory-bound: ``peak / bandwidth``."""
+        return self.peak_flops / self.memory_bandwidth
+
+
+def catalog_dir() -> Path:
+    return data_dir() / "hardware"
+
+
+def load_catalog() -> dict[str, Device]:
+    """Every device: the accelerators, and this machine if it has been measured.
+
+    Raises:
+        ValueError: if a catalog file is missing a field or is not valid JSON.
+    """
+    devices = {}
+    path = catalog_dir() / "accelerators.json"
+    try:
+        entries = json.loads(path.read_text())["devices"]
+    except (OSError, json.JSONDecodeError, KeyError) as err:
+        raise ValueError(f"hardware catalog {path} is unreadable ({err}); restore it from git.") from None
+    local = catalog_dir() / "this-machine.json"
+    if local.exists():
+        try:
+            entries = {**entries, "this-machine": json.loads(local.read_text())}
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{local} is unreadable ({err}); measure again with `python -m "
+                             "rlm_course hardware --measure`, or delete it.") from None
+    for name, entry in entries.items():
+        try:
+            devices[name] = Device(name=name, peak_flops=float(entry.get("peak_flops_bf16",
+                                                                          entry.get("peak_flops"))),
+                                   memory_bytes=float(entry["memory_bytes"]),
+                                   memory_bandwidth=float(entry["memory_bandwidth"]),
+                                   intra_node_bandwidth=float(entry["intra_node_bandwidth"]),
+                                   inter_node_bandwidth=float(entry["inter_node_bandwidth"]),
+                                   devices_per_node=int(entry["devices_per_node"]),
+                                   source=str(entry["source"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"hardware catalog entry {name!r} is incomplete ({err}).") from None
+        d = devices[name]
+        if min(d.peak_flops, d.memory_bytes, d.memory_bandwidth) <= 0:
+            raise ValueError(f"hardware catalog entry {name!r}: peak, memory and bandwidth must be "
+                             "positive.")
+    return devices
+
+
+def get_device(name: str) -> Device:
+    """The catalog's device ``name``.
+
+    Raises:
+        ValueError: for an unknown name (the message lists the known ones).
+    """
+    devices = load_catalog()
+    if name not in devices:
+        hint = (" Measure this machine first: python -m rlm_course hardware --measure."
+                if name == "this-machine" else "")
+        raise ValueError(f"unknown device {name!r}; the catalog has {', '.join(devices)}.{hint}")
+    return devices[name]
+
+
+def matmul_peak(sizes=(512, 1024, 2048), repeats: int = 3) -> tuple[float, dict]:
+    """Best fp32 ``n x n`` matmul throughput (FLOP/s) over ``sizes``: this machine's peak."""
+    results = {}
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b  # warm-up
+        results[n] = 2 * n**3 / best_seconds(lambda: a @ b, repeats)
+    return max(results.values()), results
+
+
+def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """Memory bandwidth in bytes/s: the best time to copy a ``megabytes`` fp32 tensor into another
+    (each byte read once and written once, so ``2 x size`` bytes move)."""
+    n = megabytes * 2**20 // 4
+    src, dst = torch.randn(n), torch.empty(n)
+    dst.copy_(src)  # warm-up: touch every page
+    return 2 * n * 4 / best_seconds(lambda: dst.copy_(src), repeats)
+
+
+def measure_this_machine(write: bool = True) -> Device:
+    """Measure this machine's CPU and (by default) store it in the catalog as ``this-machine``.
+
+    Peak: the best fp32 matmul throughput at the current thread count; memory bandwidth: the best
+    large-copy rate; memory: the physical memory the OS reports; no inter-device links."""
+    peak, _ = matmul_peak()
+    bandwidth = copy_bandwidth()
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    threads = torch.get_num_threads()
+    device = Device(
+        name="this-machine", peak_flops=peak, memory_bytes=float(memory),
+        memory_bandwidth=bandwidth, intra_node_bandwidth=0.0, inter_node_bandwidth=0.0,
+        devices_per_node=1,
+        source=(f"measured by `python -m rlm_course hardware --measure` on {platform.machine()} "
+                f"{platform.processor() or platform.system()}, {threads} torch threads: best fp32 "
+                "matmul FLOP/s (n = 512..2048) and best 256 MB tensor-copy rate"))
+    if write:
+        path = catalog_dir() / "this-machine.json"
+        entry = {k: v for k, v in asdict(device).items() if k != "name"}
+        path.write_text(json.dumps(entry, indent=2) + "\n")
+    return device

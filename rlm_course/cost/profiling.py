@@ -1,0 +1,103 @@
+"""Measure a real RL step stage by stage: seconds (timers), FLOPs (``torch.utils.flop_counter``),
+and prefill/decode throughput for the roofline, to set against :mod:`rlm_course.cost.accounting` and
+:mod:`rlm_course.cost.anatomy`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from rlm_course.cost import flops as _flops  # noqa: F401  (registers the CPU attention FLOP formulas)
+from rlm_course.cost.accounting import predict_iteration_flops
+from rlm_course.lm.model import KVCache, TinyGPT, forward_flops
+from rlm_course.utils import StageTimer, best_seconds
+
+
+class MeasuringTimer(StageTimer):
+    """A :class:`StageTimer` that also reads a running ``FlopCounterMode`` at each stage's start
+    and end, so that ``flops[stage]`` holds the FLOPs the stage ran."""
+
+    def __init__(self, counter: FlopCounterMode) -> None:
+        super().__init__()
+        self.counter = counter
+        self.flops: dict[str, int] = {}
+
+    @contextmanager
+    def __call__(self, stage: str):
+        start = self.counter.get_total_flops()
+        with super().__call__(stage):
+            yield
+        self.flops[stage] = self.flops.get(stage, 0) + self.counter.get_total_flops() - start
+
+
+def measure_step(trainer) -> dict:
+    """Run one step of ``trainer`` (an :class:`rlm_course.rl.trainer.RLTrainer`) under the FLOP
+    counter; return its metrics row plus ``measured_flops`` and ``predicted_flops`` per stage
+    (``generation``, ``scoring``, ``training``), the prediction by
+    :func:`rlm_course.cost.accounting.predict_iteration_flops` from the step's own shapes.
+
+    Evaluation steps are measured too, but their FLOPs fall outside the stages."""
+    counter = FlopCounterMode(display=False)
+    original = trainer.timer
+    trainer.timer = timer = MeasuringTimer(counter)
+    try:
+        with counter:
+            row = trainer.step()
+    finally:
+        trainer.timer = original
+    predicted = predict_iteration_flops(
+        trainer.policy.config, trainer.config, generated=row["responses_generated"],
+        trained=row["responses_trained"], prompt_len=row["prompt_columns"],
+        response_len=row["response_columns"])
+    row["measured_flops"] = {s: timer.flops.get(s, 0) for s in ("generation", "scoring", "training")}
+    row["predicted_flops"] = {s: predicted[s] for s in ("generation", "scoring", "training")}
+    return row
+
+
+@torch.no_grad()
+def roofline_points(model: TinyGPT, batches=(1, 4, 16, 64, 256), prompt_len: int = 12,
+                    context: int = 16, repeats: int = 5) -> list[dict]:
+    """Measured prefill and decode throughput of ``model`` for several batch sizes.
+
+    * prefill: a forward over ``batch x prompt_len`` tokens;
+    * decode: one cached step of ``batch`` tokens at ``context`` keys.
+
+    For each: analytic FLOPs (:func:`rlm_course.lm.model.forward_flops`), bytes (fp32 weights read
+    once, plus the KV cache read by decode and written by both), arithmetic intensity, and the
+    achieved FLOP/s (best of ``repeats``).
+
+    Returns:
+        One dict per (kind, batch): ``kind, batch, flops, bytes, intensity, seconds, flops_per_s``.
+    """
+    config = model.config
+    model.eval()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_per_token = 2 * config.n_layer * config.d_model * 4
+    points = []
+    for batch in batches:
+        tokens = torch.randint(0, config.vocab_size, (batch, prompt_len))
+        seconds = best_seconds(lambda: model(tokens), repeats)
+        flops = forward_flops(config, prompt_len, batch=batch)
+        bytes_ = weight_bytes + batch * prompt_len * kv_per_token
+        points.append({"kind": "prefill", "batch": batch, "flops": flops, "bytes": bytes_,
+                       "intensity": flops / bytes_, "seconds": seconds,
+                       "flops_per_s": flops / seconds})
+
+        cache = KVCache(config, batch, context + 1)
+        model(torch.randint(0, config.vocab_size, (batch, context)), None, cache)
+        step = torch.randint(0, config.vocab_size, (batch, 1))
+
+        def decode_step():
+            cache.length = context
+            model(step, None, cache)
+
+        seconds = best_seconds(decode_step, repeats)
+        flops = forward_flops(config, 1, context + 1, batch)
+        bytes_ = weight_bytes + batch * (context + 1) * kv_per_token
+        points.append({"kind": "decode", "batch": batch, "flops": flops, "bytes": bytes_,
+                       "intensity": flops / bytes_, "seconds": seconds,
+                       "flops_per_s": flops / seconds})
+    return points

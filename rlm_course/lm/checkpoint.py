@@ -1,0 +1,65 @@
+"""Saving and loading small checkpoints atomically, with errors that say how to recover."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import torch
+
+from rlm_course.lm.model import ModelConfig, TinyGPT
+from rlm_course.utils import atomic_write_bytes
+
+FORMAT = "rlm_course-checkpoint-v1"
+
+
+def save_checkpoint(path: str | Path, model: TinyGPT, **extra) -> None:
+    """Write ``model`` (config + weights) and ``extra`` entries to ``path`` atomically.
+
+    ``extra`` may hold optimizer state dicts, the step, the task key, the command that made it.
+    """
+    payload = {"format": FORMAT, "model_config": model.config.to_dict(),
+               "state_dict": model.state_dict(), **extra}
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """Read a checkpoint written by :func:`save_checkpoint`.
+
+    Returns:
+        The payload dict, with ``"model"``: a :class:`TinyGPT` holding the weights.
+
+    Raises:
+        ValueError: if the file is missing, unreadable, or not a course checkpoint.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"checkpoint {path} is a folder; pass the .pt file inside it (e.g. "
+                         f"{path / 'checkpoint.pt'}).")
+    if not path.is_file():
+        raise ValueError(f"checkpoint {path} does not exist; create it (e.g. `python -m rlm_course "
+                         "sft --task addition`) or pass the right path.")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for truncated or foreign files
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        first_line = text.split(". ")[0].rstrip(".")  # torch's first sentence says what failed
+        if len(first_line) > 120:
+            first_line = first_line[:117] + "..."
+        raise ValueError(f"checkpoint {path} is corrupt or not a torch checkpoint "
+                         f"({type(err).__name__}: {first_line}); pass a file written by "
+                         "`python -m rlm_course sft` or `grpo`, or make it again.") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"checkpoint {path} is not an rlm_course checkpoint (format "
+                         f"{payload.get('format') if isinstance(payload, dict) else type(payload)}); "
+                         "pass a file written by `python -m rlm_course sft` or `grpo`.")
+    try:
+        model = TinyGPT(ModelConfig(**payload["model_config"]))
+        model.load_state_dict(payload["state_dict"])
+    except (KeyError, TypeError, RuntimeError, ValueError) as err:
+        raise ValueError(f"checkpoint {path} does not hold a valid model ({str(err)[:160]}); "
+                         "make it again with the command that wrote it.") from None
+    payload["model"] = model
+    return payload

@@ -1,0 +1,200 @@
+"""Batched generation with a KV cache, and per-token log-probabilities of given responses.
+
+Generation is the *rollout* stage of an RL iteration: a prefill pass over the prompts, then one
+decoding step per new token (autoregressive, so ``max_new_tokens`` sequential steps however many
+sequences run in parallel). Scoring (:func:`response_log_probs`) is one full-sequence forward pass
+over prompt + response, as the trainer and the frozen reference do it.
+
+Layout of a rollout batch (``P`` prompt columns, left-padded; ``R`` response columns)::
+
+    tokens          (batch, P + R)   <pad>..<bos> prompt | response <eos> <pad>..
+    attention_mask  (batch, P + R)   True for real tokens (prompt and response up to <eos>)
+    response_mask   (batch, R)       True for generated tokens up to and including <eos>
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlm_course.lm.model import KVCache, TinyGPT
+
+
+@dataclass
+class Rollout:
+    """Output of :func:`generate`.
+
+    Attributes:
+        tokens: ``(batch, P + R)`` int64.
+        attention_mask: ``(batch, P + R)`` bool.
+        response_mask: ``(batch, R)`` bool.
+        log_probs: ``(batch, R)`` float, log-probability of each sampled token under the sampling
+            distribution (temperature and top-k applied); 0 where ``response_mask`` is False, and
+            0 everywhere under greedy decoding (which samples nothing).
+        prompt_len: ``P``.
+    """
+
+    tokens: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    log_probs: Tensor
+    prompt_len: int
+
+    @property
+    def responses(self) -> Tensor:
+        """``(batch, R)`` generated token ids (``<pad>`` after ``<eos>``)."""
+        return self.tokens[:, self.prompt_len:]
+
+    def response_lengths(self) -> Tensor:
+        return self.response_mask.sum(-1)
+
+
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    """Log-probabilities are computed in float32 at least (float64 models keep float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _filter_logits(logits: Tensor, temperature: float, top_k: int | None) -> Tensor:
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new_tokens: int,
+             eos_id: int, pad_id: int = 0, temperature: float = 1.0, top_k: int | None = None,
+             greedy: bool = False, generator: torch.Generator | None = None,
+             use_cache: bool = True) -> Rollout:
+    """Sample up to ``max_new_tokens`` tokens for each prompt; a sequence stops at ``<eos>``.
+
+    Args:
+        prompt_tokens, prompt_mask: ``(batch, P)`` left-padded prompts and their real-token mask.
+        temperature: softmax temperature (> 0); ignored when ``greedy``.
+        top_k: keep only the ``top_k`` most likely tokens before sampling (None: all).
+        greedy: take the arg-max token (for evaluation).
+        generator: a seeded ``torch.Generator`` for reproducible samples.
+        use_cache: False recomputes the whole prefix at every step (the baseline that
+            ``bench sampling`` compares with); the samples are the same.
+
+    Returns:
+        A :class:`Rollout`. Generation ends early once every sequence has emitted ``<eos>``.
+
+    Raises:
+        ValueError: for a non-positive temperature or ``max_new_tokens``, or a sequence longer than
+            the model's ``max_seq_len``.
+        FloatingPointError: if the model produces NaN or infinite logits.
+    """
+    if max_new_tokens <= 0:
+        raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be positive.")
+    if not greedy and temperature <= 0:
+        raise ValueError(f"generate: temperature={temperature} must be > 0 (or use greedy=True).")
+    batch, prompt_len = prompt_tokens.shape
+    total = prompt_len + max_new_tokens
+    if total > model.config.max_seq_len:
+        raise ValueError(f"generate: prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) = "
+                         f"{total} exceeds max_seq_len={model.config.max_seq_len}.")
+    device = prompt_tokens.device
+    tokens = torch.full((batch, total), pad_id, dtype=torch.long, device=device)
+    tokens[:, :prompt_len] = prompt_tokens
+    attention_mask = torch.zeros((batch, total), dtype=torch.bool, device=device)
+    attention_mask[:, :prompt_len] = prompt_mask
+    dtype = next(model.parameters()).dtype
+    log_probs = torch.zeros((batch, max_new_tokens), dtype=_at_least_fp32(dtype), device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    cache = KVCache(model.config, batch, total, dtype=dtype, device=device) if use_cache else None
+
+    was_training = model.training
+    model.eval()
+    logits = model(prompt_tokens, prompt_mask, cache)[:, -1]  # prefill
+    steps = 0
+    for t in range(max_new_tokens):
+        pos = prompt_len + t
+        if not torch.isfinite(logits).all():
+            raise FloatingPointError("generate: the policy's logits are not finite (NaN or inf): "
+                                     "its weights have diverged; lower the learning rate.")
+        if greedy:
+            next_token = logits.argmax(-1)
+            step_log_probs = log_probs.new_zeros(batch)
+        else:
+            step_logp = F.log_softmax(_filter_logits(logits.to(log_probs.dtype), temperature, top_k),
+                                      dim=-1)
+            next_token = torch.multinomial(step_logp.exp(), 1, generator=generator).squeeze(-1)
+            step_log_probs = step_logp.gather(-1, next_token[:, None]).squeeze(-1)
+        alive = ~finished
+        tokens[:, pos] = torch.where(alive, next_token, pad_id)
+        attention_mask[:, pos] = alive
+        log_probs[:, t] = torch.where(alive, step_log_probs, 0.0)
+        finished = finished | (next_token == eos_id)
+        steps = t + 1
+        if bool(finished.all()) or t == max_new_tokens - 1:
+            break
+        if use_cache:
+            logits = model(tokens[:, pos:pos + 1], attention_mask[:, :pos + 1], cache)[:, -1]
+        else:
+            logits = model(tokens[:, :pos + 1], attention_mask[:, :pos + 1])[:, -1]
+    model.train(was_training)
+
+    end = prompt_len + steps
+    response_mask = attention_mask[:, prompt_len:end].clone()
+    return Rollout(tokens[:, :end].clone(), attention_mask[:, :end].clone(), response_mask,
+                   log_probs[:, :steps].clone(), prompt_len)
+
+
+def response_log_probs(model: TinyGPT, tokens: Tensor, attention_mask: Tensor, prompt_len: int,
+                       with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Log-probability of every response token under ``model``, in one forward pass.
+
+    Args:
+        tokens, attention_mask: ``(batch, P + R)`` as in :class:`Rollout`.
+        prompt_len: ``P``; the logits at column ``P - 1 + t`` predict response token ``t``.
+        with_entropy: also return the entropy of each predictive distribution.
+
+    Returns:
+        ``log_probs (batch, R)`` (and ``entropy (batch, R)`` in nats). Positions outside the
+        response mask hold values of padding; mask them out.
+    """
+    logits = model(tokens, attention_mask)[:, prompt_len - 1:-1]  # (batch, R, vocab)
+    logits = logits.to(_at_least_fp32(logits.dtype))
+    logp = F.log_softmax(logits, dim=-1)
+    targets = tokens[:, prompt_len:]
+    token_logp = logp.gather(-1, targets[..., None]).squeeze(-1)
+    if not with_entropy:
+        return token_logp
+    entropy = -(logp.exp() * logp).sum(-1)
+    return token_logp, entropy
+
+
+def select_rollouts(rollout: Rollout, rows: Tensor) -> Rollout:
+    """The rollouts of ``rows`` (an index or bool tensor over the batch)."""
+    return Rollout(rollout.tokens[rows], rollout.attention_mask[rows], rollout.response_mask[rows],
+                   rollout.log_probs[rows], rollout.prompt_len)
+
+
+def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
+    """One :class:`Rollout` from several (e.g. DAPO's generation rounds): prompts are left-padded
+    and responses right-padded to the widest of them. Padding is masked out, and positions come
+    from the attention mask, so every row scores exactly as it did in its own batch.
+
+    Raises:
+        ValueError: for an empty list.
+    """
+    if not rollouts:
+        raise ValueError("concat_rollouts: nothing to concatenate.")
+    if len(rollouts) == 1:
+        return rollouts[0]
+    prompt_len = max(r.prompt_len for r in rollouts)
+    response_len = max(r.response_mask.shape[1] for r in rollouts)
+    parts = {"tokens": [], "attention_mask": [], "response_mask": [], "log_probs": []}
+    for r in rollouts:
+        left, right = prompt_len - r.prompt_len, response_len - r.response_mask.shape[1]
+        parts["tokens"].append(F.pad(r.tokens, (left, right), value=pad_id))
+        parts["attention_mask"].append(F.pad(r.attention_mask, (left, right), value=False))
+        parts["response_mask"].append(F.pad(r.response_mask, (0, right), value=False))
+        parts["log_probs"].append(F.pad(r.log_probs, (0, right), value=0.0))
+    return Rollout(*(torch.cat(parts[k]) for k in ("tokens", "attention_mask", "response_mask",
+                                                  "log_probs")), prompt_len)

@@ -1,0 +1,77 @@
+"""Character-level tokenizer with ``<pad>``, ``<bos>`` and ``<eos>``.
+
+One token per character keeps every step of the course inspectable: a prompt such as ``"47+85="``
+is six tokens, its answer ``"132"`` three more plus ``<eos>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+SPECIALS = (PAD, BOS, EOS)
+# Every character a task of the course may use. Adding one changes vocab_size (and checkpoints).
+CHARS = "0123456789+-*/()=,>: "
+
+
+class CharTokenizer:
+    """Maps text to token ids and back.
+
+    Ids ``0, 1, 2`` are ``<pad>``, ``<bos>``, ``<eos>``; characters follow in the order of
+    ``chars``.
+
+    Raises:
+        ValueError: from :meth:`encode` if the text holds a character outside the vocabulary.
+    """
+
+    def __init__(self, chars: str = CHARS) -> None:
+        if len(set(chars)) != len(chars):
+            raise ValueError(f"CharTokenizer: duplicate characters in {chars!r}.")
+        self.itos = list(SPECIALS) + list(chars)
+        self.stoi = {s: i for i, s in enumerate(self.itos)}
+        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        unknown = sorted({c for c in text if c not in self.stoi or c in SPECIALS})
+        if unknown:
+            raise ValueError(
+                f"CharTokenizer.encode: character(s) {unknown!r} in {text!r} are not in the "
+                f"vocabulary {''.join(self.itos[3:])!r}; remove them or extend CHARS in "
+                "rlm_course/lm/tokenizer.py (which changes vocab_size and invalidates checkpoints)."
+            )
+        ids = [self.stoi[c] for c in text]
+        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+
+    def decode(self, ids: Sequence[int] | Tensor, stop_at_eos: bool = True) -> str:
+        """Text of ``ids``; specials are dropped and decoding stops at the first ``<eos>``."""
+        if isinstance(ids, Tensor):
+            ids = ids.tolist()
+        out = []
+        for i in ids:
+            if i == self.eos_id and stop_at_eos:
+                break
+            if i >= 3:
+                out.append(self.itos[i])
+        return "".join(out)
+
+    def encode_prompts(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """Left-padded batch of ``<bos> + prompt``.
+
+        Returns:
+            tokens: ``(batch, max_len)`` int64; attention_mask: ``(batch, max_len)`` bool.
+        """
+        rows = [self.encode(p, bos=True) for p in prompts]
+        width = max(len(r) for r in rows)
+        tokens = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            tokens[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = True
+        return tokens, mask

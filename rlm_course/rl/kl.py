@@ -1,0 +1,57 @@
+"""Estimators of KL(pi_theta || pi_ref) from tokens sampled from pi_theta (Schulman 2020,
+"Approximating KL divergence", joschu.net/blog/kl-approx.html).
+
+With ``log rho = log pi_ref - log pi_theta`` per sampled token: ``k1 = -log rho``,
+``k2 = (log rho)^2 / 2``, ``k3 = rho - log rho - 1`` (GRPO's choice, DeepSeekMath eq. 4).
+Inputs and outputs ``(batch, R)``. Chapter 02 uses k3 as a loss; chapter 04 compares the three, as a
+loss or inside the reward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+KL_CLAMP = 10.0
+
+
+def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(pi_theta || pi_ref) (Schulman 2020, "Approximating KL
+    divergence", joschu.net/blog/kl-approx.html; GRPO eq. 4).
+
+    With ``log rho = log pi_ref - log pi_theta`` on tokens sampled from pi_theta:
+    ``k3 = exp(log rho) - log rho - 1``: unbiased, always >= 0, and 0 where the two agree.
+
+    Args:
+        log_probs, ref_log_probs: ``(batch, R)``.
+
+    Returns:
+        ``(batch, R)`` non-negative estimates.
+    """
+    # BEGIN SOLUTION: work with log rho (a difference of log-probs) and follow the formula in the docstring
+    log_rho = ref_log_probs - log_probs
+    return torch.exp(log_rho) - log_rho - 1.0
+    # END SOLUTION
+
+
+def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled from pi_theta.
+
+    With ``log rho = log pi_ref - log pi_theta`` (Schulman 2020, "Approximating KL divergence"):
+    ``k1 = -log rho`` (unbiased, can be negative), ``k2 = (log rho)^2 / 2`` (biased, low variance;
+    its gradient is the KL's), ``k3 = rho - log rho - 1`` (unbiased, >= 0; GRPO's choice).
+
+    Raises:
+        ValueError: for an unknown estimator.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}.")
+    log_rho = ref_log_probs - log_probs
+    if estimator == "k1":
+        return -log_rho
+    if estimator == "k2":
+        return 0.5 * log_rho**2
+    return kl_k3(log_probs, ref_log_probs)

@@ -1,0 +1,150 @@
+"""The clipped policy-gradient loss of PPO and the GRPO family, one option per part: the
+importance ratio (per token or per sequence), the clipped objective (symmetric or DAPO's
+decoupled bounds) and the aggregation over tokens and responses.
+
+GRPO's objective (DeepSeekMath, Shao et al. 2024, arXiv:2402.03300, eq. 3), written as a loss:
+
+    L = 1/G sum_i 1/|o_i| sum_t [ -min(r_{i,t} A_i, clip(r_{i,t}, 1-eps, 1+eps) A_i)
+                                  + beta * KL_k3(pi_theta || pi_ref)_{i,t} ]
+
+is :func:`policy_loss` with a token ratio, symmetric clip and ``seq-mean-token-mean``, plus
+``beta`` times the same aggregation of :func:`rlm_course.rl.kl.kl_k3` (chapter 02 writes it out).
+Shapes: per-token tensors ``(batch, R)`` with a ``response_mask (batch, R)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlm_course.rl.masked import masked_mean
+
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+
+
+def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tensor) -> Tensor:
+    """GSPO's length-normalised sequence ratio (Zheng et al. 2025, arXiv:2507.18071, eq. 7).
+
+    ``s_i = (pi_theta(o_i) / pi_old(o_i)) ** (1/|o_i|) = exp(mean_t (logp - old_logp))``.
+    Inputs ``(batch, R)``; returns ``(batch,)``.
+    """
+    # BEGIN SOLUTION: average the per-token log-ratios over each response's real tokens, then exponentiate
+    return torch.exp(masked_mean(log_probs - old_log_probs, response_mask, dim=1))
+    # END SOLUTION
+
+
+def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
+                      clip_high: float | None = None) -> Tensor:
+    """PPO's pessimistic clipped loss (Schulman et al. 2017, arXiv:1707.06347, eq. 7), with the
+    decoupled bounds of DAPO's "clip-higher" (Yu et al. 2025, arXiv:2503.14476, eq. 8):
+    ``-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)``.
+
+    Chapter 02's GRPO uses it per token, with ``r = exp(log pi_theta - log pi_old)`` and one
+    advantage per response; a token whose objective is clipped gets no gradient.
+
+    ``ratio`` is ``(batch, R)`` (token level) or ``(batch,)`` (sequence level); ``advantages`` is
+    ``(batch,)``, broadcast over tokens, or the same shape as ``ratio`` (e.g. GAE).
+    ``clip_high`` defaults to ``clip_low`` (symmetric PPO).
+
+    Raises:
+        ValueError: if ``clip_high < clip_low`` or a bound is negative.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    if clip_low < 0 or clip_high < clip_low:
+        raise ValueError(f"clip bounds low={clip_low}, high={clip_high}: need 0 <= low <= high "
+                         "(DAPO raises only the upper bound).")
+    if advantages.dim() < ratio.dim():
+        advantages = advantages.view(*advantages.shape, *([1] * (ratio.dim() - advantages.dim())))
+    # BEGIN SOLUTION: clamp the ratio to [1 - clip_low, 1 + clip_high]; take the pessimistic (smaller) of the unclipped and clipped objectives, and negate it to make a loss
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return -torch.minimum(ratio * advantages, clipped * advantages)
+    # END SOLUTION
+
+
+def clipped_tokens(ratio: Tensor, advantages: Tensor, clip_low: float,
+                   clip_high: float | None = None) -> Tensor:
+    """Where the clipped objective removed the gradient: the ratio above ``1 + clip_high`` with a
+    positive advantage, or below ``1 - clip_low`` with a negative one. ``ratio (batch, R)``;
+    ``advantages (batch,)`` (broadcast over tokens) or ``(batch, R)``. Returns a bool tensor."""
+    clip_high = clip_low if clip_high is None else clip_high
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    return ((ratio > 1 + clip_high) & (adv > 0)) | ((ratio < 1 - clip_low) & (adv < 0))
+
+
+def sequence_mean(per_token: Tensor, response_mask: Tensor) -> Tensor:
+    """GRPO's aggregation: mean over each response's tokens, then mean over responses.
+
+    ``1/G sum_i 1/|o_i| sum_t x_{i,t}`` (Shao et al. 2024, eq. 3). Inputs ``(batch, R)``.
+    """
+    return masked_mean(per_token, response_mask, dim=1).mean()
+
+
+def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
+                   constant_length: int | None = None) -> Tensor:
+    """Reduce a ``(batch, R)`` per-token loss to a scalar (verl's ``loss_agg_mode``).
+
+    * ``seq-mean-token-mean`` (GRPO): ``1/B sum_i 1/|o_i| sum_t x_it``;
+    * ``token-mean`` (DAPO): ``sum_i sum_t x_it / sum_i |o_i|``: every token weighs the same, so
+      long responses are not down-weighted;
+    * ``seq-mean-token-sum-norm`` (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783):
+      ``1/(B L) sum_i sum_t x_it`` with a constant ``L = constant_length`` (e.g. the maximum
+      response length), which removes GRPO's length bias.
+
+    Raises:
+        ValueError: for an unknown mode, or the Dr. GRPO mode without a positive constant length.
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}.")
+    mask = response_mask.to(per_token.dtype)
+    if mode == "seq-mean-token-mean":
+        return sequence_mean(per_token, response_mask)
+    if mode == "token-mean":
+        # BEGIN SOLUTION: sum the loss over every real token of the batch and divide by the number of real tokens
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+        # END SOLUTION
+    if constant_length is None or constant_length <= 0:
+        raise ValueError("seq-mean-token-sum-norm needs constant_length > 0 (e.g. the maximum "
+                         "response length).")
+    return (per_token * mask).sum() / (per_token.shape[0] * constant_length)
+
+
+def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
+                response_mask: Tensor, ratio_level: str = "token", clip_low: float = 0.2,
+                clip_high: float | None = None, loss_agg: str = "seq-mean-token-mean",
+                constant_length: int | None = None) -> tuple[Tensor, Tensor]:
+    """The clipped policy-gradient loss of the whole family, one option per part.
+
+    * ratio: per token, ``exp(logp - old_logp)`` (PPO, GRPO), or per sequence,
+      :func:`sequence_ratio` (GSPO; every token of a response then shares its loss);
+    * clipping: :func:`clipped_objective` with ``clip_low``/``clip_high``;
+    * aggregation: :func:`aggregate_loss` with ``loss_agg``.
+
+    Args:
+        log_probs, old_log_probs: ``(batch, R)``; advantages: ``(batch,)`` or ``(batch, R)``
+            (a sequence ratio needs ``(batch,)``); response_mask: ``(batch, R)``.
+
+    Returns:
+        ``(loss, clipped)``: the scalar loss and a ``(batch, R)`` bool tensor, True on the tokens
+        whose objective was clipped (no gradient through them).
+
+    Raises:
+        ValueError: for an unknown ratio level, a sequence ratio with per-token advantages, or
+            the errors of :func:`clipped_objective` and :func:`aggregate_loss`.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    if ratio_level == "token":
+        ratio = torch.exp(log_probs - old_log_probs)
+        per_token = clipped_objective(ratio, advantages, clip_low, clip_high)
+    elif ratio_level == "sequence":
+        if advantages.dim() != 1:
+            raise ValueError("a sequence-level ratio needs one advantage per response (batch,), "
+                             f"got shape {tuple(advantages.shape)}.")
+        ratio = sequence_ratio(log_probs, old_log_probs, response_mask)
+        per_token = clipped_objective(ratio, advantages, clip_low, clip_high)[:, None].expand_as(
+            log_probs)
+        ratio = ratio[:, None].expand_as(log_probs)
+    else:
+        raise ValueError(f"unknown ratio level {ratio_level!r}; choose token or sequence.")
+    clipped = clipped_tokens(ratio, advantages, clip_low, clip_high)
+    loss = aggregate_loss(per_token, response_mask, loss_agg, constant_length)
+    return loss, clipped.detach() & response_mask

@@ -1,0 +1,35 @@
+"""DAPO's reward shaping and batch filter (Yu et al. 2025, arXiv:2503.14476): the soft overlong
+penalty added to a response's reward, and dynamic sampling's test of which groups carry a
+learning signal. Chapter 04."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlm_course.rl.advantages import check_groups
+
+
+def overlong_penalty(lengths: Tensor, max_length: int, cache_length: int) -> Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), added to the
+    reward: 0 up to ``max_length - cache_length`` tokens, then falling linearly to -1 at
+    ``max_length``, and -1 beyond. ``lengths (batch,)`` -> ``(batch,)``.
+
+    Raises:
+        ValueError: unless ``0 < cache_length <= max_length``.
+    """
+    if not 0 < cache_length <= max_length:
+        raise ValueError(f"overlong_penalty: need 0 < cache_length ({cache_length}) <= max_length "
+                         f"({max_length}).")
+    lengths = lengths.to(torch.float32)
+    soft = ((max_length - cache_length) - lengths) / cache_length
+    return torch.clamp(soft, min=-1.0, max=0.0)
+
+
+def groups_with_signal(rewards: Tensor, group_size: int) -> Tensor:
+    """DAPO's dynamic-sampling filter: ``(num_prompts,)`` bool, True for groups whose rewards are
+    not all equal. A group of equal rewards has zero group-relative advantage and no gradient;
+    DAPO drops it and samples more prompts until the batch is full (the cost: extra generation)."""
+    check_groups(rewards, group_size, "groups_with_signal")
+    grouped = rewards.view(-1, group_size)
+    return (grouped != grouped[:, :1]).any(dim=1)

@@ -1,0 +1,344 @@
+"""The course's main job: SFT warm start (if needed), then GRPO or PPO, with run files that
+survive Ctrl-C.
+
+``python -m rlm_course grpo --task addition`` (with ``--variant``, and ``ppo``) call :func:`run_rl`. A run lives in
+``runs/<name>/``:
+
+    metrics.jsonl     one JSON object per step (see RLTrainer.step)
+    checkpoint.pt     policy, optimizer, reference, critic and step; rewritten atomically
+    summary.json      task, seed, steps, accuracy_before/after, wall_seconds, stage_seconds, and
+                      the cost: models held, passes per response (measured and predicted),
+                      memory, seconds per step (see :func:`cost_summary`)
+    learning_curve.png
+
+The first Ctrl-C finishes the current step, writes the checkpoint and exits; a second one stops
+at once, leaving the previous checkpoint. ``--resume`` continues from the checkpoint, dropping any
+metrics lines written after it, and repeats the uninterrupted run exactly (same seed, machine and
+thread count, same numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from rlm_course.cost.accounting import (
+    measured_model_state_bytes,
+    models_held,
+    peak_rss_bytes,
+    predict_model_state_bytes,
+    predict_passes,
+)
+from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.algorithms import RLConfig
+from rlm_course.rl.evaluate import evaluate
+from rlm_course.rl.sft import SFTConfig, run_sft
+from rlm_course.rl.trainer import RLTrainer
+from rlm_course.tasks.base import Task
+from rlm_course.tasks.eval_sets import load_eval_set
+from rlm_course.utils import STAGES, atomic_write_json, atomic_write_text, data_dir, seed_everything
+
+
+def default_sft_checkpoint(task: Task) -> Path:
+    return data_dir() / "checkpoints" / f"sft-{task.key}.pt"
+
+
+def sft_command(task: Task, seed: int = 0) -> str:
+    settings = {k: v for k, v in asdict(task).items() if k not in ("name", "format_weight")}
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items())
+    return f"python -m rlm_course sft --task {task.name} {flags} --seed {seed}".strip()
+
+
+def make_sft_checkpoint(task: Task, tokenizer: CharTokenizer, path: Path | None = None,
+                        config: SFTConfig | None = None, progress: bool = True) -> Path:
+    """Run SFT and save the warm-start checkpoint (with a JSON note of how it was made)."""
+    config = config or SFTConfig()
+    path = Path(path) if path is not None else default_sft_checkpoint(task)
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a folder; give a file path such as {path / 'sft.pt'}.")
+    try:  # fail before a minute of training, not after
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot write the checkpoint to {path} ({err.strerror}); choose another "
+                         "--out.") from None
+    start = time.perf_counter()
+    model, info = run_sft(task, tokenizer, config, progress=progress)
+    info.update(task=task.key, command=sft_command(task, config.seed),
+                seconds=round(time.perf_counter() - start, 1))
+    save_checkpoint(path, model, **info)
+    atomic_write_json(path.with_suffix(".json"), info)
+    return path
+
+
+def load_sft_policy(task: Task, tokenizer: CharTokenizer, sft_checkpoint: str | Path | None = None,
+                    progress: bool = True, log=print):
+    """The warm-start policy of ``task``: from ``sft_checkpoint``, or from the default checkpoint,
+    which is made first (about a minute) if it does not exist.
+
+    Returns:
+        ``(model, info)`` with ``info``: checkpoint path, SFT steps, the command that made it.
+
+    Raises:
+        ValueError: if an explicit ``sft_checkpoint`` is missing, or a checkpoint is corrupt or
+            belongs to another task.
+    """
+    path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
+    if not path.exists() and sft_checkpoint is None:
+        log(f"No SFT checkpoint at {path}: running the warm start ({sft_command(task)}).")
+        make_sft_checkpoint(task, tokenizer, path, progress=progress)
+    loaded = load_checkpoint(path)
+    if loaded.get("task") != task.key:
+        raise ValueError(f"SFT checkpoint {path} is for task {loaded.get('task')!r}, not "
+                         f"{task.key!r}; pass the matching --sft-checkpoint.")
+    info = {"checkpoint": str(path), "steps": loaded.get("sft_steps"),
+            "command": loaded.get("command")}
+    return loaded["model"], info
+
+
+class _GracefulInterrupt:
+    """First SIGINT: set a flag (stop after this step). Second: raise KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not in the main thread (e.g. some notebook runners): plain Ctrl-C
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nInterrupt: finishing this step and saving a checkpoint (Ctrl-C again to stop now).",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+
+def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line cut by a hard kill: everything after it is dropped too
+            if row.get("step", 0) <= up_to_step:
+                rows.append(row)
+    return rows
+
+
+def cost_summary(trainer: RLTrainer, wall_seconds: float) -> dict:
+    """What the run cost: models held, forward/backward passes per response (measured by hooks and
+    predicted by :func:`rlm_course.cost.accounting.predict_passes`), memory and seconds per step.
+
+    ``memory_bytes``: ``model_states`` measured on the tensors (and predicted), ``peak_activations``
+    measured by autograd's saved-tensor hooks, ``peak_kv_cache`` the size of the largest KV cache
+    generation allocated (from its shape), ``process_peak_rss`` the process's high-water mark.
+    ``seconds_per_step`` is wall time per step, including the periodic held-out evaluation.
+    A step whose batch is empty (DAPO found no group with signal) runs no scoring or training."""
+    config = trainer.config
+    generated, trained = trainer.responses["generated"], trainer.responses["trained"]
+    held = {"policy": (trainer.policy, trainer.optimizer),
+            "critic": (trainer.critic, trainer.critic_optimizer),
+            "reference": (trainer.reference, None)}
+    measured = {name: measured_model_state_bytes(model, opt) for name, (model, opt) in held.items()
+                if model is not None}
+    counts = {}
+    for name, (model, opt) in held.items():
+        if model is not None:
+            params = [p for p in model.parameters() if p.requires_grad or opt is None]
+            counts[name] = (sum(p.numel() for p in params), len(params))
+    predicted = predict_model_state_bytes(counts, {n: held[n][1] is not None for n in counts})
+    steps = max(trainer.step_count, 1)
+    return {
+        "models": models_held(config),
+        "responses_generated": generated,
+        "responses_trained": trained,
+        "passes_per_response": trainer.passes.per_sample(generated, trained),
+        "passes_per_response_predicted": predict_passes(config),
+        "decode_steps_per_response": round(trainer.passes.decode_tokens / max(generated, 1), 3),
+        "memory_bytes": {
+            "model_states": measured,
+            "model_states_predicted": predicted,
+            "peak_activations": trainer.activations.peak_bytes,
+            "peak_kv_cache": trainer.peak_kv_cache_bytes,
+            "process_peak_rss": peak_rss_bytes(),
+        },
+        "seconds_per_step": round(wall_seconds / steps, 4),
+    }
+
+
+def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str | Path = "runs",
+             resume: bool = False, overwrite: bool = False, sft_checkpoint: str | Path | None = None,
+             checkpoint_every: int = 10, progress: bool = True, log=print) -> dict:
+    """SFT warm start (made if the default checkpoint is missing), then ``config.steps`` steps of
+    the algorithm ``config`` describes (any preset of :mod:`rlm_course.rl.algorithms`).
+
+    Returns:
+        The summary dict, also written to ``runs/<name>/summary.json``.
+
+    Raises:
+        ValueError: ``--resume`` with no checkpoint in the run folder; an existing finished run
+            without ``overwrite``; a missing or corrupt ``sft_checkpoint``; a checkpoint whose task
+            or settings differ from this run's.
+    """
+    if checkpoint_every <= 0:
+        raise ValueError(f"checkpoint_every={checkpoint_every} must be positive.")
+    if resume and overwrite:
+        raise ValueError("--resume continues a run and --overwrite deletes it: pass only one.")
+    if resume and sft_checkpoint is not None:
+        raise ValueError("--sft-checkpoint is not used with --resume (the run's checkpoint holds "
+                         "the policy); drop one of them.")
+    tokenizer = CharTokenizer()
+    name = name if name is not None else f"{config.algorithm}-{task.key}-seed{config.seed}"
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"--name {name!r}: give a plain folder name (no slashes), e.g. my-run; "
+                         "use --out to choose the parent folder.")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a folder; pass a folder (default runs).")
+    run_dir = out_dir / name
+    ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
+    summary_path = run_dir / "summary.json"
+    has_files = run_dir.is_dir() and any(run_dir.iterdir())
+    if resume and not ckpt_path.exists():
+        hint = (" It holds files of a run that stopped before its first checkpoint: start it again "
+                "with --overwrite." if has_files else " Start it without --resume.")
+        raise ValueError(f"--resume: no run to resume at {run_dir} (no checkpoint.pt).{hint}")
+    if not resume and has_files and not overwrite:
+        what = ("a run; pass --resume to continue it, " if ckpt_path.exists() else
+                "files of a run that stopped before its first checkpoint; pass ")
+        raise ValueError(f"run folder {run_dir} already holds {what}--overwrite to start it again "
+                         "from scratch, or --name for a new run.")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot create the run folder {run_dir} ({err.strerror}); choose another "
+                         "--out.") from None
+
+    eval_problems = load_eval_set(task)
+    setup_start = time.perf_counter()
+    if resume:
+        state = load_checkpoint(ckpt_path)
+        saved, wanted = state.get("config") or {}, asdict(config)
+        differ = sorted(k for k in set(saved) | set(wanted)
+                        if k != "steps" and saved.get(k) != wanted.get(k))
+        if state.get("algorithm", "grpo") != config.algorithm:
+            raise ValueError(f"--resume: {ckpt_path} is a {state.get('algorithm', 'grpo')} run, not "
+                             f"{config.algorithm}; resume it with its own command (pass --variant "
+                             f"{state.get('algorithm', 'grpo')}).")
+        if state.get("task") != task.key:
+            raise ValueError(f"--resume: {ckpt_path} is a run on task {state.get('task')}, not "
+                             f"{task.key}; pass the same task options as the run.")
+        if differ:
+            changes = ", ".join(f"{k}: run {saved.get(k)!r}, now {wanted.get(k)!r}" for k in differ)
+            raise ValueError(f"--resume: options differ from the run's ({changes}); resume with the "
+                             "same options (only --steps may change), or start a new run with --name.")
+        done = state["trainer"]["step"]
+        if config.steps < done:
+            raise ValueError(f"--resume: the run already has {done} steps; pass --steps {done} or more.")
+        policy, accuracy_before = state["model"], state["accuracy_before"]
+        sft_info = state["sft"]
+        log(f"Resuming {run_dir} from step {state['trainer']['step']}.")
+    else:
+        policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log)
+        accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy
+        for stale in (metrics_path, summary_path, ckpt_path, run_dir / "learning_curve.png"):
+            stale.unlink(missing_ok=True)
+
+    seed_everything(config.seed)
+    trainer = RLTrainer(policy, task, tokenizer, config, eval_problems)
+    totals = {"wall_seconds": 0.0, **{s: 0.0 for s in STAGES}, "tokens_generated": 0}
+    if resume:
+        trainer.load_state_dict(state["trainer"])
+        totals.update(state["totals"])
+    metrics = _read_metrics(metrics_path, trainer.step_count)
+    atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in metrics))
+    setup_seconds = time.perf_counter() - setup_start
+    log(f"Held-out greedy accuracy before {config.algorithm.upper()}: {accuracy_before:.1%} "
+        f"({len(eval_problems)} problems of {task.key})")
+
+    def save() -> None:
+        save_checkpoint(ckpt_path, policy, task=task.key, algorithm=config.algorithm,
+                        config=asdict(config),
+                        trainer=trainer.state_dict(), totals=totals, sft=sft_info,
+                        accuracy_before=accuracy_before)
+
+    bar = tqdm(total=config.steps, initial=trainer.step_count,
+               desc=f"{config.algorithm.upper()} {task.key}",
+               disable=not progress)
+    interrupted = False
+    with _GracefulInterrupt() as interrupt, open(metrics_path, "a") as metrics_file:
+        while trainer.step_count < config.steps:
+            start = time.perf_counter()
+            row = trainer.step()
+            totals["wall_seconds"] += time.perf_counter() - start
+            for s in STAGES:
+                totals[s] += row[f"seconds_{s}"]
+            totals["tokens_generated"] += row["tokens_generated"]
+            metrics.append(row)
+            metrics_file.write(json.dumps(row) + "\n")
+            metrics_file.flush()
+            postfix = {"reward": f"{row['reward_mean']:.2f}", "kl": f"{row['kl']:.3f}"}
+            if "accuracy_eval" in row:
+                postfix["eval_acc"] = f"{row['accuracy_eval']:.2f}"
+            bar.set_postfix(postfix)
+            bar.update(1)
+            done = trainer.step_count == config.steps
+            if done or trainer.step_count % checkpoint_every == 0 or interrupt.requested:
+                save()
+            if interrupt.requested and not done:
+                interrupted = True
+                break
+    bar.close()
+    if interrupted:
+        log(f"Stopped at step {trainer.step_count}; checkpoint and metrics are in {run_dir}. "
+            "Continue by running the same command with --resume.")
+        return {"interrupted": True, "step": trainer.step_count, "run_dir": str(run_dir)}
+
+    accuracy_after = evaluate(policy, task, eval_problems, tokenizer).accuracy
+    summary = {
+        "task": task.key,
+        "algorithm": config.algorithm,
+        "seed": config.seed,
+        "steps": config.steps,
+        "accuracy_before": accuracy_before,
+        "accuracy_after": accuracy_after,
+        "accuracy_gain_points": round(100 * (accuracy_after - accuracy_before), 1),
+        "wall_seconds": round(totals["wall_seconds"], 2),
+        "setup_seconds": round(setup_seconds, 2),
+        "stage_seconds": {s: round(totals[s], 2) for s in STAGES},
+        "tokens_generated": totals["tokens_generated"],
+        "eval_problems": len(eval_problems),
+        "config": asdict(config),
+        "sft": sft_info,
+        "model_parameters": policy.num_parameters(),
+        "cost": cost_summary(trainer, totals["wall_seconds"]),
+    }
+    atomic_write_json(summary_path, summary)
+    from rlm_course.tools.plots import (
+        plot_learning_curve,  # matplotlib import only when a run finishes
+    )
+
+    plot_learning_curve(metrics, run_dir / "learning_curve.png", accuracy_before=accuracy_before,
+                        title=f"{config.algorithm.upper()} on {task.key}")
+    log(f"Held-out greedy accuracy: {accuracy_before:.1%} -> {accuracy_after:.1%} "
+        f"({summary['accuracy_gain_points']:+.1f} points) in {summary['wall_seconds']:.1f} s of "
+        f"{config.algorithm.upper()} "
+        "(" + ", ".join(f"{s} {totals[s]:.1f} s" for s in STAGES) + f"). Run files: {run_dir}/")
+    return summary

@@ -1,0 +1,173 @@
+"""Countdown: ``"3,5,2>16:"`` -> ``"(3+5)*2"``: reach the target with + - * / and parentheses,
+each given number used at most once, every intermediate result an integer (the game of Countdown;
+TinyZero's RL task, github.com/Jiayi-Pan/TinyZero). The verifier evaluates the expression exactly
+with its own parser, never ``eval``."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+
+from rlm_course.tasks.base import Problem, Task
+
+
+class ExpressionError(ValueError):
+    """A countdown expression that cannot be parsed or evaluated."""
+
+
+MAX_LITERAL_DIGITS = 4
+
+
+MAX_MAGNITUDE = 10**9
+
+
+def parse_expression(text: str) -> tuple[Fraction, list[int]]:
+    """Parse and evaluate an arithmetic expression exactly, without ``eval``.
+
+    Grammar (recursive descent, usual precedence, left-associative)::
+
+        expr   := term (('+' | '-') term)*
+        term   := factor (('*' | '/') factor)*
+        factor := NUMBER | '(' expr ')'
+
+    Returns:
+        ``(value, numbers)``: the exact value and the integer literals in order of appearance.
+
+    Raises:
+        ExpressionError: on a syntax error, trailing text, a literal of more than
+            ``MAX_LITERAL_DIGITS`` digits, division by zero, a non-integer intermediate result,
+            or a magnitude above ``MAX_MAGNITUDE``.
+    """
+    pos = 0
+    numbers: list[int] = []
+
+    def peek() -> str:
+        return text[pos] if pos < len(text) else ""
+
+    def checked(x: Fraction) -> Fraction:
+        if x.denominator != 1:
+            raise ExpressionError(f"non-integer intermediate result {x}")
+        if abs(x) > MAX_MAGNITUDE:
+            raise ExpressionError(f"intermediate result {x} is larger than {MAX_MAGNITUDE}")
+        return x
+
+    def factor() -> Fraction:
+        nonlocal pos
+        if peek() == "(":
+            pos += 1
+            value = expr()
+            if peek() != ")":
+                raise ExpressionError(f"expected ')' at position {pos}")
+            pos += 1
+            return value
+        start = pos
+        while peek().isdigit() and peek().isascii():
+            pos += 1
+        if start == pos:
+            raise ExpressionError(f"expected a number or '(' at position {pos}")
+        literal = text[start:pos]
+        if len(literal) > MAX_LITERAL_DIGITS:
+            raise ExpressionError(f"number {literal} has more than {MAX_LITERAL_DIGITS} digits")
+        numbers.append(int(literal))
+        return Fraction(int(literal))
+
+    def term() -> Fraction:
+        nonlocal pos
+        value = factor()
+        while peek() in ("*", "/") and peek():
+            op = peek()
+            pos += 1
+            rhs = factor()
+            if op == "*":
+                value = checked(value * rhs)
+            else:
+                if rhs == 0:
+                    raise ExpressionError("division by zero")
+                value = checked(value / rhs)
+        return value
+
+    def expr() -> Fraction:
+        nonlocal pos
+        value = term()
+        while peek() in ("+", "-") and peek():
+            op = peek()
+            pos += 1
+            rhs = term()
+            value = checked(value + rhs if op == "+" else value - rhs)
+        return value
+
+    if len(text) > 64:
+        raise ExpressionError(f"expression of {len(text)} characters is longer than 64")
+    value = expr()
+    if pos != len(text):
+        raise ExpressionError(f"trailing text {text[pos:]!r}")
+    return value, numbers
+
+
+@dataclass
+class Countdown(Task):
+    """Reach ``target`` from ``n_numbers`` numbers in ``1..max_number`` with + - * / ( )."""
+
+    n_numbers: int = 3
+    max_number: int = 10
+    max_target: int = 100
+
+    def __post_init__(self) -> None:
+        self.name = "countdown"
+        if not isinstance(self.n_numbers, int) or not 2 <= self.n_numbers <= 6:
+            raise ValueError(f"Countdown: n_numbers={self.n_numbers!r} must be an integer in 2..6.")
+        if not isinstance(self.max_number, int) or not 2 <= self.max_number <= 999:
+            raise ValueError(f"Countdown: max_number={self.max_number!r} must be in 2..999.")
+        if not isinstance(self.max_target, int) or self.max_target < 1:
+            raise ValueError(f"Countdown: max_target={self.max_target!r} must be >= 1.")
+
+    @property
+    def key(self) -> str:
+        return f"countdown-{self.n_numbers}x{self.max_number}-t{self.max_target}"
+
+    @property
+    def max_response_len(self) -> int:
+        # numbers, n-1 operators, up to n-1 parenthesis pairs, and <eos>
+        width = len(str(self.max_number))
+        return self.n_numbers * width + (self.n_numbers - 1) * 3 + 1
+
+    def make_problem(self, rng: random.Random) -> Problem:
+        while True:
+            numbers = [rng.randint(1, self.max_number) for _ in range(self.n_numbers)]
+            order = numbers[:]
+            rng.shuffle(order)
+            expr, value, top_is_sum = str(order[0]), Fraction(order[0]), False
+            for n in order[1:]:
+                op = rng.choice("+-*/")
+                if op == "/" and (value % n != 0):
+                    op = rng.choice("+*")
+                if op == "-" and value - n <= 0:
+                    op = "+"
+                left = f"({expr})" if op in "*/" and top_is_sum else expr
+                expr = f"{left}{op}{n}"
+                value = {"+": value + n, "-": value - n, "*": value * n, "/": value / n}[op]
+                top_is_sum = op in "+-"
+            if 1 <= value <= self.max_target:
+                target = int(value)
+                prompt = ",".join(map(str, numbers)) + f">{target}:"
+                return Problem(prompt=prompt, answer=expr, numbers=tuple(numbers), target=target)
+
+    def check(self, problem: Problem, response: str) -> tuple[bool, bool, str]:
+        if not response:
+            return False, False, "empty response"
+        try:
+            value, used = parse_expression(response)
+        except ExpressionError as err:
+            message = str(err)
+            syntax_ok = message.startswith(("division by zero", "non-integer", "intermediate"))
+            return syntax_ok, False, message
+        extra = Counter(used) - Counter(problem.numbers)
+        if extra:
+            n = next(iter(extra))
+            why = "used more often than given" if n in problem.numbers else "not among the numbers"
+            return True, False, f"number {n} {why} {list(problem.numbers)}"
+        if value != problem.target:
+            return True, False, f"result {value} != target {problem.target}"
+        return True, True, ""

@@ -1,0 +1,204 @@
+"""Benchmarks: ``python -m rlm_course bench sampling``, ``... bench train``, ``... bench family``.
+
+Each prints a readable table and, as its last line, one JSON object with its figures. Every
+ratio is measured side by side in the same run (baseline and candidate alternate), never against
+a number remembered from another machine.
+
+* ``sampling``: generating 64 new tokens for a batch of 64 prompts with the KV cache vs
+  recomputing the whole prefix at every step (the same samples; see
+  :func:`rlm_course.lm.sampling.generate`). Key: ``kv_cache_speedup``.
+* ``train``: one GRPO training step (forward, clipped loss, backward, AdamW) at the default
+  mini-batch; tokens/s, achieved FLOP/s from the analytic count (checked against
+  ``torch.utils.flop_counter``), and MFU = achieved / peak, where the peak is the best fp32
+  matmul throughput measured in the same run. Key: ``mfu``.
+* ``parallel``: every simulated parallelism strategy at degrees 2, 4, 8 on the tiny model: wall
+  time relative to one device (the simulation's overhead), bytes per rank, and the alpha-beta
+  prediction of the communication time (:mod:`rlm_course.parallel.bench`).
+* ``family``: seconds per step of every preset of :mod:`rlm_course.rl.algorithms` at its default
+  sizes, the presets' steps interleaved, as ratios to GRPO; with each one's stage split, responses
+  generated per response trained, model-state and activation memory. Key: ``presets``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+
+from rlm_course.cost.flops import count_flops
+from rlm_course.cost.hardware import matmul_peak
+from rlm_course.lm.model import ModelConfig, TinyGPT, forward_flops
+from rlm_course.lm.sampling import generate, response_log_probs
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.advantages import group_advantages
+from rlm_course.rl.losses import policy_loss
+from rlm_course.rl.sft import default_model_config
+from rlm_course.tasks import get_task
+from rlm_course.utils import format_table, seed_everything
+
+
+def _time(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64) -> dict:
+    """KV-cache decoding vs recomputing the prefix, same model, prompts and seed."""
+    seed_everything(0)
+    tok = CharTokenizer()
+    base = default_model_config(tok)
+    config = ModelConfig(**{**base.to_dict(), "max_seq_len": 128})
+    model = TinyGPT(config).eval()
+    problems = get_task("addition").problems(batch, seed=0)
+    prompts, mask = tok.encode_prompts([p.prompt for p in problems])
+
+    def run(use_cache: bool):
+        # eos_id=-1 never matches: every sequence generates exactly new_tokens tokens
+        return generate(model, prompts, mask, new_tokens, eos_id=-1, pad_id=tok.pad_id,
+                        generator=torch.Generator().manual_seed(0), use_cache=use_cache)
+
+    same = torch.equal(run(True).tokens, run(False).tokens)
+    cached, recomputed = [], []
+    for _ in range(repeats):  # alternate so that machine noise hits both alike
+        cached += _time(lambda: run(True), 1)
+        recomputed += _time(lambda: run(False), 1)
+    t_cache, t_recompute = statistics.median(cached), statistics.median(recomputed)
+    p = prompts.shape[1]
+    flops_cache = forward_flops(config, p, batch=batch) + sum(
+        forward_flops(config, 1, p + t + 1, batch) for t in range(new_tokens - 1))
+    flops_recompute = forward_flops(config, p, batch=batch) + sum(
+        forward_flops(config, p + t + 1, batch=batch) for t in range(new_tokens - 1))
+    tokens = batch * new_tokens
+    print(f"Sampling {new_tokens} new tokens for {batch} prompts ({p} prompt columns), "
+          f"median of {repeats}; identical samples: {same}")
+    print(format_table([
+        ["KV cache", f"{t_cache * 1e3:.1f}", f"{tokens / t_cache:,.0f}", f"{flops_cache / 1e9:.2f}", "1.00"],
+        ["recompute prefix", f"{t_recompute * 1e3:.1f}", f"{tokens / t_recompute:,.0f}",
+         f"{flops_recompute / 1e9:.2f}", f"{t_recompute / t_cache:.2f}"],
+    ], ["method", "ms", "tokens/s", "GFLOP", "time vs cache"]))
+    return {"bench": "sampling", "batch": batch, "new_tokens": new_tokens, "prompt_len": p,
+            "identical_samples": same, "kv_cache_seconds": t_cache,
+            "recompute_seconds": t_recompute, "kv_cache_tokens_per_s": tokens / t_cache,
+            "recompute_tokens_per_s": tokens / t_recompute,
+            "kv_cache_gflop": flops_cache / 1e9, "recompute_gflop": flops_recompute / 1e9,
+            "kv_cache_speedup": t_recompute / t_cache}
+
+
+def bench_train(repeats: int = 5) -> dict:
+    """One GRPO training step at the default mini-batch, against the measured matmul peak."""
+    from rlm_course.rl.algorithms import GRPOConfig
+
+    seed_everything(0)
+    tok, task, cfg = CharTokenizer(), get_task("addition"), GRPOConfig()
+    model = TinyGPT(default_model_config(tok))
+    batch = cfg.prompts_per_step * cfg.group_size // cfg.minibatches
+    problems = task.problems(batch, seed=0)
+    prompts, mask = tok.encode_prompts([p.prompt for p in problems])
+    rollout = generate(model, prompts, mask, task.max_response_len, tok.eos_id, tok.pad_id,
+                       generator=torch.Generator().manual_seed(0))
+    seq = rollout.tokens.shape[1]
+    old = response_log_probs(model, rollout.tokens, rollout.attention_mask, rollout.prompt_len).detach()
+    advantages = group_advantages(torch.rand(batch), cfg.group_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def step():
+        logp = response_log_probs(model, rollout.tokens, rollout.attention_mask, rollout.prompt_len)
+        loss, _ = policy_loss(logp, old, advantages, rollout.response_mask, cfg.ratio_level,
+                              cfg.clip_eps, cfg.clip_high, cfg.loss_agg)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    step()  # warm-up
+    measured_flops, _ = count_flops(step)
+    predicted = 3 * forward_flops(model.config, seq, batch=batch)
+    peak, per_size = matmul_peak()
+    times = []
+    for _ in range(repeats):
+        times += _time(step, 1)
+        peak = max(peak, matmul_peak(sizes=(max(per_size, key=per_size.get),), repeats=1)[0])
+    t = statistics.median(times)
+    achieved = predicted / t
+    mfu = achieved / peak
+    tokens = batch * seq
+    print(f"GRPO training step: {batch} sequences x {seq} tokens, threads={torch.get_num_threads()}, "
+          f"median of {repeats}")
+    print(format_table([
+        ["train step", f"{t * 1e3:.1f}", f"{tokens / t:,.0f}", f"{predicted / 1e9:.2f}",
+         f"{achieved / 1e9:.1f}", f"{mfu:.2f}"],
+        ["fp32 matmul peak", "", "", "", f"{peak / 1e9:.1f}", "1.00"],
+    ], ["what", "ms", "tokens/s", "GFLOP", "GFLOP/s", "of peak"]))
+    print(f"analytic FLOPs / flop_counter FLOPs = {predicted / measured_flops:.3f}; matmul GFLOP/s by "
+          "size: " + ", ".join(f"{n}: {v / 1e9:.0f}" for n, v in per_size.items()))
+    return {"bench": "train", "batch": batch, "seq_len": seq, "threads": torch.get_num_threads(),
+            "step_seconds": t, "tokens_per_s": tokens / t, "flops_per_step": predicted,
+            "flop_counter_flops_per_step": measured_flops, "achieved_flops_per_s": achieved,
+            "matmul_peak_flops_per_s": peak, "mfu": mfu}
+
+
+def bench_family(repeats: int = 5) -> dict:
+    """Seconds per step and memory of every preset, side by side, from the same warm start.
+
+    Each preset runs one warm-up step, then ``repeats`` timed steps (steps 2.. of a real run, at
+    the default sizes); the presets alternate step by step so that machine noise hits all alike.
+    Ratios are to GRPO's seconds per step in the same run.
+    """
+    from rlm_course.cost.accounting import cost_row
+    from rlm_course.rl.algorithms import PRESETS, preset
+    from rlm_course.rl.runs import cost_summary, load_sft_policy
+    from rlm_course.rl.trainer import RLTrainer
+    from rlm_course.tasks.eval_sets import load_eval_set
+
+    tok, task = CharTokenizer(), get_task("addition")
+    held_out = load_eval_set(task)
+    trainers = {}
+    for name in PRESETS:
+        seed_everything(0)
+        policy, _ = load_sft_policy(task, tok, progress=False)
+        trainers[name] = RLTrainer(policy, task, tok, preset(name, eval_every=10**6), held_out)
+        trainers[name].step()  # warm-up
+    seconds = {name: [] for name in PRESETS}
+    stages = {name: {} for name in PRESETS}
+    for _ in range(repeats):
+        for name, trainer in trainers.items():
+            start = time.perf_counter()
+            row = trainer.step()
+            seconds[name].append(time.perf_counter() - start)
+            for stage in ("generation", "reward", "scoring", "training"):
+                stages[name][stage] = stages[name].get(stage, 0.0) + row[f"seconds_{stage}"] / repeats
+    base = statistics.median(seconds["grpo"])
+    rows, result = [], {"bench": "family", "threads": torch.get_num_threads(), "repeats": repeats,
+                        "presets": {}}
+    for name, trainer in trainers.items():
+        t = statistics.median(seconds[name])
+        cost = cost_row(cost_summary(trainer, sum(seconds[name])))
+        rows.append([name, f"{t:.3f}", f"{t / base:.2f}", f"{stages[name]['generation']:.3f}",
+                     f"{stages[name]['scoring']:.3f}", f"{stages[name]['training']:.3f}",
+                     cost["generated_per_trained"], cost["model_states_mb"],
+                     cost["activations_mb"]])
+        result["presets"][name] = {**cost, "seconds_per_step": t, "vs_grpo": t / base,
+                                   "stage_seconds": stages[name]}
+    print(f"Seconds per step of each preset on addition-3 (512 responses per step; median of "
+          f"{repeats} steps after a warm-up; threads={torch.get_num_threads()})")
+    print(format_table(rows, ["preset", "s/step", "vs grpo", "generation", "scoring", "training",
+                              "gen/train", "model states MB", "activations MB"]))
+    return result
+
+
+def main(what: str, args) -> int:
+    repeats = getattr(args, "repeats", 5)
+    if repeats <= 0:
+        raise ValueError(f"--repeats={repeats} must be positive.")
+    from rlm_course.parallel.bench import bench_parallel
+
+    benches = {"sampling": bench_sampling, "train": bench_train, "family": bench_family,
+               "parallel": bench_parallel}
+    result = benches[what](repeats)
+    print(json.dumps(result))
+    return 0

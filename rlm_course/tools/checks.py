@@ -1,0 +1,451 @@
+"""Immediate feedback on exercise functions: hand-computed examples and properties.
+
+``run_check(name, fn)`` runs every check of exercise ``name`` on ``fn`` and returns a
+:class:`CheckReport` that prints as e.g. ``group_advantages: 3/4 checks pass`` followed by what
+failed. A function that still raises ``NotImplementedError`` is reported as "not implemented
+yet", never as a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class CheckResult:
+    description: str
+    passed: bool
+    message: str = ""
+
+
+@dataclass
+class CheckReport:
+    name: str
+    results: list[CheckResult] = field(default_factory=list)
+    not_implemented: str | None = None
+
+    @property
+    def n_passed(self) -> int:
+        return sum(r.passed for r in self.results)
+
+    @property
+    def all_passed(self) -> bool:
+        return self.not_implemented is None and all(r.passed for r in self.results)
+
+    def __str__(self) -> str:
+        if self.not_implemented is not None:
+            why = self.not_implemented
+            return f"{self.name}: " + (why if why.startswith("not implemented yet") else
+                                       f"not implemented yet ({why})")
+        lines = [f"{self.name}: {self.n_passed}/{len(self.results)} checks pass"]
+        for r in self.results:
+            mark = "ok  " if r.passed else "FAIL"
+            lines.append(f"  [{mark}] {r.description}" + ("" if r.passed else f": {r.message}"))
+        return "\n".join(lines)
+
+
+def _close(actual, expected, atol=1e-5) -> tuple[bool, str]:
+    """Whether a learner's tensor equals the reference up to float32 rounding.
+
+    A correct implementation may add in another order than the reference, so it can differ in the
+    last bits, by how much depending on the machine. The checks use inputs of order 1 and sums of
+    at most a few dozen terms, whose float32 rounding stays below 1e-6 relative
+    (:func:`rlm_course.numerics.reorder_tolerance`); ``rtol=1e-4`` and ``atol=1e-5`` are a hundred
+    times that, far below the size of any wrong formula.
+    """
+    if not isinstance(actual, torch.Tensor):
+        return False, f"expected a tensor, got {type(actual).__name__}"
+    if not isinstance(expected, torch.Tensor):
+        expected = torch.as_tensor(expected)
+    if actual.shape != expected.shape:
+        return False, f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    if not torch.allclose(actual.float(), expected.float(), atol=atol, rtol=1e-4):
+        got = [round(x, 4) for x in actual.detach().float().flatten()[:8].tolist()]
+        want = [round(x, 4) for x in expected.float().flatten()[:8].tolist()]
+        return False, f"got {got}, expected {want}"
+    return True, ""
+
+
+# ------------------------------------------------------------------ exercise checks
+def _checks_group_advantages(fn):
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    s = 0.5 / math.sqrt(1 / 3)  # (1 - 0.5) / unbiased std of [1, 0, 0, 1]
+    yield "hand example, G=4, std-normalised", lambda: _close(
+        fn(r, 4), torch.tensor([s, -s, -s, s, 0, 0, 0, 0]), atol=1e-4)
+    yield "hand example without std (Dr. GRPO)", lambda: _close(
+        fn(r, 4, normalize_std=False), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    rewards = torch.rand(6 * 5, generator=torch.Generator().manual_seed(0))
+    def sums_to_zero():
+        out = fn(rewards, 5)
+        if not isinstance(out, torch.Tensor) or out.shape != (30,):
+            return False, f"expected shape (30,), got {getattr(out, 'shape', type(out).__name__)}"
+        return _close(out.view(6, 5).sum(1), torch.zeros(6), atol=1e-4)
+
+    yield "each group's advantages sum to zero", sums_to_zero
+    yield "groups are contiguous runs of group_size", lambda: _close(
+        fn(torch.tensor([0.0, 2.0, 10.0, 14.0]), 2, normalize_std=False),
+        torch.tensor([-1.0, 1.0, -2.0, 2.0]))
+
+
+def _checks_clipped_objective(fn):
+    ones = torch.ones(2, 2)
+    adv = torch.tensor([2.0, -1.0])
+    yield "ratio 1 gives -A on every token", lambda: _close(
+        fn(ones, adv, 0.2), torch.tensor([[-2.0, -2.0], [1.0, 1.0]]))
+    ratio = torch.tensor([[2.0, 1.0], [2.0, 1.0]])
+    yield "positive A: ratio 2 clipped to 1.2", lambda: _close(
+        fn(ratio, torch.tensor([1.0, 1.0]), 0.2), torch.tensor([[-1.2, -1.0], [-1.2, -1.0]]))
+    yield "negative A: ratio 2 not clipped (pessimistic bound)", lambda: _close(
+        fn(ratio, torch.tensor([-1.0, -1.0]), 0.2), torch.tensor([[2.0, 1.0], [2.0, 1.0]]))
+    yield "decoupled bounds (DAPO): ratio 1.3 clipped to 1.28, ratio 0.7 to 0.8", lambda: _close(
+        fn(torch.tensor([[1.3, 0.7]]), torch.tensor([1.0]), 0.2, 0.28), torch.tensor([[-1.28, -0.7]]))
+
+    def gradient_check():
+        x = ratio.clone().requires_grad_(True)
+        fn(x, torch.tensor([1.0, 1.0]), 0.2).sum().backward()
+        expected = torch.tensor([[0.0, -1.0], [0.0, -1.0]])  # clipped tokens carry no gradient
+        return _close(x.grad, expected)
+
+    yield "clipped tokens have zero gradient", gradient_check
+
+
+def _checks_kl_k3(fn):
+    lp = torch.log(torch.tensor([[0.5, 0.2]]))
+    ref = torch.log(torch.tensor([[0.25, 0.2]]))
+    yield "hand example: p=0.5, p_ref=0.25 gives 0.5 + ln 2 - 1", lambda: _close(
+        fn(lp, ref), torch.tensor([[0.5 + math.log(2) - 1, 0.0]]))
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 7, generator=g), torch.randn(4, 7, generator=g)
+    yield "non-negative", lambda: (bool((fn(a, b) >= -1e-7).all()), "found a negative value")
+
+    def unbiased():
+        p = torch.tensor([0.6, 0.3, 0.1])
+        q = torch.tensor([0.3, 0.3, 0.4])
+        exact = (p * (p / q).log()).sum()
+        samples = torch.multinomial(p, 200_000, replacement=True,
+                                    generator=torch.Generator().manual_seed(1))
+        estimate = fn(p.log()[samples][None], q.log()[samples][None]).mean()
+        ok = abs(estimate.item() - exact.item()) < 0.01
+        return ok, f"Monte Carlo mean {estimate.item():.4f}, exact KL(p||q) {exact.item():.4f}"
+
+    yield "unbiased: its mean over samples of pi_theta is KL(pi_theta || pi_ref)", unbiased
+
+
+def _checks_attend_with_kv_cache(fn):
+    g = torch.Generator().manual_seed(0)
+    b, h, t, d, max_len = 2, 3, 5, 4, 8
+    q, k, v = (torch.randn(b, h, t, d, generator=g) for _ in range(3))
+    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def decode_matches_full():
+        kc, vc = torch.zeros(b, h, max_len, d), torch.zeros(b, h, max_len, d)
+        kc[:, :, :t - 1], vc[:, :, :t - 1] = k[:, :, :t - 1], v[:, :, :t - 1]
+        mask = torch.ones(b, 1, 1, t, dtype=torch.bool)
+        out = fn(q[:, :, -1:], k[:, :, -1:], v[:, :, -1:], kc, vc, t - 1, mask)
+        return _close(out, full[:, :, -1:])
+
+    def cache_written():
+        kc, vc = torch.zeros(b, h, max_len, d), torch.zeros(b, h, max_len, d)
+        mask = torch.ones(b, 1, 1, 3, dtype=torch.bool)
+        fn(q[:, :, :1], k[:, :, :1], v[:, :, :1], kc, vc, 2, mask)
+        ok_k, msg = _close(kc[:, :, 2], k[:, :, 0])
+        ok_v, msg_v = _close(vc[:, :, 2], v[:, :, 0])
+        return ok_k and ok_v, msg or msg_v or "new key/value not written at position start"
+
+    def prefill_matches_full():
+        kc, vc = torch.zeros(b, h, max_len, d), torch.zeros(b, h, max_len, d)
+        causal = torch.ones(t, t, dtype=torch.bool).tril().expand(b, 1, t, t)
+        return _close(fn(q, k, v, kc, vc, 0, causal), full)
+
+    def mask_respected():
+        kc, vc = torch.zeros(b, h, max_len, d), torch.zeros(b, h, max_len, d)
+        kc[:, :, :2], vc[:, :, :2] = k[:, :, :2], v[:, :, :2]
+        mask = torch.tensor([True, False, True]).expand(b, 1, 1, 3)
+        out = fn(q[:, :, 2:3], k[:, :, 2:3], v[:, :, 2:3], kc, vc, 2, mask)
+        keep = [0, 2]
+        expected = F.scaled_dot_product_attention(q[:, :, 2:3], k[:, :, keep], v[:, :, keep])
+        return _close(out, expected)
+
+    yield "decoding the last token equals full causal attention", decode_matches_full
+    yield "new key and value are written at position start", cache_written
+    yield "prefill (seq > 1, start 0) equals full causal attention", prefill_matches_full
+    yield "a masked (padding) key is ignored", mask_respected
+
+
+def _checks_gae(fn):
+    one = torch.ones(1, 2, dtype=torch.bool)
+
+    def hand():
+        adv, ret = fn(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.8]]), one, 1.0, 0.5)
+        ok_a, msg_a = _close(adv, torch.tensor([[0.4, 0.2]]))
+        ok_r, msg_r = _close(ret, torch.tensor([[0.9, 1.0]]))
+        return ok_a and ok_r, msg_a or msg_r
+
+    def monte_carlo():  # gamma = lambda = 1: A_t = (sum of rewards from t on) - V_t
+        g = torch.Generator().manual_seed(0)
+        r, v = torch.randn(2, 4, generator=g), torch.randn(2, 4, generator=g)
+        mask = torch.ones(2, 4, dtype=torch.bool)
+        to_go = r.flip(1).cumsum(1).flip(1)
+        return _close(fn(r, v, mask, 1.0, 1.0)[0], to_go - v)
+
+    def one_step():  # lambda = 0: A_t = delta_t
+        r, v = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[0.5, 0.25, 1.0]])
+        delta = torch.tensor([[1.0 + 0.9 * 0.25 - 0.5, 2.0 + 0.9 * 1.0 - 0.25, 3.0 - 1.0]])
+        return _close(fn(r, v, torch.ones(1, 3, dtype=torch.bool), 0.9, 0.0)[0], delta)
+
+    def masked():  # a 2-token response in 4 columns: padding neither contributes nor gets a value
+        r = torch.tensor([[0.0, 1.0, 99.0, 99.0]])
+        v = torch.tensor([[0.5, 0.8, 99.0, 99.0]])
+        mask = torch.tensor([[True, True, False, False]])
+        return _close(fn(r, v, mask, 1.0, 0.5)[0], torch.tensor([[0.4, 0.2, 0.0, 0.0]]))
+
+    yield "hand example (2 tokens, gamma 1, lambda 0.5) with returns", hand
+    yield "gamma = lambda = 1 gives reward-to-go minus value", monte_carlo
+    yield "lambda = 0 gives the one-step TD error", one_step
+    yield "positions after the response are ignored and zero", masked
+
+
+def _checks_rloo_advantages(fn):
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    yield "hand example: baseline of each is the mean of the other three", lambda: _close(
+        fn(r, 4), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+    x = torch.rand(12, generator=torch.Generator().manual_seed(0))
+    centred = (x.view(4, 3) - x.view(4, 3).mean(1, keepdim=True)).reshape(-1)
+    yield "equals G/(G-1) times the centred reward", lambda: _close(fn(x, 3), 1.5 * centred)
+    yield "groups are contiguous", lambda: _close(fn(torch.tensor([0.0, 2.0, 10.0, 14.0]), 2),
+                                                  torch.tensor([-2.0, 2.0, -4.0, 4.0]))
+
+
+def _checks_sequence_ratio(fn):
+    lp = torch.log(torch.tensor([[0.5, 0.5, 0.9], [0.2, 0.4, 0.4]]))
+    old = torch.log(torch.tensor([[0.25, 0.5, 0.1], [0.1, 0.1, 0.4]]))
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    yield "hand example: geometric mean of token ratios (sqrt(2*1), cbrt(2*4*1))", lambda: _close(
+        fn(lp, old, mask), torch.tensor([math.sqrt(2.0), 2.0]))
+    yield "ratio 1 when the policies agree", lambda: _close(fn(lp, lp, mask), torch.ones(2))
+    yield "masked tokens do not count", lambda: _close(
+        fn(lp[:1, :2], old[:1, :2], mask[:1, :2]), torch.tensor([math.sqrt(2.0)]))
+
+
+def _checks_aggregate_loss(fn):
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])
+    m = torch.tensor([[True, True, True], [True, False, False]])
+    yield "token-mean hand example: (1+2+3+4)/4", lambda: _close(
+        fn(x, m, "token-mean"), torch.tensor(2.5))
+    yield "token-mean weighs every token alike (not every sequence)", lambda: _close(
+        fn(torch.tensor([[1.0] * 6, [0.0] * 6]), torch.tensor([[True] * 6, [True] + [False] * 5]),
+           "token-mean"), torch.tensor(6 / 7))
+
+
+def _value_close(actual, expected, rel=1e-9) -> tuple[bool, str]:
+    if not isinstance(actual, (int, float)):
+        return False, f"expected a number, got {type(actual).__name__}"
+    ok = abs(actual - expected) <= rel * abs(expected)
+    return ok, f"got {actual}, expected {expected}"
+
+
+def _checks_kv_cache_bytes(fn):
+    yield "Llama-3-8B: 32 layers, 8 KV heads of 128, bf16: 128 KiB per token", lambda: \
+        _value_close(fn(32, 8, 128, 1, 2), 131072)
+    yield "linear in the tokens: 4096 tokens of Qwen2.5-7B (28 layers, 4 KV heads)", lambda: \
+        _value_close(fn(28, 4, 128, 4096, 2), 57344 * 4096)
+    yield "fp32 doubles it; MQA (1 KV head) divides it by the heads", lambda: _value_close(
+        fn(2, 1, 16, 10, 4), 2 * 2 * 1 * 16 * 10 * 4)
+
+
+def _checks_decode_intensity(fn):
+    from rlm_course.cost.architectures import TransformerSpec
+
+    spec = TransformerSpec("check", n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=256,
+                           vocab_size=100)
+    params, kv = spec.params(), spec.kv_cache_bytes_per_token()
+
+    def reference(batch, context):
+        flops = batch * (2 * spec.matmul_params() + 4 * 2 * 4 * 16 * context)
+        return flops / (2 * params + batch * context * kv)
+
+    yield "one sequence at context 10 (hand formula)", lambda: _value_close(fn(spec, 1, 10),
+                                                                          reference(1, 10), 1e-6)
+    yield "a batch of 64 at context 100", lambda: _value_close(fn(spec, 64, 100),
+                                                               reference(64, 100), 1e-6)
+
+    def grows_with_batch():
+        values = [fn(spec, b, 50) for b in (1, 2, 8, 32)]
+        return values == sorted(values) and values[0] < values[-1], f"values {values}"
+
+    yield "grows with the batch (the weights are shared)", grows_with_batch
+
+
+def _checks_layer(fn):
+    from rlm_course.cost.workdepth import Computation, forward_cost, layer_norm, matmul
+    from rlm_course.lm.model import ModelConfig
+
+    config = ModelConfig(vocab_size=24, n_layer=3, n_head=2, d_model=16, max_seq_len=64)
+
+    def against_closed_form(batch, seq, ctx):
+        def check():
+            out = fn(config, batch, seq, ctx)
+            if not isinstance(out, Computation):
+                return False, f"expected a Computation, got {type(out).__name__}"
+            work, depth = forward_cost(config, batch, seq, ctx)
+            rows = batch * seq
+            # forward = embed + L layers + final norm + head
+            head = matmul(rows, config.d_model, config.vocab_size)
+            norm = layer_norm(rows, config.d_model)
+            w = (work - rows * config.d_model - norm.work - head.work) // config.n_layer
+            d = (depth - 1 - norm.depth - head.depth) // config.n_layer
+            return (out.work, out.depth) == (w, d), f"got W={out.work}, D={out.depth}; expected W={w}, D={d}"
+        return check
+
+    yield "W and D of a layer, 2 sequences of 5 tokens", against_closed_form(2, 5, None)
+    yield "W and D of a decode step (1 token, context 12)", against_closed_form(3, 1, 12)
+
+    def batch_adds_work_not_depth():
+        a, b = fn(config, 1, 4, None), fn(config, 8, 4, None)
+        return (b.depth == a.depth and b.work == 8 * a.work,
+                f"batch 1: W={a.work}, D={a.depth}; batch 8: W={b.work}, D={b.depth}")
+
+    yield "8x the sequences: 8x the work, the same depth", batch_adds_work_not_depth
+
+
+def _checks_brent_bound(fn):
+    yield "W=100, D=10 on 10 processors: 20", lambda: _value_close(fn(100, 10, 10), 20.0)
+    yield "one processor: W + D", lambda: _value_close(fn(100, 10, 1), 110.0)
+    yield "infinitely many processors: approaches D", lambda: _value_close(fn(100, 10, 10**9),
+                                                                          10.0, 1e-6)
+
+    def rejects_zero():
+        try:
+            fn(100, 10, 0)
+        except ValueError:
+            return True, ""
+        return False, "processors=0 should raise ValueError"
+
+    yield "no processors is an error", rejects_zero
+
+
+def _checks_row_parallel_linear(fn):
+    from rlm_course.parallel.world import World
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(3, 8, generator=g), torch.randn(5, 8, generator=g), torch.randn(5, generator=g)
+    expected = x @ w.T + b
+
+    def equals(p):
+        def check():
+            world = World(p)
+            out = fn(world, list(x.chunk(p, dim=-1)), list(w.chunk(p, dim=-1)), b)
+            if not isinstance(out, list) or len(out) != p:
+                return False, f"expected a list of {p} tensors, got {type(out).__name__}"
+            for y in out:
+                ok, msg = _close(y, expected, atol=1e-5)
+                if not ok:
+                    return ok, msg
+            m = 3 * 5 * 4
+            want = 2 * (p - 1) * m // p
+            return world.sent == [want] * p, f"each rank sent {world.sent}, expected {want} (one all-reduce)"
+        return check
+
+    yield "2 ranks: every rank gets x W^T + b, with one all-reduce", equals(2)
+    yield "4 ranks", equals(4)
+    yield "1 rank: a plain linear layer", equals(1)
+
+
+def _checks_one_f_one_b(fn):
+    yield "2 devices, 3 micro-batches (hand example)", lambda: (
+        fn(2, 3) == [[("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("F", 2, 0), ("B", 1, 0), ("B", 2, 0)],
+                     [("F", 0, 0), ("B", 0, 0), ("F", 1, 0), ("B", 1, 0), ("F", 2, 0), ("B", 2, 0)]],
+        f"got {fn(2, 3)}")
+
+    def bubble():
+        from rlm_course.parallel.pipeline import bubble_formula, simulate
+
+        timeline = simulate(fn(4, 8))
+        want = bubble_formula("1f1b", 4, 8)
+        return abs(timeline.bubble_fraction - want) < 1e-9, (
+            f"bubble {timeline.bubble_fraction:.4f}, expected {want:.4f}")
+
+    yield "4 devices, 8 micro-batches: runs without deadlock, bubble (p-1)/(m+p-1)", bubble
+
+    def memory():
+        from rlm_course.parallel.pipeline import simulate
+
+        timeline = simulate(fn(4, 12))
+        peaks = [timeline.peak_in_flight(d) for d in range(4)]
+        return peaks == [4, 3, 2, 1], f"micro-batches in flight per device {peaks}, expected [4, 3, 2, 1]"
+
+    yield "device d holds at most p - d micro-batches in flight", memory
+
+
+def _checks_online_softmax_merge(fn):
+    g = torch.Generator().manual_seed(0)
+    scores, values = torch.randn(3, 6, generator=g), torch.randn(6, 2, generator=g)
+
+    def part(cols):
+        s = scores[:, cols]
+        return torch.softmax(s, -1) @ values[cols], torch.logsumexp(s, -1)
+
+    full = torch.softmax(scores, -1) @ values
+    yield "merging two halves of the keys gives softmax over all of them", lambda: _close(
+        fn(*part(slice(0, 3)), *part(slice(3, 6)))[0], full)
+    yield "the merged log-sum-exp is that of all the scores", lambda: _close(
+        fn(*part(slice(0, 2)), *part(slice(2, 6)))[1], torch.logsumexp(scores, -1))
+    empty = torch.full((3,), float("-inf"))
+    yield "a part with no keys (-inf) contributes nothing, and no NaN", lambda: _close(
+        fn(torch.zeros(3, 2), empty, *part(slice(0, 6)))[0], full)
+
+
+def _checks_dispatch_indices(fn):
+    ids = torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]])
+    yield "hand example: capacity 2, three experts", lambda: _close(
+        fn(ids, 3, 2), torch.tensor([[0, 0], [1, 0], [-1, 1], [-1, -1]]))
+    yield "large capacity: slots count each expert's pairs in order", lambda: _close(
+        fn(ids, 3, 10), torch.tensor([[0, 0], [1, 0], [2, 1], [2, 3]]))
+    yield "capacity 0 drops everything", lambda: _close(fn(ids, 3, 0), torch.full((4, 2), -1))
+
+
+CHECKS = {
+    "group_advantages": _checks_group_advantages,
+    "clipped_objective": _checks_clipped_objective,
+    "kl_k3": _checks_kl_k3,
+    "attend_with_kv_cache": _checks_attend_with_kv_cache,
+    "gae": _checks_gae,
+    "rloo_advantages": _checks_rloo_advantages,
+    "sequence_ratio": _checks_sequence_ratio,
+    "aggregate_loss": _checks_aggregate_loss,
+    "kv_cache_bytes": _checks_kv_cache_bytes,
+    "decode_intensity": _checks_decode_intensity,
+    "layer": _checks_layer,
+    "brent_bound": _checks_brent_bound,
+    "row_parallel_linear": _checks_row_parallel_linear,
+    "one_f_one_b": _checks_one_f_one_b,
+    "online_softmax_merge": _checks_online_softmax_merge,
+    "dispatch_indices": _checks_dispatch_indices,
+}
+
+
+def run_check(name: str, fn) -> CheckReport:
+    """Run every check of exercise ``name`` on ``fn``.
+
+    Raises:
+        ValueError: for an unknown exercise name.
+    """
+    if name not in CHECKS:
+        raise ValueError(f"no checks for {name!r}; known: {sorted(CHECKS)}.")
+    report = CheckReport(name)
+    for description, check in CHECKS[name](fn):
+        try:
+            passed, message = check()
+        except NotImplementedError as err:
+            report.not_implemented = str(err) or "raises NotImplementedError"
+            return report
+        except (Exception, SystemExit) as err:  # a learner's bug: report it, keep going
+            passed = False
+            message = f"{type(err).__name__}: {err} ({traceback.extract_tb(err.__traceback__)[-1].line})"
+        report.results.append(CheckResult(description, passed, message))
+    return report

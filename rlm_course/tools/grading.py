@@ -1,0 +1,68 @@
+"""The autograder: one switch chooses whose code is graded (``--impl exercises|solutions``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from rlm_course.tools.checks import CheckReport, run_check
+from rlm_course.tools.exercisegen import EXERCISES
+from rlm_course.utils import repo_root
+
+IMPLS = ("exercises", "solutions")
+
+
+def _chapter(number: str):
+    for chapter in EXERCISES:
+        if chapter.number == number.zfill(2):
+            return chapter
+    raise ValueError(f"no exercises for chapter {number!r}; chapters with exercises: "
+                     f"{[c.number for c in EXERCISES]}.")
+
+
+def load_impl(chapter: str, impl: str = "exercises", root: Path | None = None) -> ModuleType:
+    """Import ``<impl>/exNN_<topic>.py`` afresh (edits are picked up on every call).
+
+    Raises:
+        ValueError: for an unknown chapter or impl, or a missing file.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r}: choose 'exercises' (your code) or 'solutions'.")
+    c = _chapter(chapter)
+    path = (root or repo_root()) / impl / f"{c.stem}.py"
+    if not path.exists():
+        raise ValueError(f"{path} is missing; regenerate it with `python -m rlm_course exercises`.")
+    name = f"_rlm_{impl}_{c.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # a learner's syntax error or bad import: say where, no traceback
+        where = f" (line {err.lineno})" if getattr(err, "lineno", None) else ""
+        raise ValueError(f"could not import {path}{where}: {type(err).__name__}: {err}; fix the "
+                         "file and grade again.") from None
+    return module
+
+
+def grade(chapter: str | None = None, impl: str = "exercises") -> list[CheckReport]:
+    """Run the checks of every exercise of ``chapter`` (all chapters when None) on ``impl``."""
+    chapters = EXERCISES if chapter is None else (_chapter(chapter),)
+    reports = []
+    for c in chapters:
+        module = load_impl(c.number, impl)
+        for _, name in c.functions:
+            reports.append(run_check(name, getattr(module, name)))
+    return reports
+
+
+def main(impl: str = "exercises", chapter: str | None = None) -> int:
+    """Print a report per exercise; exit status 0 only if every check passes."""
+    reports = grade(chapter, impl)
+    for r in reports:
+        print(r)
+    done = sum(r.all_passed for r in reports)
+    print(f"\n{done}/{len(reports)} exercises complete ({impl}).")
+    return 0 if done == len(reports) else 1

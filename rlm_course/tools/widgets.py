@@ -1,0 +1,167 @@
+"""Widget calculators (ipywidgets) over the tested pure functions of :mod:`rlm_course.cost.anatomy`,
+:mod:`rlm_course.cost.workdepth`, :mod:`rlm_course.cost.architectures` and :mod:`rlm_course.cost.hardware`.
+
+``RLStepCalculator().widget`` shows, for a model, an algorithm, a workload and a cluster, the
+per-stage FLOPs, bytes, roofline time and shares of one iteration, its memory, and its work,
+depth and parallelism. Every control can also be set from code (``calc.controls["devices"].value
+= 8``); a setting that makes no sense shows its error message in the widget, never a traceback.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+import ipywidgets as widgets
+
+from rlm_course.cost.anatomy import Workload, iteration_report
+from rlm_course.cost.architectures import SPECS, TransformerSpec, from_model_config
+from rlm_course.cost.hardware import get_device, load_catalog
+from rlm_course.rl.algorithms import PRESETS, preset
+
+CUSTOM = "custom"
+
+
+def _fmt(x: float) -> str:
+    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.3g}"
+
+
+class RLStepCalculator:
+    """The anatomy and work-depth calculator of one RL iteration.
+
+    Attributes:
+        controls: ``{name: widget}``; ``widget``: the whole calculator; ``result``: the latest
+            report of :func:`rlm_course.cost.anatomy.iteration_report` (None after an error);
+        message: the error shown, or ``""``.
+    """
+
+    def __init__(self) -> None:
+        from rlm_course.lm.tokenizer import CharTokenizer
+        from rlm_course.rl.sft import default_model_config
+
+        self.tiny = from_model_config(default_model_config(CharTokenizer()))
+        int_box = lambda value, desc: widgets.BoundedIntText(  # noqa: E731
+            value=value, min=-10**9, max=10**12, description=desc,
+            style={"description_width": "9em"})
+        self.controls = {
+            "model": widgets.Dropdown(options=["tiny", *SPECS, CUSTOM], value="llama-3-8b",
+                                      description="model"),
+            "n_layer": int_box(32, "layers (custom)"),
+            "d_model": int_box(4096, "width (custom)"),
+            "n_head": int_box(32, "heads (custom)"),
+            "n_kv_head": int_box(8, "KV heads (custom)"),
+            "d_ff": int_box(14336, "MLP width (custom)"),
+            "algorithm": widgets.Dropdown(options=list(PRESETS), value="grpo",
+                                          description="algorithm"),
+            "prompts": int_box(512, "prompts"),
+            "group_size": int_box(16, "group size"),
+            "minibatches": int_box(16, "gradient steps"),
+            "prompt_len": int_box(512, "prompt tokens"),
+            "response_len": int_box(2048, "response tokens"),
+            "device": widgets.Dropdown(options=list(load_catalog()), value="H100-SXM-80GB",
+                                       description="device"),
+            "devices": int_box(64, "devices"),
+            "generation_tp": int_box(1, "generation TP"),
+        }
+        self.status = widgets.HTML()
+        self.table = widgets.HTML()
+        self.plot = widgets.HTML()
+        self.result: dict | None = None
+        self.message = ""
+        for control in self.controls.values():
+            control.observe(self._update, names="value")
+        left = widgets.VBox([self.controls[k] for k in ("model", "n_layer", "d_model", "n_head",
+                                                        "n_kv_head", "d_ff")])
+        right = widgets.VBox([self.controls[k] for k in ("algorithm", "prompts", "group_size",
+                                                         "minibatches", "prompt_len",
+                                                         "response_len", "device", "devices",
+                                                         "generation_tp")])
+        self.widget = widgets.VBox([widgets.HBox([left, right]), self.status,
+                                    widgets.HBox([self.table, self.plot])])
+        self._update()
+
+    def settings(self) -> dict:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def spec(self) -> TransformerSpec:
+        s = self.settings()
+        if s["model"] == "tiny":
+            return self.tiny
+        if s["model"] != CUSTOM:
+            return SPECS[s["model"]]
+        return TransformerSpec("custom", n_layer=s["n_layer"], d_model=s["d_model"],
+                               n_head=s["n_head"], n_kv_head=s["n_kv_head"], d_ff=s["d_ff"],
+                               vocab_size=128256)
+
+    def compute(self) -> dict:
+        """The report for the current settings (raises ValueError for a bad one)."""
+        s = self.settings()
+        group, steps = s["group_size"], s["minibatches"]
+        # the algorithm's parts and gradient steps; the sizes live in the workload (no laptop
+        # batch limit here; the work-depth model checks that the steps divide the batch)
+        config = preset(s["algorithm"], group_size=group, prompts_per_step=max(steps, 1),
+                        minibatches=steps)
+        workload = Workload(s["prompts"], group, s["prompt_len"], s["response_len"])
+        spec = self.spec()
+        if spec.learned_positions and workload.seq_len > spec.learned_positions:
+            raise ValueError(f"the {spec.name} model has {spec.learned_positions} positions; "
+                             f"prompt + response = {workload.seq_len} tokens do not fit.")
+        return iteration_report(spec, config, workload, get_device(s["device"]), s["devices"],
+                                s["generation_tp"])
+
+    def _update(self, change=None) -> None:
+        try:
+            self.result = self.compute()
+            self.message = ""
+        except ValueError as err:
+            self.result, self.message = None, str(err)
+            self.status.value = f"<b style='color:#b00020'>{html.escape(self.message)}</b>"
+            self.table.value = self.plot.value = ""
+            return
+        r = self.result
+        waves = ("" if r["decode_waves"] == 1 else
+                 f" Each replica decodes in <b>{r['decode_waves']} waves</b>: the KV caches of all "
+                 "its sequences do not fit beside its weights.")
+        self.status.value = (
+            f"one iteration: <b>{r['seconds']:.1f} s</b> (roofline bound).{waves} Work W = "
+            f"{_fmt(r['work'])}FLOP, depth D = {_fmt(r['depth'])} operations, parallelism W/D = "
+            f"{_fmt(r['parallelism'])}; generation alone: D = {_fmt(r['generation_depth'])} "
+            f"({r['generation_depth'] / r['depth']:.0%} of the depth). Brent: with p processors "
+            "at most W/p + D steps, a speedup of at most "
+            + ", ".join(f"{r['work'] / (r['work'] / p + r['depth']):.3g} at p = {p:.0e}"
+                        for p in (1e6, 1e9, 1e12)) + ".")
+        rows = "".join(
+            f"<tr><td>{s}</td><td>{_fmt(v['flops'])}FLOP</td><td>{_fmt(v['bytes'])}B</td>"
+            f"<td>{v['intensity']:.1f}</td><td>{v['seconds']:.2f}</td>"
+            f"<td>{r['flop_shares'][s]:.0%}</td><td>{r['time_shares'][s]:.0%}</td></tr>"
+            for s, v in r["stages"].items())
+        memory = ", ".join(f"{k} {_fmt(v)}B" for k, v in r["memory"].items())
+        self.table.value = (
+            "<table><tr><th>stage</th><th>FLOPs</th><th>bytes</th><th>FLOP/B</th><th>s</th>"
+            f"<th>FLOP share</th><th>time share</th></tr>{rows}</table>"
+            f"<p>memory (whole job): {html.escape(memory)}</p>")
+        self.plot.value = _shares_png(r)
+
+
+def _shares_png(report: dict) -> str:
+    """An ``<img>`` of each stage's share of FLOPs and of time (a PNG inside the HTML widget, so
+    that it needs no Output widget)."""
+    from matplotlib.figure import Figure  # no pyplot: the notebook's backend stays as it is
+
+    stages = list(report["stages"])
+    fig = Figure(figsize=(4.2, 2.4))
+    ax = fig.subplots()
+    x = range(len(stages))
+    ax.bar([i - 0.2 for i in x], [report["flop_shares"][s] for s in stages], 0.4, label="FLOPs")
+    ax.bar([i + 0.2 for i in x], [report["time_shares"][s] for s in stages], 0.4, label="time")
+    ax.set_xticks(list(x), [s.replace(" update", "\nupdate") for s in stages], fontsize=7)
+    ax.set_ylabel("share of the iteration", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    return f"<img src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'/>"

@@ -1,0 +1,101 @@
+"""Advantage estimators (rlm_course.rl.advantages) against hand-computed examples and naive loops."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlm_course.rl import advantages, masked
+
+
+def test_group_advantages_hand_example():
+    r = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.1])
+    a = advantages.group_advantages(r, 4)
+    std = math.sqrt(0.75 / 3)  # unbiased std of [0, 1, 1, 1]
+    assert torch.allclose(a[:4], torch.tensor([-0.75, 0.25, 0.25, 0.25]) / std, atol=1e-4)
+    assert torch.equal(a[4:], torch.zeros(4))
+
+
+def test_group_advantages_errors():
+    with pytest.raises(ValueError, match="at least 2"):
+        advantages.group_advantages(torch.ones(4), 1)
+    with pytest.raises(ValueError, match="do not split"):
+        advantages.group_advantages(torch.ones(5), 2)
+
+
+def test_rloo_hand_example_and_identity():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    # b_0 = (0 + 0 + 1)/3, so A_0 = 1 - 1/3
+    assert torch.allclose(advantages.rloo_advantages(r, 4), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+    x = torch.rand(12, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(advantages.rloo_advantages(x, 3),
+                          3 / 2 * advantages.group_advantages(x, 3, normalize_std=False), atol=1e-6)
+    with pytest.raises(ValueError, match="at least 2"):
+        advantages.rloo_advantages(r, 1)
+
+
+def test_reinforce_pp_returns_to_go_normalised_over_the_batch_tokens():
+    # two responses of 2 and 1 tokens; reward 1 on the last token of the first, KL -0.5 on token 0
+    token_rewards = torch.tensor([[-0.5, 1.0], [0.0, 0.0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    returns = torch.tensor([0.5, 1.0, 0.0])  # G_t = sum of rewards from t on, masked tokens only
+    expected = (returns - returns.mean()) / (returns.var(unbiased=False).sqrt() + 1e-6)
+    a = advantages.reinforce_pp_advantages(token_rewards, mask)
+    assert torch.allclose(a[mask], expected, atol=1e-5)
+    assert a[1, 1] == 0  # outside the mask
+
+
+def test_reinforce_pp_discounts_with_gamma():
+    token_rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    returns = torch.tensor([0.25, 0.5, 1.0, 0.5, 0.0])  # gamma 0.5: 1 * 0.5^2, 1 * 0.5, 1; 0.5, 0
+    expected = (returns - returns.mean()) / (returns.var(unbiased=False).sqrt() + 1e-6)
+    assert torch.allclose(advantages.reinforce_pp_advantages(token_rewards, mask, 0.5)[mask], expected,
+                          atol=1e-5)
+
+
+def test_masked_whiten_hand_example():
+    x = torch.tensor([[1.0, 3.0], [5.0, 100.0]])
+    mask = torch.tensor([[True, True], [True, False]])
+    w = masked.masked_whiten(x, mask)  # over 1, 3, 5: mean 3, population std sqrt(8/3)
+    assert torch.allclose(w[mask], torch.tensor([-2.0, 0.0, 2.0]) / math.sqrt(8 / 3), atol=1e-5)
+    assert w[1, 1] == 0
+
+
+def naive_gae(rewards, values, lengths, gamma, lam):
+    out = torch.zeros_like(values)
+    for i, n in enumerate(lengths):
+        for t in range(n):
+            total = 0.0
+            for k in range(t, n):
+                v_next = values[i, k + 1] if k + 1 < n else 0.0
+                delta = rewards[i, k] + gamma * v_next - values[i, k]
+                total += (gamma * lam) ** (k - t) * delta
+            out[i, t] = total
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 1000), st.floats(0, 1), st.floats(0, 1))
+def test_gae_equals_the_naive_sum(seed, gamma, lam):
+    g = torch.Generator().manual_seed(seed)
+    rewards, values = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+    lengths = [5, 3, 1]
+    mask = torch.tensor([[t < n for t in range(5)] for n in lengths])
+    adv, ret = advantages.gae(rewards, values, mask, gamma, lam)
+    expected = naive_gae(rewards, values, lengths, gamma, lam)
+    assert torch.allclose(adv, expected, atol=1e-5)
+    assert torch.allclose(ret, (expected + values) * mask, atol=1e-5)
+
+
+def test_gae_hand_example():
+    # one 2-token response, terminal reward 1, values 0.5 then 0.8, gamma 1, lambda 0.5
+    adv, ret = advantages.gae(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.8]]),
+                      torch.ones(1, 2, dtype=torch.bool), gamma=1.0, lam=0.5)
+    # delta_1 = 1 - 0.8 = 0.2; delta_0 = 0 + 0.8 - 0.5 = 0.3; A_0 = 0.3 + 0.5 * 0.2 = 0.4
+    assert torch.allclose(adv, torch.tensor([[0.4, 0.2]]))
+    assert torch.allclose(ret, torch.tensor([[0.9, 1.0]]))
+    with pytest.raises(ValueError, match="gamma"):
+        advantages.gae(adv, adv, torch.ones(1, 2, dtype=torch.bool), gamma=1.5)

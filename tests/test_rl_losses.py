@@ -1,0 +1,125 @@
+"""The clipped policy loss of the family (rlm_course.rl.losses): hand-computed examples, and GRPO's
+objective written out as in the paper equal to the general loss with GRPO's options."""
+
+import math
+
+import pytest
+import torch
+
+from rlm_course.rl import kl, losses, masked
+
+
+def test_masked_and_sequence_means():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])
+    m = torch.tensor([[True, True, True], [True, False, False]])
+    assert masked.masked_mean(x, m).item() == pytest.approx(10 / 4)
+    # GRPO: mean per sequence (2 and 4), then over sequences -> 3
+    assert losses.sequence_mean(x, m).item() == pytest.approx(3.0)
+    assert masked.masked_mean(x, torch.zeros_like(m), dim=1).tolist() == [0.0, 0.0]
+
+
+def test_sequence_ratio_is_the_geometric_mean_of_token_ratios():
+    lp = torch.log(torch.tensor([[0.5, 0.5, 0.9], [0.2, 0.4, 0.4]]))
+    old = torch.log(torch.tensor([[0.25, 0.5, 0.1], [0.1, 0.1, 0.4]]))
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    expected = torch.tensor([math.sqrt(2 * 1), (2 * 4 * 1) ** (1 / 3)])
+    assert torch.allclose(losses.sequence_ratio(lp, old, mask), expected, atol=1e-5)
+
+
+def test_clipped_objective_hand_examples_and_decoupled_bounds():
+    # symmetric (PPO/GRPO): ratio 2 with A = +1 is clipped to 1.2; with A = -1 it is not
+    ratio = torch.tensor([[2.0, 1.0]])
+    assert torch.allclose(losses.clipped_objective(ratio, torch.tensor([1.0]), 0.2),
+                          torch.tensor([[-1.2, -1.0]]))
+    assert torch.allclose(losses.clipped_objective(ratio, torch.tensor([-1.0]), 0.2),
+                          torch.tensor([[2.0, 1.0]]))
+    # decoupled (DAPO clip-higher): the upper bound moves to 1.28, the lower stays at 0.8
+    ratio = torch.tensor([[0.7, 1.25, 1.3]])
+    up = losses.clipped_objective(ratio, torch.tensor([1.0]), 0.2, 0.28)
+    assert torch.allclose(up, torch.tensor([[-0.7, -1.25, -1.28]]))
+    down = losses.clipped_objective(ratio, torch.tensor([-1.0]), 0.2, 0.28)
+    assert torch.allclose(down, torch.tensor([[0.8, 1.25, 1.3]]))
+    # a sequence-level ratio (GSPO) takes one advantage per sequence
+    assert losses.clipped_objective(torch.tensor([1.5, 0.5]), torch.tensor([0.5, -2.0]),
+                                    0.2).shape == (2,)
+    with pytest.raises(ValueError, match="low <= high"):
+        losses.clipped_objective(ratio, torch.tensor([1.0]), 0.28, 0.2)
+
+
+def test_clipped_tokens_are_those_without_gradient():
+    ratio = torch.tensor([[2.0, 1.0, 0.56]])
+    assert losses.clipped_tokens(ratio, torch.tensor([1.0]), 0.2).tolist() == [[True, False, False]]
+    assert losses.clipped_tokens(ratio, torch.tensor([-1.0]), 0.2).tolist() == [[False, False, True]]
+    x = ratio.clone().requires_grad_(True)
+    losses.clipped_objective(x, torch.tensor([1.0]), 0.2).sum().backward()
+    assert x.grad.tolist() == [[0.0, -1.0, -1.0]]
+
+
+def test_aggregations_hand_example():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    m = torch.tensor([[True, True, True], [True, False, False]])
+    assert losses.aggregate_loss(x, m, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
+    assert losses.aggregate_loss(x, m, "token-mean").item() == pytest.approx(10 / 4)
+    assert losses.aggregate_loss(x, m, "seq-mean-token-sum-norm", 5).item() == pytest.approx(10 / 10)
+    assert losses.aggregate_loss(x, m, "seq-mean-token-mean") == losses.sequence_mean(x, m)
+    with pytest.raises(ValueError, match="constant_length"):
+        losses.aggregate_loss(x, m, "seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        losses.aggregate_loss(x, m, "mean")
+
+
+def grpo_objective_as_written(lp, old, ref, adv, mask, eps, beta):
+    """DeepSeekMath eq. 3 as a loss, term by term with loops (chapter 02's form)."""
+    total = 0.0
+    for i in range(len(lp)):
+        terms = []
+        for t in range(len(lp[i])):
+            if not mask[i][t]:
+                continue
+            r = math.exp(lp[i][t] - old[i][t])
+            surrogate = min(r * adv[i], min(max(r, 1 - eps), 1 + eps) * adv[i])
+            log_rho = ref[i][t] - lp[i][t]
+            k3 = min(math.exp(log_rho) - log_rho - 1, 10.0)  # the course caps k3 at 10 nats
+            terms.append(-surrogate + beta * k3)
+        total += sum(terms) / max(len(terms), 1)
+    return total / len(lp)
+
+
+def test_grpo_as_written_equals_the_general_loss_with_grpo_options():
+    g = torch.Generator().manual_seed(0)
+    lp, old, ref = (torch.randn(6, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    adv = torch.randn(6, generator=g, dtype=torch.float64)
+    mask = torch.rand(6, 5, generator=g) > 0.3
+    loss, _ = losses.policy_loss(lp, old, adv, mask, "token", 0.2, None, "seq-mean-token-mean")
+    penalty = losses.aggregate_loss(kl.kl_estimate(lp, ref, "k3").clamp(-kl.KL_CLAMP, kl.KL_CLAMP),
+                                    mask, "seq-mean-token-mean")
+    expected = grpo_objective_as_written(lp.tolist(), old.tolist(), ref.tolist(), adv.tolist(),
+                                         mask.tolist(), 0.2, 0.005)
+    assert (loss + 0.005 * penalty).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_on_policy_loss_is_zero_but_its_gradient_is_the_policy_gradient():
+    # On-policy (ratio 1) the loss value is -mean(A) = 0 for centred advantages, but its gradient
+    # is the policy gradient: d loss / d logp_{i,t} = -A_i / (G |o_i|).
+    logp = torch.log(torch.tensor([[0.5, 0.5], [0.25, 0.5]])).requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.tensor([[True, True], [True, False]])
+    loss, clipped = losses.policy_loss(logp, logp.detach(), adv, mask)
+    assert loss.item() == pytest.approx(0.0, abs=1e-7)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.25, -0.25], [0.5, 0.0]]))
+    assert not clipped.any()
+
+
+def test_policy_loss_sequence_ratio_hand_example():
+    # one response of 2 tokens with log-ratios ln 2 and 0: sequence ratio sqrt(2) = 1.414
+    lp = torch.log(torch.tensor([[0.5, 0.5, 0.3]]))
+    old = torch.log(torch.tensor([[0.25, 0.5, 0.9]]))
+    mask = torch.tensor([[True, True, False]])
+    loss, clipped = losses.policy_loss(lp, old, torch.tensor([1.0]), mask, "sequence", 0.2, 0.28)
+    assert loss.item() == pytest.approx(-1.28)  # clipped at 1 + 0.28 for a positive advantage
+    assert clipped.tolist() == [[True, True, False]]
+    loss, _ = losses.policy_loss(lp, old, torch.tensor([-1.0]), mask, "sequence", 0.2, 0.28)
+    assert loss.item() == pytest.approx(2 ** 0.5, rel=1e-5)  # negative advantage: not clipped
+    with pytest.raises(ValueError, match="one advantage per response"):
+        losses.policy_loss(lp, old, torch.ones(1, 3), mask, "sequence")
