@@ -89,3 +89,37 @@ def test_bad_arguments(model, kw, match):
     args = {"max_new_tokens": 4, **kw}
     with pytest.raises(ValueError, match=match):
         generate(model, tokens, mask, eos_id=TOK.eos_id, **args)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.6])
+def test_scoring_at_the_rollout_temperature_equals_the_sampler(temperature):
+    # 64 addition prompts from the warm start: the scores of the sampled tokens are the sampler's
+    # at any temperature (at temperature 0.7 scoring at 1 was off by up to 1.6 nats)
+    from rlm_course.lm.checkpoint import load_checkpoint
+    from rlm_course.rl.runs import default_sft_checkpoint
+    from rlm_course.tasks import get_task
+
+    task = get_task("addition", digits=3)
+    policy = load_checkpoint(default_sft_checkpoint(task))["model"]
+    tokens, mask = TOK.encode_prompts([p.prompt for p in task.problems(64, seed=0)])
+    for model in (policy.double(), policy.float()):
+        r = generate(model, tokens, mask, task.max_response_len, TOK.eos_id, TOK.pad_id,
+                     temperature=temperature, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            scored = response_log_probs(model, r.tokens, r.attention_mask, r.prompt_len,
+                                        temperature=temperature)
+        real = r.response_mask
+        # the sampler decodes with the KV cache, the scorer runs one full pass: the same logits up
+        # to rounding, which dividing by the temperature scales by 1 / temperature
+        dtype = next(model.parameters()).dtype
+        tol = reorder_tolerance(dtype, 512, 8) / temperature
+        assert relative_error(scored[real], r.log_probs[real]) <= tol, dtype
+    with torch.no_grad():  # scoring at temperature 1 instead: another distribution
+        wrong = response_log_probs(policy, r.tokens, r.attention_mask, r.prompt_len)
+    assert (wrong[real] - r.log_probs[real]).abs().max() > 1e-2
+
+
+def test_scoring_refuses_a_bad_temperature(model):
+    r = sample(model, 0)
+    with pytest.raises(ValueError, match="temperature=0"):
+        response_log_probs(model, r.tokens, r.attention_mask, r.prompt_len, temperature=0)

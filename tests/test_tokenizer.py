@@ -29,3 +29,17 @@ def test_left_padded_batch():
     assert tokens.shape == (2, 7)
     assert mask[0].tolist() == [False, False] + [True] * 5
     assert tokens[0, :2].tolist() == [0, 0] and tokens[0, 2].item() == TOK.bos_id
+
+
+def test_a_special_token_inside_a_response_stays_visible_to_the_verifier():
+    from rlm_course.tasks import get_task
+    from rlm_course.tasks.base import Problem
+
+    four, two = TOK.stoi["4"], TOK.stoi["2"]
+    response = [four, TOK.pad_id, two, TOK.eos_id, TOK.pad_id, TOK.pad_id]
+    assert TOK.decode(response) == "42"  # display decoding drops specials
+    assert TOK.decode_response(response) == "4<pad>2"
+    assert TOK.decode_response([TOK.bos_id, four, two]) == "<bos>42"
+    assert TOK.decode_response([four, two, TOK.eos_id, TOK.pad_id]) == "42"  # padding after <eos>
+    verdict = get_task("addition").verify(Problem("20+22=", "42"), TOK.decode_response(response))
+    assert not verdict.format_ok and not verdict.correct

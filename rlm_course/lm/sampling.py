@@ -146,20 +146,35 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
 
 
 def response_log_probs(model: TinyGPT, tokens: Tensor, attention_mask: Tensor, prompt_len: int,
-                       with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                       with_entropy: bool = False,
+                       temperature: float = 1.0) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probability of every response token under ``model``, in one forward pass.
+
+    The logits are divided by the rollout's ``temperature`` first, so the scores are those of the
+    distribution the tokens were sampled from (as veRL and OpenRLHF score them): the ratio, the KL
+    and the policy gradient of an RL step then all belong to that distribution. (Scoring a
+    temperature-0.7 sample at temperature 1 is off by up to a nat and a half per token.)
 
     Args:
         tokens, attention_mask: ``(batch, P + R)`` as in :class:`Rollout`.
         prompt_len: ``P``; the logits at column ``P - 1 + t`` predict response token ``t``.
         with_entropy: also return the entropy of each predictive distribution.
+        temperature: the sampling temperature of the rollout (> 0).
 
     Returns:
         ``log_probs (batch, R)`` (and ``entropy (batch, R)`` in nats). Positions outside the
         response mask hold values of padding; mask them out.
+
+    Raises:
+        ValueError: for a temperature that is not positive and finite.
     """
+    if not (0 < temperature < float("inf")):
+        raise ValueError(f"response_log_probs: temperature={temperature} must be positive and "
+                         "finite (the one the rollout was sampled at).")
     logits = model(tokens, attention_mask)[:, prompt_len - 1:-1]  # (batch, R, vocab)
     logits = logits.to(_at_least_fp32(logits.dtype))
+    if temperature != 1.0:
+        logits = logits / temperature
     logp = F.log_softmax(logits, dim=-1)
     targets = tokens[:, prompt_len:]
     token_logp = logp.gather(-1, targets[..., None]).squeeze(-1)

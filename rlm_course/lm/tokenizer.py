@@ -61,6 +61,20 @@ class CharTokenizer:
                 out.append(self.itos[i])
         return "".join(out)
 
+    def decode_response(self, ids: Sequence[int] | Tensor) -> str:
+        """The text of a generated response, as the verifier must see it: up to the first
+        ``<eos>`` (what follows is padding), with any other special token the policy sampled kept
+        visible by name. (Dropping them, as :meth:`decode` does, would verify ``"4<pad>2"`` as the
+        answer ``"42"``.)"""
+        if isinstance(ids, Tensor):
+            ids = ids.tolist()
+        out = []
+        for i in ids:
+            if i == self.eos_id:
+                break
+            out.append(self.itos[i])
+        return "".join(out)
+
     def encode_prompts(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """Left-padded batch of ``<bos> + prompt``.
 

@@ -31,7 +31,7 @@ def evaluate(model: TinyGPT, task: Task, problems: list[Problem], tokenizer: Cha
         rollout = generate(model, tokens, mask, task.max_response_len, tokenizer.eos_id,
                            tokenizer.pad_id, greedy=True)
         for p, row in zip(chunk, rollout.responses):
-            text = tokenizer.decode(row)
+            text = tokenizer.decode_response(row)
             verdict = task.verify(p, text)
             responses.append(text)
             correct += verdict.correct

@@ -143,7 +143,8 @@ class RLTrainer:
         self.peak_kv_cache_bytes = max(self.peak_kv_cache_bytes, kv_cache_allocated_bytes(
             self.policy.config, len(group), tokens.shape[1] + self.max_new_tokens))
         with timer("reward"):
-            verdicts = [self.task.verify(p, tok.decode(r)) for p, r in zip(group, rollout.responses)]
+            verdicts = [self.task.verify(p, tok.decode_response(r))
+                        for p, r in zip(group, rollout.responses)]
             rewards = torch.tensor([v.reward for v in verdicts])
             if cfg.overlong_buffer:
                 rewards = rewards + overlong_penalty(rollout.response_lengths(),
@@ -245,9 +246,11 @@ class RLTrainer:
             with timer("scoring"), torch.no_grad():
                 old_log_probs = ref_log_probs = values = None
                 if cfg.reuses_batch or (cfg.kl_mode == "reward" and self.reference is not None):
-                    old_log_probs = response_log_probs(self.policy, tokens, attn, plen)
+                    old_log_probs = response_log_probs(self.policy, tokens, attn, plen,
+                                                       temperature=cfg.temperature)
                 if self.reference is not None:
-                    ref_log_probs = response_log_probs(self.reference, tokens, attn, plen)
+                    ref_log_probs = response_log_probs(self.reference, tokens, attn, plen,
+                                                       temperature=cfg.temperature)
                 if self.critic is not None:
                     values = self.critic(tokens, attn, plen)
                 if cfg.kl_mode == "reward" and ref_log_probs is not None:
@@ -292,7 +295,8 @@ class RLTrainer:
                 mask = rmask[idx]
                 with self.activations.track():
                     log_probs, entropy = response_log_probs(self.policy, tokens[idx], attn[idx],
-                                                            plen, with_entropy=True)
+                                                            plen, with_entropy=True,
+                                                            temperature=cfg.temperature)
                     old = old_log_probs[idx] if old_log_probs is not None else log_probs.detach()
                     loss, clipped = policy_loss(log_probs, old, advantages[idx], mask,
                                                 cfg.ratio_level, cfg.clip_eps, cfg.clip_high,
