@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.rl.advantages import check_groups
+from rlm_course.rl.advantages import check_groups, constant_groups
 
 __all__ = ['group_advantages', 'clipped_objective', 'kl_k3']
 
@@ -22,7 +22,8 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
     ``A_i = (R_i - mean(R_group)) / (std(R_group) + eps)``, or ``R_i - mean(R_group)`` when
     ``normalize_std`` is False (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783). ``std`` is the
     unbiased sample standard deviation (``torch.std``'s default, as in TRL). Every token of response
-    ``i`` shares ``A_i``. A group whose rewards are all equal gets advantage 0: it carries no signal.
+    ``i`` shares ``A_i``. A group whose rewards are all equal gets advantage exactly 0: it
+    carries no signal (:func:`constant_groups`).
 
     Args:
         rewards: ``(num_prompts * group_size,)`` float; responses of one prompt are contiguous.
@@ -35,8 +36,8 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
         ValueError: if ``group_size < 2`` or does not divide the number of rewards.
     """
     check_groups(rewards, group_size, "group_advantages")
-    # TODO: reshape so that each row is one group, compare each reward with its group's statistics, and return the same shape as rewards
-    raise NotImplementedError("not implemented yet: reshape so that each row is one group, compare each reward with its group's statistics, and return the same shape as rewards")
+    # TODO: reshape so that each row is one group, compare each reward with its group's statistics, give the groups of equal rewards exactly 0 (constant_groups), and return the same shape as rewards
+    raise NotImplementedError("not implemented yet: reshape so that each row is one group, compare each reward with its group's statistics, give the groups of equal rewards exactly 0 (constant_groups), and return the same shape as rewards")
 
 
 def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
@@ -69,14 +70,20 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """Per-token k3 estimator of KL(pi_theta || pi_ref) (Schulman 2020, "Approximating KL
     divergence", joschu.net/blog/kl-approx.html; GRPO eq. 4).
 
-    With ``log rho = log pi_ref - log pi_theta`` on tokens sampled from pi_theta:
-    ``k3 = exp(log rho) - log rho - 1``: unbiased, always >= 0, and 0 where the two agree.
+    With ``x = log rho = log pi_ref - log pi_theta`` on tokens sampled from pi_theta:
+    ``k3 = exp(x) - x - 1``: unbiased, always >= 0, and 0 where the two agree.
+
+    Computed so that it stays >= 0 and accurate when the policies nearly agree (the usual case):
+    ``exp(x) - 1 - x`` written as is subtracts numbers that agree in almost every bit, and in
+    float32 ``x = -1e-6`` gives -6e-8 instead of 5e-13. ``expm1(x) - x`` has no such cancellation
+    in ``exp(x) - 1``; for ``|x| < 0.1`` the Taylor series ``x^2/2 + x^3/6 + x^4/24 + x^5/120``
+    (relative error below 3e-7) replaces the remaining subtraction.
 
     Args:
         log_probs, ref_log_probs: ``(batch, R)``.
 
     Returns:
-        ``(batch, R)`` non-negative estimates.
+        ``(batch, R)`` non-negative estimates, exactly 0 where the log-probs are equal.
     """
-    # TODO: work with log rho (a difference of log-probs) and follow the formula in the docstring
-    raise NotImplementedError('not implemented yet: work with log rho (a difference of log-probs) and follow the formula in the docstring')
+    # TODO: x = log rho is a difference of log-probs; exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120
+    raise NotImplementedError('not implemented yet: x = log rho is a difference of log-probs; exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120')

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.rl.advantages import check_groups
+from rlm_course.rl.advantages import check_groups, constant_groups
 from rlm_course.rl.losses import AGGREGATIONS, masked_mean, sequence_mean
 
 __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
@@ -19,15 +19,16 @@ __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
 def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740, eq. 5).
 
-    ``A_i = R_i - 1/(G-1) sum_{j != i} R_j``, which equals ``G/(G-1) (R_i - mean(R))``.
+    ``A_i = R_i - 1/(G-1) sum_{j != i} R_j``, which equals ``G/(G-1) (R_i - mean(R))``; exactly 0
+    for a group of equal rewards (:func:`constant_groups`).
     Input and output ``(num_prompts * group_size,)``.
 
     Raises:
         ValueError: if ``group_size < 2`` or does not divide the number of rewards.
     """
     check_groups(rewards, group_size, "rloo_advantages")
-    # TODO: one row per group; each response's baseline is the mean of the *other* G-1 rewards of its row
-    raise NotImplementedError("not implemented yet: one row per group; each response's baseline is the mean of the *other* G-1 rewards of its row")
+    # TODO: one row per group; each response's baseline is the mean of the *other* G-1 rewards of its row; groups of equal rewards get exactly 0 (constant_groups)
+    raise NotImplementedError("not implemented yet: one row per group; each response's baseline is the mean of the *other* G-1 rewards of its row; groups of equal rewards get exactly 0 (constant_groups)")
 
 
 def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.rl.advantages import check_groups
+from rlm_course.rl.advantages import check_groups, constant_groups
 
 __all__ = ['group_advantages', 'clipped_objective', 'kl_k3']
 
@@ -21,7 +21,8 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
     ``A_i = (R_i - mean(R_group)) / (std(R_group) + eps)``, or ``R_i - mean(R_group)`` when
     ``normalize_std`` is False (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783). ``std`` is the
     unbiased sample standard deviation (``torch.std``'s default, as in TRL). Every token of response
-    ``i`` shares ``A_i``. A group whose rewards are all equal gets advantage 0: it carries no signal.
+    ``i`` shares ``A_i``. A group whose rewards are all equal gets advantage exactly 0: it
+    carries no signal (:func:`constant_groups`).
 
     Args:
         rewards: ``(num_prompts * group_size,)`` float; responses of one prompt are contiguous.
@@ -38,7 +39,7 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_std:
         centered = centered / (grouped.std(dim=1, keepdim=True) + eps)
-    return centered.reshape(-1)
+    return centered.masked_fill(constant_groups(grouped), 0.0).reshape(-1)
 
 
 def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
@@ -71,14 +72,21 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """Per-token k3 estimator of KL(pi_theta || pi_ref) (Schulman 2020, "Approximating KL
     divergence", joschu.net/blog/kl-approx.html; GRPO eq. 4).
 
-    With ``log rho = log pi_ref - log pi_theta`` on tokens sampled from pi_theta:
-    ``k3 = exp(log rho) - log rho - 1``: unbiased, always >= 0, and 0 where the two agree.
+    With ``x = log rho = log pi_ref - log pi_theta`` on tokens sampled from pi_theta:
+    ``k3 = exp(x) - x - 1``: unbiased, always >= 0, and 0 where the two agree.
+
+    Computed so that it stays >= 0 and accurate when the policies nearly agree (the usual case):
+    ``exp(x) - 1 - x`` written as is subtracts numbers that agree in almost every bit, and in
+    float32 ``x = -1e-6`` gives -6e-8 instead of 5e-13. ``expm1(x) - x`` has no such cancellation
+    in ``exp(x) - 1``; for ``|x| < 0.1`` the Taylor series ``x^2/2 + x^3/6 + x^4/24 + x^5/120``
+    (relative error below 3e-7) replaces the remaining subtraction.
 
     Args:
         log_probs, ref_log_probs: ``(batch, R)``.
 
     Returns:
-        ``(batch, R)`` non-negative estimates.
+        ``(batch, R)`` non-negative estimates, exactly 0 where the log-probs are equal.
     """
-    log_rho = ref_log_probs - log_probs
-    return torch.exp(log_rho) - log_rho - 1.0
+    x = ref_log_probs - log_probs
+    series = x * x * (0.5 + x * (1.0 / 6 + x * (1.0 / 24 + x / 120)))
+    return torch.where(x.abs() < 0.1, series, (torch.expm1(x) - x).clamp(min=0.0))

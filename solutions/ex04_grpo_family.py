@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.rl.advantages import check_groups
+from rlm_course.rl.advantages import check_groups, constant_groups
 from rlm_course.rl.losses import AGGREGATIONS, masked_mean, sequence_mean
 
 __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
@@ -18,7 +18,8 @@ __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
 def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740, eq. 5).
 
-    ``A_i = R_i - 1/(G-1) sum_{j != i} R_j``, which equals ``G/(G-1) (R_i - mean(R))``.
+    ``A_i = R_i - 1/(G-1) sum_{j != i} R_j``, which equals ``G/(G-1) (R_i - mean(R))``; exactly 0
+    for a group of equal rewards (:func:`constant_groups`).
     Input and output ``(num_prompts * group_size,)``.
 
     Raises:
@@ -27,7 +28,7 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     check_groups(rewards, group_size, "rloo_advantages")
     grouped = rewards.view(-1, group_size)
     baseline = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)
-    return (grouped - baseline).reshape(-1)
+    return (grouped - baseline).masked_fill(constant_groups(grouped), 0.0).reshape(-1)
 
 
 def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tensor) -> Tensor:

@@ -99,3 +99,24 @@ def test_gae_hand_example():
     assert torch.allclose(ret, torch.tensor([[0.9, 1.0]]))
     with pytest.raises(ValueError, match="gamma"):
         advantages.gae(adv, adv, torch.ones(1, 2, dtype=torch.bool), gamma=1.5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(-10, 10, allow_nan=False, width=32), st.sampled_from([2, 3, 4, 8, 16]),
+       st.integers(1, 4))
+def test_groups_of_equal_rewards_get_exactly_zero(value, group_size, prompts):
+    # a float mean of equal values can be one ulp off (0.1 x 8 averages to 0.1 + 7.5e-9 in
+    # float32), which a near-zero std turned into -0.0074 for every response of the group
+    rewards = torch.cat([torch.full((group_size,), value),
+                         torch.arange(group_size * (prompts - 1), dtype=torch.float32)])
+    for estimate in (advantages.group_advantages(rewards, group_size),
+                     advantages.group_advantages(rewards, group_size, normalize_std=False),
+                     advantages.rloo_advantages(rewards, group_size)):
+        assert (estimate[:group_size] == 0).all()
+        if prompts > 1:
+            assert (estimate[group_size:] != 0).any()
+
+
+def test_all_wrong_group_hand_example():
+    assert advantages.group_advantages(torch.full((8,), 0.1), 8).tolist() == [0.0] * 8
+    assert advantages.rloo_advantages(torch.full((8,), 0.7), 8).tolist() == [0.0] * 8

@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlm_course.rl import kl
 
@@ -16,3 +18,22 @@ def test_kl_estimators_hand_example():
     assert kl.kl_estimate(lp, ref, "k3").item() == pytest.approx(0.5 + ln2 - 1)
     with pytest.raises(ValueError, match="unknown KL estimator"):
         kl.kl_estimate(lp, ref, "k4")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-30, 30, allow_nan=False, width=32), st.floats(-30, 30, allow_nan=False, width=32))
+def test_k3_is_non_negative_exactly_zero_when_equal_and_accurate(lp, ref):
+    a, b = torch.tensor([lp]), torch.tensor([ref])
+    value = kl.kl_k3(a, b).item()
+    assert value >= 0.0
+    assert kl.kl_k3(a, a).item() == 0.0
+    # against float64 (exact enough: x is a float32 difference, and for small x the series)
+    x = (b.double() - a.double()).item()
+    exact = math.expm1(x) - x if abs(x) >= 1e-3 else x * x / 2 + x ** 3 / 6 + x ** 4 / 24
+    assert value == pytest.approx(exact, rel=1e-5, abs=1e-30)
+
+
+def test_k3_hand_example_for_nearly_equal_policies():
+    # log rho = -1e-6: exp(x) - x - 1 = 5.0e-13 (written naively in float32 it was -5.96e-8)
+    assert kl.kl_k3(torch.tensor([0.0]), torch.tensor([-1e-6])).item() == pytest.approx(5.0e-13,
+                                                                                      rel=1e-5)

@@ -30,6 +30,16 @@ def check_groups(rewards: Tensor, group_size: int, who: str) -> None:
                          f"{group_size}.")
 
 
+def constant_groups(grouped: Tensor) -> Tensor:
+    """``(num_prompts, 1)`` bool, True for each row of ``grouped (num_prompts, group_size)`` whose
+    rewards are all equal. Such a group carries no learning signal, and every group baseline must
+    give it advantage exactly 0: computed as written, a float mean of equal values can be one ulp
+    off (``0.1`` eight times averages to ``0.1 + 7e-9`` in float32), and dividing that by a
+    near-zero standard deviation pushes every response of the group (by -0.0074 for rewards 0.1,
+    +0.056 for 0.7)."""
+    return (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
+
+
 def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = True,
                      eps: float = 1e-6) -> Tensor:
     """Group-relative advantages of GRPO (Shao et al. 2024, section 4.1.2, outcome supervision).
@@ -37,7 +47,8 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
     ``A_i = (R_i - mean(R_group)) / (std(R_group) + eps)``, or ``R_i - mean(R_group)`` when
     ``normalize_std`` is False (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783). ``std`` is the
     unbiased sample standard deviation (``torch.std``'s default, as in TRL). Every token of response
-    ``i`` shares ``A_i``. A group whose rewards are all equal gets advantage 0: it carries no signal.
+    ``i`` shares ``A_i``. A group whose rewards are all equal gets advantage exactly 0: it
+    carries no signal (:func:`constant_groups`).
 
     Args:
         rewards: ``(num_prompts * group_size,)`` float; responses of one prompt are contiguous.
@@ -50,29 +61,30 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
         ValueError: if ``group_size < 2`` or does not divide the number of rewards.
     """
     check_groups(rewards, group_size, "group_advantages")
-    # BEGIN SOLUTION: reshape so that each row is one group, compare each reward with its group's statistics, and return the same shape as rewards
+    # BEGIN SOLUTION: reshape so that each row is one group, compare each reward with its group's statistics, give the groups of equal rewards exactly 0 (constant_groups), and return the same shape as rewards
     grouped = rewards.view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_std:
         centered = centered / (grouped.std(dim=1, keepdim=True) + eps)
-    return centered.reshape(-1)
+    return centered.masked_fill(constant_groups(grouped), 0.0).reshape(-1)
     # END SOLUTION
 
 
 def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740, eq. 5).
 
-    ``A_i = R_i - 1/(G-1) sum_{j != i} R_j``, which equals ``G/(G-1) (R_i - mean(R))``.
+    ``A_i = R_i - 1/(G-1) sum_{j != i} R_j``, which equals ``G/(G-1) (R_i - mean(R))``; exactly 0
+    for a group of equal rewards (:func:`constant_groups`).
     Input and output ``(num_prompts * group_size,)``.
 
     Raises:
         ValueError: if ``group_size < 2`` or does not divide the number of rewards.
     """
     check_groups(rewards, group_size, "rloo_advantages")
-    # BEGIN SOLUTION: one row per group; each response's baseline is the mean of the *other* G-1 rewards of its row
+    # BEGIN SOLUTION: one row per group; each response's baseline is the mean of the *other* G-1 rewards of its row; groups of equal rewards get exactly 0 (constant_groups)
     grouped = rewards.view(-1, group_size)
     baseline = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)
-    return (grouped - baseline).reshape(-1)
+    return (grouped - baseline).masked_fill(constant_groups(grouped), 0.0).reshape(-1)
     # END SOLUTION
 
 

@@ -75,7 +75,8 @@ class RLConfig:
         ValueError: for a value out of range, or a combination that makes no sense (GAE without a
             critic, a critic without GAE, ``clip_eps_high < clip_eps``, a group baseline or dynamic
             sampling with ``group_size`` 1, a sequence-level ratio with per-token advantages, a KL
-            coefficient with ``kl_mode='none'``); the message names the conflict and the fix.
+            coefficient with ``kl_mode='none'``, k1 as a loss, whose expected gradient is zero);
+            the message names the conflict and the fix.
     """
 
     variant: str = "grpo"
@@ -209,6 +210,12 @@ class RLConfig:
             raise ValueError(f"dynamic_sampling with advantage={self.advantage!r}: the filter drops "
                              "groups whose rewards are all equal, so it needs a group advantage "
                              "(group, rloo) and group_size >= 2 (--advantage group --group-size 8).")
+        if self.kl_mode == "loss" and self.kl_estimator == "k1" and self.kl_coef > 0:
+            raise ValueError("kl_estimator='k1' with kl_mode='loss': as a loss on tokens sampled "
+                             "from the policy, k1 = log pi_theta - log pi_ref has expected gradient "
+                             "E[grad log pi_theta] = 0, so it would not hold the policy near the "
+                             "reference; use k3 (GRPO's) or k2 as a loss (--kl-estimator k3), or "
+                             "put k1 in the reward (--kl-mode reward).")
         if self.kl_mode == "none" and self.kl_coef > 0:
             raise ValueError(f"kl_coef={self.kl_coef} with kl_mode='none': the coefficient would be "
                              "ignored; set kl_coef 0 (--kl-coef 0), or kl_mode 'loss' or 'reward'.")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlm_course.rl.advantages import check_groups
+from rlm_course.rl.advantages import check_groups, constant_groups
 
 
 def overlong_penalty(lengths: Tensor, max_length: int, cache_length: int) -> Tensor:
@@ -31,5 +31,4 @@ def groups_with_signal(rewards: Tensor, group_size: int) -> Tensor:
     not all equal. A group of equal rewards has zero group-relative advantage and no gradient;
     DAPO drops it and samples more prompts until the batch is full (the cost: extra generation)."""
     check_groups(rewards, group_size, "groups_with_signal")
-    grouped = rewards.view(-1, group_size)
-    return (grouped != grouped[:, :1]).any(dim=1)
+    return ~constant_groups(rewards.view(-1, group_size)).squeeze(1)

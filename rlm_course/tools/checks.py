@@ -90,6 +90,22 @@ def _checks_group_advantages(fn):
     yield "groups are contiguous runs of group_size", lambda: _close(
         fn(torch.tensor([0.0, 2.0, 10.0, 14.0]), 2, normalize_std=False),
         torch.tensor([-1.0, 1.0, -2.0, 2.0]))
+    yield from _equal_groups_get_zero(fn)
+
+
+def _equal_groups_get_zero(fn, **kwargs):
+    """Eight equal rewards of 0.1 (a well-formed wrong answer) or 0.7: the float mean is one ulp
+    off, so only an explicit test for equal rewards gives exactly 0."""
+    def check():
+        for value in (0.1, 0.7):
+            out = fn(torch.full((8,), value), 8, **kwargs)
+            if not isinstance(out, torch.Tensor) or not bool((out == 0).all()):
+                got = out.tolist()[:3] if isinstance(out, torch.Tensor) else out
+                return False, (f"rewards all {value}: got {got}..., expected exactly 0 (a float "
+                               "mean of equal values can be one ulp off; test for equal rewards)")
+        return True, ""
+
+    yield "a group of equal rewards gets exactly 0", check
 
 
 def _checks_clipped_objective(fn):
@@ -121,7 +137,18 @@ def _checks_kl_k3(fn):
         fn(lp, ref), torch.tensor([[0.5 + math.log(2) - 1, 0.0]]))
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(4, 7, generator=g), torch.randn(4, 7, generator=g)
-    yield "non-negative", lambda: (bool((fn(a, b) >= -1e-7).all()), "found a negative value")
+    yield "non-negative", lambda: (bool((fn(a, b) >= 0).all()), "found a negative value")
+
+    def nearly_equal():  # x = log rho = -1e-6: exp(x) - x - 1 cancels; the true value is 5e-13
+        got = fn(torch.tensor([0.0]), torch.tensor([-1e-6]))
+        want = 0.5e-12
+        ok = bool((got >= 0).all()) and abs(got.item() - want) <= 1e-3 * want
+        return ok, (f"k3 for log rho = -1e-6 is {got.item():.3e}, expected {want:.3e} "
+                    "(use torch.expm1, or the series for small log rho)")
+
+    yield "accurate and non-negative when the policies nearly agree", nearly_equal
+    yield "exactly 0 where the log-probs are equal", lambda: (
+        bool((fn(a, a) == 0).all()), "k3(x, x) is not 0")
 
     def unbiased():
         p = torch.tensor([0.6, 0.3, 0.1])
@@ -219,6 +246,7 @@ def _checks_rloo_advantages(fn):
     yield "equals G/(G-1) times the centred reward", lambda: _close(fn(x, 3), 1.5 * centred)
     yield "groups are contiguous", lambda: _close(fn(torch.tensor([0.0, 2.0, 10.0, 14.0]), 2),
                                                   torch.tensor([-2.0, 2.0, -4.0, 4.0]))
+    yield from _equal_groups_get_zero(fn)
 
 
 def _checks_sequence_ratio(fn):
