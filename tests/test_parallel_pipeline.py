@@ -74,6 +74,24 @@ def test_executing_a_schedule_gives_one_devices_gradients(name, p, v):
             assert relative_error(pa.grad, pb.grad) <= tol
 
 
+def test_unequal_micro_batches_give_one_devices_gradients():
+    # 2-stage 1F1B, micro-batches of 3 and 1 rows of a 4-row batch: dividing each micro-batch's
+    # mean loss by m = 2 weighed the single row 3x too much (gradients off by 0.142)
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(6, 6), nn.Tanh()).double() for _ in range(4)]
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64)
+    reference = copy.deepcopy(layers)
+    nn.functional.mse_loss(nn.Sequential(*reference)(x), y).backward()
+    losses = run_pipeline(layers, schedule_table("1f1b", 2, 2), [(x[:3], y[:3]), (x[3:], y[3:])],
+                          nn.functional.mse_loss)
+    tol = reorder_tolerance(torch.float64, terms=4, depth=8)
+    for a, b in zip(layers, reference):
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            assert relative_error(pa.grad, pb.grad) <= tol
+    assert (3 * losses[0] + losses[1]) / 4 == pytest.approx(
+        nn.functional.mse_loss(nn.Sequential(*reference)(x), y).item(), rel=tol)
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="multiple of the pipeline devices"):
         schedule_table("interleaved", 4, 6, 2)

@@ -7,6 +7,7 @@ import torch
 from rlm_course.lm.model import Block, ModelConfig
 from rlm_course.numerics import relative_error, reorder_tolerance
 from rlm_course.parallel.tensor_parallel import (
+    REPLICATED,
     TensorParallelBlock,
     layer_bytes_per_rank,
     shard_sequence,
@@ -55,10 +56,26 @@ def test_tensor_parallel_block_equals_one_device(sp, tp, batch, seq):
     assert close(torch.cat([s.fc_w.grad for s in shards]), block.mlp.fc.weight.grad)
     assert close(torch.cat([s.out_w.grad for s in shards], 1), block.mlp.out.weight.grad)
     assert close(torch.cat([s.proj_w.grad for s in shards], 1), block.attn.proj.weight.grad)
-    ln = sum(s.ln1.weight.grad for s in shards) if sp else shards[0].ln1.weight.grad
-    assert close(ln, block.ln1.weight.grad)
     # two all-reduce volumes forward, two backward, per rank
     assert world.sent == [layer_bytes_per_rank(batch, seq, 16, tp, bytes_per_element=8)] * tp
+    whole = {"ln1.weight": block.ln1.weight, "ln1.bias": block.ln1.bias,
+             "ln2.weight": block.ln2.weight, "ln2.bias": block.ln2.bias,
+             "proj_b": block.attn.proj.bias, "out_b": block.mlp.out.bias}
+    assert set(whole) == set(REPLICATED)
+    for name, reference_param in whole.items():
+        grads = [s.get_parameter(name).grad for s in shards]
+        if sp and tp > 1:  # partial sums over each rank's positions: only their sum is right
+            assert close(sum(grads), reference_param.grad)
+            assert not close(grads[0], reference_param.grad)
+        else:
+            assert all(close(g, reference_param.grad) for g in grads)
+    before = list(world.sent)
+    parallel.reduce_replicated_grads()
+    for name, reference_param in whole.items():
+        assert all(close(s.get_parameter(name).grad, reference_param.grad) for s in shards), name
+    # one all-reduce of the 6 d_model replicated values (8-byte floats) under SP, nothing without
+    extra = 2 * (tp - 1) * (6 * 16 * 8) // tp if sp else 0
+    assert [a - b for a, b in zip(world.sent, before)] == [extra] * tp
 
 
 def test_bad_degrees():

@@ -210,8 +210,11 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
                  micro_batches: list[Tensor], loss_fn, world=None) -> list[float]:
     """Execute a schedule on real modules: ``layers`` split evenly into ``p x v`` virtual
     stages, each forward/backward run in table order with activations handed between stages.
-    Gradients accumulate in the modules as in one device's step on the whole batch (each
-    micro-batch's loss is divided by ``m``). Returns the micro-batch losses. With a ``world`` of
+    Gradients accumulate in the modules as in one device's step on the whole batch:
+    ``loss_fn(output, target)`` must be a mean over the micro-batch's rows, and each micro-batch's
+    loss is weighted by its share of the batch's rows (``rows_i / rows``; ``1 / m`` for equal
+    micro-batches), so micro-batches of unequal sizes give the whole batch's mean gradient too.
+    Returns the micro-batch losses (each its own mean). With a ``world`` of
     ``p`` ranks, every activation sent forward and every gradient sent back between devices is a
     counted send/recv: ``2 x (p v - 1) x m`` messages of one micro-batch's activations.
 
@@ -234,6 +237,8 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
     per = len(layers) // stages
     parts = [nn.Sequential(*layers[j * per:(j + 1) * per]) for j in range(stages)]
     m = len(micro_batches)
+    rows = [len(mb[0]) for mb in micro_batches]
+    weights = [r / sum(rows) for r in rows]  # the whole batch's mean = sum of weighted means
     inputs: dict[tuple[int, int], Tensor] = {}
     outputs: dict[tuple[int, int], Tensor] = {}
     grads: dict[tuple[int, int], Tensor] = {}
@@ -250,8 +255,9 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
             inputs[(mb, j)] = x
             out = parts[j](x)
             if j == stages - 1:
-                out = loss_fn(out, micro_batches[mb][1]) / m
-                losses[mb] = out.item() * m
+                loss = loss_fn(out, micro_batches[mb][1])
+                losses[mb] = loss.item()
+                out = loss * weights[mb]
             outputs[(mb, j)] = out
             return True
         if j < stages - 1 and (mb, j) not in grads:

@@ -14,9 +14,14 @@ the input gradient backward; ``g`` is an all-reduce forward and the identity bac
 block costs **two all-reduces forward and two backward** of ``batch x seq x d_model`` activations.
 With sequence parallelism the norms and residuals work on sequence shards, ``f`` becomes an
 all-gather (backward: reduce-scatter) and ``g`` a reduce-scatter (backward: all-gather): the same
-bytes, but activations outside the matmuls are split ``tp`` ways. (The layer norms' parameter
-gradients are then partial sums over each rank's positions; Megatron adds them up with one small
-all-reduce per step, not simulated here.)
+bytes, but activations outside the matmuls are split ``tp`` ways.
+
+Every parameter that is *replicated* on the ranks (not split) sees, under sequence parallelism,
+only its rank's positions, so its gradient on each rank is a partial sum: the layer norms' weights
+and biases and the biases of the two row-parallel layers (added after the reduction), the
+parameters named in :data:`REPLICATED`. Megatron all-reduces them over the TP group once per step
+before the optimizer (:meth:`TensorParallelBlock.reduce_replicated_grads`, counted here); without
+sequence parallelism every rank sees every position and they are already equal.
 
 The collectives are autograd functions that call :class:`~rlm_course.parallel.world.World`, so the
 backward pass communicates (and is counted) too.
@@ -108,6 +113,11 @@ class _ReduceScatterSeq(torch.autograd.Function):
         return (None, None, *(full.clone() for _ in grads))
 
 
+#: Parameters of a block that every TP rank holds whole (not split); under sequence parallelism
+#: their gradients are partial sums over each rank's positions.
+REPLICATED = ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "proj_b", "out_b")
+
+
 class TensorParallelBlock(nn.Module):
     """A :class:`~rlm_course.lm.model.Block` split over ``world.size`` ranks (all of them form the
     TP group). Rank ``r`` owns ``shards[r]``: its heads' QKV rows and output-projection columns,
@@ -183,6 +193,30 @@ class TensorParallelBlock(nn.Module):
         h2 = enter.apply(world, ranks, *(s.ln2(x) for s, x in zip(shards, x1)))
         mlp = leave.apply(world, ranks, *(self._mlp(s, hr) for s, hr in zip(shards, h2)))
         return [x + m + s.out_b for s, x, m in zip(shards, x1, mlp)]
+
+    def reduce_replicated_grads(self) -> None:
+        """After the backward pass: all-reduce the gradients of the :data:`REPLICATED`
+        parameters over the TP group when sequence parallelism is on (each rank's gradient is then
+        a partial sum over its positions), so that every rank holds the whole gradient, as
+        Megatron does before the optimizer step; one all-reduce of ``6 d_model`` values. Without
+        sequence parallelism it does nothing (the gradients are already whole and equal).
+
+        Raises:
+            ValueError: if a replicated parameter has no gradient (call it after ``backward``).
+        """
+        if not self.sp:
+            return
+        params = [[s.get_parameter(name) for name in REPLICATED] for s in self.shards]
+        if any(p.grad is None for ps in params for p in ps):
+            raise ValueError("reduce_replicated_grads: a replicated parameter has no gradient; "
+                             "call it after the backward pass.")
+        flat = [torch.cat([p.grad.reshape(-1) for p in ps]) for ps in params]
+        total = self.world.all_reduce(flat, self.ranks, name="all-reduce (SP replicated grads)")
+        for ps, t in zip(params, total):
+            offset = 0
+            for p in ps:
+                p.grad = t[offset:offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
 
 
 def shard_sequence(x: Tensor, tp: int) -> list[Tensor]:
