@@ -102,6 +102,7 @@ def _eval(args) -> int:
     from rlm_course.lm.checkpoint import load_checkpoint
     from rlm_course.lm.tokenizer import CharTokenizer
     from rlm_course.rl.evaluate import evaluate
+    from rlm_course.rl.runs import check_model_for_task
     from rlm_course.tasks.eval_sets import load_eval_set
 
     task = _task_from_args(args)
@@ -112,6 +113,8 @@ def _eval(args) -> int:
         raise ValueError(f"checkpoint {args.checkpoint} was trained on {checkpoint['task']}, not "
                          f"{task.key}; pass the matching --task and task options.")
     model = checkpoint["model"]
+    check_model_for_task(model.config, CharTokenizer(), task, task.max_response_len,
+                         f"checkpoint {args.checkpoint}")
     problems = load_eval_set(task)
     result = evaluate(model, task, problems, CharTokenizer())
     for p, r in list(zip(problems, result.responses))[: args.show]:
@@ -166,8 +169,9 @@ def _hardware(args) -> int:
              f"{d.intra_node_bandwidth / 1e9:,.0f}", f"{d.inter_node_bandwidth / 1e9:,.0f}"]
             for d in load_catalog().values()]
     print(format_table(rows, ["device", "dense peak TFLOP/s*", "memory GB", "bandwidth TB/s",
-                              "ridge FLOP/B", "intra-node GB/s", "inter-node GB/s"]))
-    print("* bf16 for accelerators, fp32 for this machine; sources in data/hardware/")
+                              "ridge FLOP/B", "intra-node GB/s**", "inter-node GB/s**"]))
+    print("* bf16 for accelerators, fp32 for this machine; ** per direction (half a datasheet's "
+          "bidirectional NVLink figure); sources in data/hardware/")
     return 0
 
 

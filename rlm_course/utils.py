@@ -59,6 +59,23 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
+def ensure_writable_folder(folder: str | Path, flag: str) -> None:
+    """Create ``folder`` if needed and prove that a file can be written in it, so that a long job
+    fails before its work, not when it saves.
+
+    Raises:
+        ValueError: naming the folder, the operating system's reason and the flag to change.
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write to {folder} ({err.strerror or err}); choose another "
+                         f"{flag}.") from None
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 

@@ -116,6 +116,7 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     (["--task", "addition", "--variant", "reinforce_pp", "--advantage", "rloo"],
      "group_size=1 with advantage='rloo'"),
     (["--task", "addition", "--variant", "dapo", "--kl-coef", "0.1"], "kl_mode='none'"),
+    (["--task", "addition", "--kl-mode", "loss", "--kl-estimator", "k1"], "expected gradient"),
     (["--task", "addition", "--gamma", "0.5"], "--gamma has no effect"),
     (["--task", "addition", "--variant", "rloo", "--no-normalize-std"], "--normalize-std has no"),
     (["--task", "addition", "--critic-lr", "0.01"], "only PPO's critic"),
@@ -123,6 +124,15 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     (["--task", "addition", "--variant", "gspo", "--kl-estimator", "k2"], "no KL term is on"),
     (["--task", "addition", "--clip-eps", "1.5"], "would not be positive"),
     (["--task", "addition", "--clip-eps-high", "nan"], "clip_eps_high=nan must be a positive"),
+    # a problem space smaller than what is asked of it: an error at once, not an endless loop
+    (["--task", "addition", "--digits", "1"], "at most 100 distinct problems"),
+    (["--task", "countdown", "--n-numbers", "2", "--max-number", "2", "--max-target", "1"],
+     "at most 4 distinct problems"),
+    # prompt + response longer than the model's context: named before anything is loaded or made
+    (["--task", "addition", "--variant", "dapo", "--overlong-buffer", "40"],
+     "need 54 positions, but checkpoint"),
+    (["--task", "countdown", "--n-numbers", "6", "--max-number", "999"],
+     "lower --n-numbers, --max-number, --max-target"),
 ])
 def test_bad_input_is_a_clear_error(args, message, tmp_path, capsys):
     assert main(["grpo", *args, "--out", str(tmp_path), "--no-progress"]) == 2
@@ -167,6 +177,75 @@ def test_existing_run_is_not_overwritten_by_accident(tmp_path, capsys):
                  "--no-progress"]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_a_failed_overwrite_never_costs_the_existing_run(tmp_path, capsys, monkeypatch):
+    assert main(["grpo", "--task", "addition", "--steps", "1", "--out", str(tmp_path),
+                 "--name", "mine", "--no-progress", *SMALL]) == 0
+    run = tmp_path / "mine"
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    # an error found by the checks ...
+    assert main(["grpo", "--task", "addition", "--variant", "dapo", "--overlong-buffer", "40",
+                 "--out", str(tmp_path), "--name", "mine", "--overwrite", "--no-progress"]) == 2
+    assert "need 54 positions" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    # ... and one that only the first step meets: the old run is put back
+    from rlm_course.rl import trainer
+
+    def broken(self):
+        raise FloatingPointError("diverged at step 1")
+
+    monkeypatch.setattr(trainer.RLTrainer, "step", broken)
+    assert main(["grpo", "--task", "addition", "--steps", "1", "--out", str(tmp_path),
+                 "--name", "mine", "--overwrite", "--no-progress", *SMALL]) == 2
+    assert "diverged" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_a_checkpoint_of_another_vocabulary_is_a_clear_error(tmp_path, capsys):
+    from rlm_course.lm.checkpoint import save_checkpoint
+    from rlm_course.lm.model import ModelConfig, TinyGPT
+
+    path = tmp_path / "other.pt"
+    save_checkpoint(path, TinyGPT(ModelConfig(vocab_size=20, max_seq_len=32)), task="addition-3")
+    assert main(["grpo", "--task", "addition", "--sft-checkpoint", str(path), "--out",
+                 str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {path}: the model's vocabulary has 20 tokens but the tokenizer has 24" in err
+    assert main(["eval", "--task", "addition", "--checkpoint", str(path)]) == 2
+    assert "vocabulary has 20 tokens" in capsys.readouterr().err
+
+
+def _unwritable_folder(tmp_path):
+    if os.geteuid() != 0:
+        folder = tmp_path / "locked"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    if os.path.isdir("/sys"):  # sysfs refuses new files even to root
+        import tempfile
+
+        try:
+            with tempfile.TemporaryFile(dir="/sys"):
+                pass
+        except OSError:
+            return Path("/sys")
+    pytest.skip("no folder here refuses writes to this user (root without a read-only /sys)")
+
+
+def test_unwritable_outputs_fail_before_any_training(tmp_path, capsys, monkeypatch):
+    folder = _unwritable_folder(tmp_path)
+    from rlm_course.rl import runs
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("SFT started before the output folder was checked")
+
+    monkeypatch.setattr(runs, "run_sft", no_training)
+    assert main(["sft", "--task", "addition", "--out", str(folder / "sft.pt"), "--no-progress"]) == 2
+    assert "cannot write to" in capsys.readouterr().err
+    assert main(["grpo", "--task", "addition", "--out", str(folder), "--no-progress"]) == 2
+    assert "cannot write to" in capsys.readouterr().err
 
 
 def test_resume_with_other_options_is_refused(tmp_path, capsys):

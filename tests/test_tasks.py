@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlm_course.tasks import get_task
-from rlm_course.tasks.base import Problem
+from rlm_course.tasks.base import Problem, well_formed_number
 from rlm_course.tasks.countdown import ExpressionError, parse_expression
 from rlm_course.tasks.eval_sets import EVAL_SIZE, eval_set_path, load_eval_set, make_eval_set
 
@@ -32,13 +32,17 @@ def test_addition_verifier(response, fmt, correct):
     ("(3+5)*2 ", False, False, "trailing text"),
     ("(3+5)*2=16", False, False, "trailing text"),
     ("3+5+2", True, False, "result 10 != target 16"),
-    ("(3+5)*3", True, False, "used more often"),
-    ("(3+5)*2*1", True, False, "not among the numbers"),
-    ("(7+1)*2", True, False, "not among the numbers"),
-    ("16", True, False, "not among"),
-    ("3/0", True, False, "division by zero"),
-    ("(3+5)/(2-2)", True, False, "division by zero"),
+    # one rule: only the given numbers, each at most as often as given, checked before any
+    # evaluation; otherwise the response is not well-formed (no format credit)
+    ("(3+5)*3", False, False, "used more often"),
+    ("(3+5)*2*1", False, False, "not among the numbers"),
+    ("(7+1)*2", False, False, "not among the numbers"),
+    ("16", False, False, "not among"),
+    ("3/0+6", False, False, "not among the numbers"),
+    ("(3+5)/(2-2)", False, False, "used more often"),
     ("5/2", True, False, "non-integer"),
+    ("03+5*2", False, False, "leading zero"),
+    ("(3+5)*02", False, False, "leading zero"),
     ("99999*9", False, False, "more than 4 digits"),
     ("((3+5)*2", False, False, "expected ')'"),
     ("3++5", False, False, "expected a number"),
@@ -56,6 +60,39 @@ def test_countdown_each_number_at_most_once_with_repeats():
     assert CD.verify(p, "4/4*2").correct
     assert CD.verify(p, "2").correct  # not every number has to be used
     assert not CD.verify(p, "4/4*2/2*2").correct
+    v = CD.verify(p, "2/(4-4)")  # given numbers, well-formed, but no value: wrong, format kept
+    assert (v.format_ok, v.correct) == (True, False) and "division by zero" in v.reason
+
+
+@pytest.mark.parametrize("text,ok", [("0", True), ("7", True), ("42", True), ("042", False),
+                                     ("00", False), ("", False), ("4 2", False), ("-4", False),
+                                     ("４２", False)])
+def test_one_rule_for_numbers_in_both_tasks(text, ok):
+    assert well_formed_number(text) == ok
+    problem = Problem(prompt="20+22=", answer="42")
+    assert ADD.verify(problem, text).format_ok == ok
+    if text.isascii() and text.isdigit():  # countdown: the same rule for its literals
+        n = int(text)
+        given = Problem(prompt=f"{n},1>{n}:", answer=f"{n}*1", numbers=(n, 1), target=n)
+        assert CD.verify(given, f"{text}*1").format_ok == ok
+
+
+@pytest.mark.parametrize("task,message", [
+    (get_task("addition", digits=1), "at most 100 distinct problems"),
+    (get_task("countdown", n_numbers=2, max_number=2, max_target=1), "at most 4 distinct problems"),
+])
+def test_a_problem_space_smaller_than_the_held_out_set_is_a_clear_error(task, message):
+    with pytest.raises(ValueError, match=message):
+        make_eval_set(task)
+
+
+def test_a_draw_that_can_find_nothing_new_stops_with_a_clear_error():
+    task = get_task("addition", digits=1)
+    everything = {f"{a}+{b}=" for a in range(10) for b in range(10)}
+    with pytest.raises(ValueError, match="draws in a row found no new problem.*--digits"):
+        task.problems(5, seed=0, exclude=everything)
+    with pytest.raises(ValueError, match="distinct problems"):
+        task.problems(101, seed=0, distinct=True)
 
 
 def test_parser_precedence_and_huge_values():

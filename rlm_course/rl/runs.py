@@ -20,6 +20,7 @@ thread count, same numbers).
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import sys
 import time
@@ -36,14 +37,16 @@ from rlm_course.cost.accounting import (
     predict_passes,
 )
 from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
+from rlm_course.lm.model import ModelConfig
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.algorithms import RLConfig
 from rlm_course.rl.evaluate import evaluate
-from rlm_course.rl.sft import SFTConfig, run_sft
+from rlm_course.rl.sft import SFTConfig, default_model_config, run_sft
 from rlm_course.rl.trainer import RLTrainer
 from rlm_course.tasks.base import Task
 from rlm_course.tasks.eval_sets import load_eval_set
-from rlm_course.utils import STAGES, atomic_write_json, atomic_write_text, data_dir, seed_everything
+from rlm_course.utils import (STAGES, atomic_write_json, atomic_write_text, data_dir,
+                              ensure_writable_folder, seed_everything)
 
 
 def default_sft_checkpoint(task: Task) -> Path:
@@ -63,11 +66,10 @@ def make_sft_checkpoint(task: Task, tokenizer: CharTokenizer, path: Path | None 
     path = Path(path) if path is not None else default_sft_checkpoint(task)
     if path.is_dir():
         raise ValueError(f"--out {path} is a folder; give a file path such as {path / 'sft.pt'}.")
-    try:  # fail before a minute of training, not after
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"cannot write the checkpoint to {path} ({err.strerror}); choose another "
-                         "--out.") from None
+    # fail before a minute of training, not after
+    check_model_for_task(default_model_config(tokenizer), tokenizer, task, task.max_response_len,
+                         "the course's model")
+    ensure_writable_folder(path.parent, "--out")
     start = time.perf_counter()
     model, info = run_sft(task, tokenizer, config, progress=progress)
     info.update(task=task.key, command=sft_command(task, config.seed),
@@ -100,6 +102,76 @@ def load_sft_policy(task: Task, tokenizer: CharTokenizer, sft_checkpoint: str | 
     info = {"checkpoint": str(path), "steps": loaded.get("sft_steps"),
             "command": loaded.get("command")}
     return loaded["model"], info
+
+
+def context_needed(task: Task, max_new_tokens: int) -> int:
+    """Positions a generation of ``task`` needs: ``<bos>``, the longest prompt and the response
+    budget."""
+    return 1 + task.max_prompt_len + max_new_tokens
+
+
+def check_model_for_task(model_config: ModelConfig, tokenizer: CharTokenizer, task: Task,
+                         max_new_tokens: int, source: str, overlong_buffer: int = 0) -> None:
+    """Refuse, before anything is trained or deleted, a model that cannot serve ``task``.
+
+    Raises:
+        ValueError: if the model's vocabulary differs from the tokenizer's (it was made with
+            another tokenizer: its embeddings would be indexed out of range), or if a prompt plus
+            the response budget exceeds its ``max_seq_len``; the message names ``source``, both
+            sizes and the flags to change.
+    """
+    if model_config.vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"{source}: the model's vocabulary has {model_config.vocab_size} tokens "
+                         f"but the tokenizer has {tokenizer.vocab_size}; it was made with another "
+                         "tokenizer. Make it again with `python -m rlm_course sft ...` or pass a "
+                         "checkpoint of this course version.")
+    needed = context_needed(task, max_new_tokens)
+    if needed > model_config.max_seq_len:
+        budget = (f" ({task.max_response_len} + --overlong-buffer {overlong_buffer})"
+                  if overlong_buffer else "")
+        flags = task.settings_hint() + (", --overlong-buffer" if overlong_buffer else "")
+        raise ValueError(f"task {task.key}: a prompt of up to {1 + task.max_prompt_len} tokens "
+                         f"(with <bos>) and a response budget of {max_new_tokens}{budget} "
+                         f"need {needed} positions, but {source} has max_seq_len="
+                         f"{model_config.max_seq_len}; lower {flags}.")
+
+
+def _warm_start_config(task: Task, tokenizer: CharTokenizer,
+                       sft_checkpoint: str | Path | None) -> tuple[ModelConfig, str]:
+    """The model configuration a new run will start from, and where it comes from."""
+    path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
+    if path.exists() or sft_checkpoint is not None:
+        return load_checkpoint(path)["model"].config, f"checkpoint {path}"
+    return default_model_config(tokenizer), "the default model (made by the warm start)"
+
+
+class _SetAside:
+    """``--overwrite``: the old run's folder is moved aside, not deleted, until the new run has
+    written its first checkpoint (:meth:`commit`); an error or a Ctrl-C before that puts it back,
+    so a failed start never costs an existing run."""
+
+    def __init__(self, run_dir: Path, active: bool) -> None:
+        self.run_dir, self.active, self.backup = run_dir, active, None
+
+    def __enter__(self):
+        if self.active:
+            self.backup = self.run_dir.with_name(f".{self.run_dir.name}.replaced")
+            if self.backup.exists():
+                shutil.rmtree(self.backup)
+            self.run_dir.rename(self.backup)
+            self.run_dir.mkdir()
+        return self
+
+    def commit(self) -> None:
+        if self.backup is not None:
+            shutil.rmtree(self.backup, ignore_errors=True)
+            self.backup = None
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and self.backup is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.backup.rename(self.run_dir)
+        return False
 
 
 class _GracefulInterrupt:
@@ -192,10 +264,16 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
     Returns:
         The summary dict, also written to ``runs/<name>/summary.json``.
 
+    Every check runs before anything is trained, made or deleted: the task's problem space,
+    the model's vocabulary and context against the task's prompts and response budget, a writable
+    run folder. With ``overwrite``, the old run is only set aside until the new run's first
+    checkpoint, so an error never costs it.
+
     Raises:
         ValueError: ``--resume`` with no checkpoint in the run folder; an existing finished run
-            without ``overwrite``; a missing or corrupt ``sft_checkpoint``; a checkpoint whose task
-            or settings differ from this run's.
+            without ``overwrite``; a missing or corrupt ``sft_checkpoint``; a checkpoint whose task,
+            settings, vocabulary or context do not fit this run; a task with too few distinct
+            problems; a run folder that cannot be written.
     """
     if checkpoint_every <= 0:
         raise ValueError(f"checkpoint_every={checkpoint_every} must be positive.")
@@ -213,9 +291,9 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file, not a folder; pass a folder (default runs).")
     run_dir = out_dir / name
-    ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
-    summary_path = run_dir / "summary.json"
+    ckpt_path = run_dir / "checkpoint.pt"
     has_files = run_dir.is_dir() and any(run_dir.iterdir())
+    state = None
     if resume and not ckpt_path.exists():
         hint = (" It holds files of a run that stopped before its first checkpoint: start it again "
                 "with --overwrite." if has_files else " Start it without --resume.")
@@ -225,16 +303,22 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
                 "files of a run that stopped before its first checkpoint; pass ")
         raise ValueError(f"run folder {run_dir} already holds {what}--overwrite to start it again "
                          "from scratch, or --name for a new run.")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"cannot create the run folder {run_dir} ({err.strerror}); choose another "
-                         "--out.") from None
-
-    eval_problems = load_eval_set(task)
-    setup_start = time.perf_counter()
+    # everything that can be checked is checked before anything is trained, made or deleted
+    eval_problems = load_eval_set(task)  # at once if the task has too few distinct problems
+    task.check_problem_space(len(eval_problems) + config.prompts_per_step,
+                             "the held-out set plus one step's prompts")
+    max_new_tokens = task.max_response_len + config.overlong_buffer
     if resume:
         state = load_checkpoint(ckpt_path)
+        model_config, source = state["model"].config, f"checkpoint {ckpt_path}"
+    else:
+        model_config, source = _warm_start_config(task, tokenizer, sft_checkpoint)
+    check_model_for_task(model_config, tokenizer, task, max_new_tokens, source,
+                         config.overlong_buffer)
+    ensure_writable_folder(run_dir, "--out")
+
+    setup_start = time.perf_counter()
+    if resume:
         saved, wanted = state.get("config") or {}, asdict(config)
         differ = sorted(k for k in set(saved) | set(wanted)
                         if k != "steps" and saved.get(k) != wanted.get(k))
@@ -252,14 +336,25 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
         done = state["trainer"]["step"]
         if config.steps < done:
             raise ValueError(f"--resume: the run already has {done} steps; pass --steps {done} or more.")
+    with _SetAside(run_dir, active=overwrite and has_files and not resume) as aside:
+        return _train(task, config, tokenizer, run_dir, eval_problems, state if resume else None,
+                      sft_checkpoint, aside, setup_start, checkpoint_every, progress, log)
+
+
+def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path,
+           eval_problems: list, state: dict | None, sft_checkpoint, aside: _SetAside,
+           setup_start: float, checkpoint_every: int, progress: bool, log) -> dict:
+    """The run itself, once :func:`run_rl` has checked everything it can."""
+    ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
+    summary_path = run_dir / "summary.json"
+    resume = state is not None
+    if resume:
         policy, accuracy_before = state["model"], state["accuracy_before"]
         sft_info = state["sft"]
         log(f"Resuming {run_dir} from step {state['trainer']['step']}.")
     else:
         policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log)
         accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy
-        for stale in (metrics_path, summary_path, ckpt_path, run_dir / "learning_curve.png"):
-            stale.unlink(missing_ok=True)
 
     seed_everything(config.seed)
     trainer = RLTrainer(policy, task, tokenizer, config, eval_problems)
@@ -278,6 +373,7 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
                         config=asdict(config),
                         trainer=trainer.state_dict(), totals=totals, sft=sft_info,
                         accuracy_before=accuracy_before)
+        aside.commit()  # the new run has a checkpoint: the replaced one can go
 
     bar = tqdm(total=config.steps, initial=trainer.step_count,
                desc=f"{config.algorithm.upper()} {task.key}",

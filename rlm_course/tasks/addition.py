@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rlm_course.tasks.base import Problem, Task
+from rlm_course.tasks.base import Problem, Task, well_formed_number
 
 
 @dataclass
@@ -27,14 +27,24 @@ class Addition(Task):
     def max_response_len(self) -> int:
         return self.digits + 2  # digits of the sum (<= digits + 1) and <eos>
 
+    @property
+    def max_prompt_len(self) -> int:
+        return 2 * self.digits + 2  # "a+b="
+
+    def problem_space(self) -> int:
+        return 10 ** (2 * self.digits)
+
+    def settings_hint(self) -> str:
+        return "--digits"
+
     def make_problem(self, rng: random.Random) -> Problem:
         a, b = rng.randrange(10**self.digits), rng.randrange(10**self.digits)
         return Problem(prompt=f"{a}+{b}=", answer=str(a + b))
 
     def check(self, problem: Problem, response: str) -> tuple[bool, bool, str]:
-        if not response or not response.isdigit() or not response.isascii():
-            return False, False, f"not a number: {response!r}"
-        if len(response) > self.digits + 1 or (len(response) > 1 and response[0] == "0"):
-            return False, False, f"malformed number: {response!r}"
+        if not well_formed_number(response):
+            return False, False, f"not a well-formed number: {response!r}"
+        if len(response) > self.digits + 1:
+            return False, False, f"longer than any sum of {self.digits}-digit numbers: {response!r}"
         correct = response == problem.answer
         return True, correct, "" if correct else f"{response} != {problem.answer}"

@@ -7,6 +7,9 @@ RLVR; DeepSeek-R1, arXiv:2501.12948; Tulu 3, arXiv:2411.15124). Its reward has t
 ``format_ok``: the response has the required shape (digits only; a well-formed expression).
 ``correct``: it is also the right answer. Accuracy, as reported everywhere in the course, is the
 mean of ``correct``.
+
+One rule for numbers in every task (:func:`well_formed_number`): ASCII digits, no sign, no
+leading zero unless the number is ``0`` itself ("042" and "01" are malformed).
 """
 
 from __future__ import annotations
@@ -46,9 +49,21 @@ class Verdict:
     reason: str = ""
 
 
+#: Consecutive draws that bring nothing new before a generator gives up (see Task.problems): a
+#: distribution whose allowed part is 1% of its draws fails this often with probability 1e-44.
+MAX_FAILED_DRAWS = 10_000
+
+
+def well_formed_number(text: str) -> bool:
+    """The course's one rule for a number in a response: ASCII digits only, and no leading zero
+    unless the number is ``0`` (so every value has exactly one spelling)."""
+    return bool(text) and text.isascii() and text.isdigit() and (text == "0" or text[0] != "0")
+
+
 @dataclass
 class Task:
-    """Base class: subclasses define ``key``, ``make_problem`` and ``check``."""
+    """Base class: subclasses define ``key``, ``make_problem``, ``check``, ``max_prompt_len``,
+    ``max_response_len`` and ``problem_space``."""
 
     format_weight: float = 0.1
     name: str = field(default="", init=False)
@@ -60,7 +75,34 @@ class Task:
 
     @property
     def max_response_len(self) -> int:
+        """Tokens of the longest valid response, ``<eos>`` included."""
         raise NotImplementedError
+
+    @property
+    def max_prompt_len(self) -> int:
+        """Characters of the longest prompt (without ``<bos>``)."""
+        raise NotImplementedError
+
+    def problem_space(self) -> int:
+        """How many distinct prompts the generator can produce at most (an upper bound where the
+        exact count is not known)."""
+        raise NotImplementedError
+
+    def check_problem_space(self, needed: int, what: str) -> None:
+        """Raise ``ValueError`` at once if ``needed`` distinct prompts cannot exist.
+
+        Raises:
+            ValueError: naming the task's settings, the size of its problem space and the need.
+        """
+        space = self.problem_space()
+        if space < needed:
+            raise ValueError(f"task {self.key} has at most {space:,} distinct problems, but "
+                             f"{what} needs {needed:,}; choose larger settings "
+                             f"({self.settings_hint()}).")
+
+    def settings_hint(self) -> str:
+        """Which command-line flags change the problem space (for error messages)."""
+        return "the task's size flags"
 
     def make_problem(self, rng: random.Random) -> Problem:
         raise NotImplementedError
@@ -76,15 +118,36 @@ class Task:
         reward = self.format_weight * format_ok + (1.0 - self.format_weight) * correct
         return Verdict(format_ok, correct, float(reward), reason)
 
-    def problems(self, n: int, seed: int, exclude: set[str] | None = None) -> list[Problem]:
-        """``n`` problems from ``random.Random(seed)``, skipping prompts in ``exclude``."""
+    def problems(self, n: int, seed: int, exclude: set[str] | None = None,
+                 distinct: bool = False) -> list[Problem]:
+        """``n`` problems from ``random.Random(seed)``, skipping prompts in ``exclude`` (and,
+        with ``distinct``, repeated prompts).
+
+        Raises:
+            ValueError: for a negative ``n``, or when :data:`MAX_FAILED_DRAWS` draws in a row
+                bring nothing new: the problem space (minus ``exclude``) is too small for the
+                request; the message names the task's settings.
+        """
         if n < 0:
             raise ValueError(f"problems: n={n} must be non-negative.")
-        rng, out, exclude = random.Random(seed), [], exclude or set()
+        rng, out, seen, failed = random.Random(seed), [], set(exclude or ()), 0
         while len(out) < n:
             p = self.make_problem(rng)
-            if p.prompt not in exclude:
-                out.append(p)
+            if p.prompt in seen:
+                failed += 1
+                if failed >= MAX_FAILED_DRAWS:
+                    kind = "distinct " if distinct else ""
+                    raise ValueError(
+                        f"task {self.key}: {MAX_FAILED_DRAWS:,} draws in a row found no new "
+                        f"problem after {len(out)} of the {n} {kind}problems asked for "
+                        f"({len(exclude or ())} excluded, e.g. the held-out set); its problem "
+                        f"space (at most {self.problem_space():,}) is too small: choose larger "
+                        f"settings ({self.settings_hint()}).")
+                continue
+            failed = 0
+            out.append(p)
+            if distinct:
+                seen.add(p.prompt)
         return out
 
     def demonstration(self, problem: Problem) -> str:

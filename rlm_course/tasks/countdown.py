@@ -10,16 +10,25 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from rlm_course.tasks.base import Problem, Task
+from rlm_course.tasks.base import Problem, Task, well_formed_number
 
 
 class ExpressionError(ValueError):
-    """A countdown expression that cannot be parsed or evaluated."""
+    """A countdown response that is not a well-formed expression (a syntax error, trailing text,
+    a malformed or too long number)."""
+
+
+class EvaluationError(ExpressionError):
+    """A well-formed expression whose value cannot be computed exactly as the game requires:
+    division by zero, a non-integer or too large intermediate result. ``numbers`` holds its
+    literals in order (the verifier checks them against the given numbers first)."""
+
+    def __init__(self, message: str, numbers: list[int]) -> None:
+        super().__init__(message)
+        self.numbers = numbers
 
 
 MAX_LITERAL_DIGITS = 4
-
-
 MAX_MAGNITUDE = 10**9
 
 
@@ -32,25 +41,34 @@ def parse_expression(text: str) -> tuple[Fraction, list[int]]:
         term   := factor (('*' | '/') factor)*
         factor := NUMBER | '(' expr ')'
 
+    A NUMBER follows :func:`rlm_course.tasks.base.well_formed_number` (no leading zero) and has at
+    most ``MAX_LITERAL_DIGITS`` digits. The whole text is parsed before any evaluation failure is
+    reported, so that the failure carries every literal.
+
     Returns:
         ``(value, numbers)``: the exact value and the integer literals in order of appearance.
 
     Raises:
-        ExpressionError: on a syntax error, trailing text, a literal of more than
-            ``MAX_LITERAL_DIGITS`` digits, division by zero, a non-integer intermediate result,
-            or a magnitude above ``MAX_MAGNITUDE``.
+        ExpressionError: on a syntax error, trailing text, a malformed or too long literal.
+        EvaluationError: (a subclass) for a well-formed expression with a division by zero, a
+            non-integer intermediate result, or a magnitude above ``MAX_MAGNITUDE``.
     """
     pos = 0
     numbers: list[int] = []
+    failures: list[str] = []
 
     def peek() -> str:
         return text[pos] if pos < len(text) else ""
 
+    def fail(message: str) -> Fraction:  # remember the first failure, parse on with a dummy
+        failures.append(message)
+        return Fraction(1)
+
     def checked(x: Fraction) -> Fraction:
         if x.denominator != 1:
-            raise ExpressionError(f"non-integer intermediate result {x}")
+            return fail(f"non-integer intermediate result {x}")
         if abs(x) > MAX_MAGNITUDE:
-            raise ExpressionError(f"intermediate result {x} is larger than {MAX_MAGNITUDE}")
+            return fail(f"intermediate result {x} is larger than {MAX_MAGNITUDE}")
         return x
 
     def factor() -> Fraction:
@@ -70,6 +88,8 @@ def parse_expression(text: str) -> tuple[Fraction, list[int]]:
         literal = text[start:pos]
         if len(literal) > MAX_LITERAL_DIGITS:
             raise ExpressionError(f"number {literal} has more than {MAX_LITERAL_DIGITS} digits")
+        if not well_formed_number(literal):
+            raise ExpressionError(f"number {literal} has a leading zero")
         numbers.append(int(literal))
         return Fraction(int(literal))
 
@@ -82,9 +102,9 @@ def parse_expression(text: str) -> tuple[Fraction, list[int]]:
             rhs = factor()
             if op == "*":
                 value = checked(value * rhs)
+            elif rhs == 0:
+                value = fail("division by zero")
             else:
-                if rhs == 0:
-                    raise ExpressionError("division by zero")
                 value = checked(value / rhs)
         return value
 
@@ -103,6 +123,8 @@ def parse_expression(text: str) -> tuple[Fraction, list[int]]:
     value = expr()
     if pos != len(text):
         raise ExpressionError(f"trailing text {text[pos:]!r}")
+    if failures:
+        raise EvaluationError(failures[0], numbers)
     return value, numbers
 
 
@@ -133,6 +155,19 @@ class Countdown(Task):
         width = len(str(self.max_number))
         return self.n_numbers * width + (self.n_numbers - 1) * 3 + 1
 
+    @property
+    def max_prompt_len(self) -> int:
+        # "n1,n2,...>target:"
+        width = len(str(self.max_number))
+        return self.n_numbers * width + (self.n_numbers - 1) + 1 + len(str(self.max_target)) + 1
+
+    def problem_space(self) -> int:
+        # an upper bound: every tuple of given numbers with every target
+        return self.max_number ** self.n_numbers * self.max_target
+
+    def settings_hint(self) -> str:
+        return "--n-numbers, --max-number, --max-target"
+
     def make_problem(self, rng: random.Random) -> Problem:
         while True:
             numbers = [rng.randint(1, self.max_number) for _ in range(self.n_numbers)]
@@ -155,19 +190,25 @@ class Countdown(Task):
                 return Problem(prompt=prompt, answer=expr, numbers=tuple(numbers), target=target)
 
     def check(self, problem: Problem, response: str) -> tuple[bool, bool, str]:
+        """Well-formed (``format_ok``): a parsable expression of well-formed numbers, each one of
+        the given numbers, none used more often than given (checked before any evaluation).
+        Correct: its exact value, with every intermediate result an integer, is the target."""
         if not response:
             return False, False, "empty response"
+        failure = None
         try:
             value, used = parse_expression(response)
+        except EvaluationError as err:
+            value, used, failure = None, err.numbers, str(err)
         except ExpressionError as err:
-            message = str(err)
-            syntax_ok = message.startswith(("division by zero", "non-integer", "intermediate"))
-            return syntax_ok, False, message
+            return False, False, str(err)
         extra = Counter(used) - Counter(problem.numbers)
         if extra:
             n = next(iter(extra))
             why = "used more often than given" if n in problem.numbers else "not among the numbers"
-            return True, False, f"number {n} {why} {list(problem.numbers)}"
+            return False, False, f"number {n} {why} {list(problem.numbers)}"
+        if failure is not None:
+            return True, False, failure
         if value != problem.target:
             return True, False, f"result {value} != target {problem.target}"
         return True, True, ""

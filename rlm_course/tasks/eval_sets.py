@@ -21,14 +21,14 @@ def eval_set_path(task: Task) -> Path:
 
 
 def make_eval_set(task: Task, n: int = EVAL_SIZE, seed: int = EVAL_SEED) -> list[Problem]:
-    """The fixed held-out problems of ``task``: ``n`` distinct prompts from ``seed``."""
-    rng, seen, out = random.Random(seed), set(), []
-    while len(out) < n:
-        p = task.make_problem(rng)
-        if p.prompt not in seen:
-            seen.add(p.prompt)
-            out.append(p)
-    return out
+    """The fixed held-out problems of ``task``: ``n`` distinct prompts from ``seed``.
+
+    Raises:
+        ValueError: at once if the task's problem space has fewer than ``n`` prompts (e.g.
+            1-digit addition has 100), naming the settings to change.
+    """
+    task.check_problem_space(n, "its held-out set")
+    return task.problems(n, seed, distinct=True)
 
 
 def write_eval_set(task: Task) -> Path:
