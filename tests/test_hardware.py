@@ -17,6 +17,19 @@ def test_every_accelerator_has_positive_figures_and_a_source():
         assert "datasheet" in d.source, name
 
 
+def test_link_bandwidths_are_per_direction_and_latencies_come_with_them():
+    # an H100's NVLink is 900 GB/s counting both directions: 450 GB/s each way is the beta of a
+    # ring step; a 400 Gb/s NIC is 50 GB/s each way
+    h100 = get_device("H100-SXM-80GB")
+    assert h100.intra_node_bandwidth == 450e9 and h100.inter_node_bandwidth == 50e9
+    assert get_device("A100-SXM-80GB").intra_node_bandwidth == 300e9
+    assert get_device("B200-HGX-180GB").intra_node_bandwidth == 900e9
+    for name in ACCELERATORS:
+        d = load_catalog()[name]
+        assert 0 < d.intra_node_latency < d.inter_node_latency < 1e-4, name
+        assert d.inter_node_bandwidth < d.intra_node_bandwidth, name
+
+
 def test_ridge_points_match_the_published_arithmetic():
     # H100 SXM: 989 TFLOP/s / 3.35 TB/s ~ 295 FLOP/B; H200: 989 / 4.8 ~ 206 (JAX scaling book)
     assert get_device("H100-SXM-80GB").ridge_point == pytest.approx(295, abs=1)

@@ -5,8 +5,14 @@ This machine's CPU is measured, not looked up: ``python -m rlm_course hardware -
 fp32 matmuls (peak FLOP/s) and large tensor copies (memory bandwidth) and writes
 ``data/hardware/this-machine.json``, naming the command that made it.
 
-Units: FLOP/s, bytes, bytes/s. The **ridge point** ``peak / bandwidth`` (FLOP per byte) is where
-the roofline bends: below it a kernel is memory-bound (Williams et al. 2009, "Roofline", CACM 52(4)).
+Units: FLOP/s, bytes, bytes/s, seconds. The **ridge point** ``peak / bandwidth`` (FLOP per byte)
+is where the roofline bends: below it a kernel is memory-bound (Williams et al. 2009, "Roofline",
+CACM 52(4)).
+
+Link bandwidths are **per direction**: a datasheet's NVLink figure (900 GB/s for an H100) counts
+both directions, and a ring step of a collective sends and receives at the same time, so the beta
+of the alpha-beta model is half of it (450 GB/s). A NIC's line rate (400 Gb/s = 50 GB/s) is
+already per direction. The latencies (the alpha) are NCCL's cost model per ring step.
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ class Device:
     Attributes:
         peak_flops: dense peak FLOP/s at the precision the course assumes for it (bf16 for
             accelerators, fp32 for a CPU); memory_bytes: device memory; memory_bandwidth: bytes/s
-            between memory and compute; intra_node_bandwidth / inter_node_bandwidth: bytes/s of one
-            device's links inside a node and to other nodes; source: where the figures come from.
+            between memory and compute; intra_node_bandwidth / inter_node_bandwidth: bytes/s **per
+            direction** of one device's links inside a node and to other nodes (0: none);
+            intra_node_latency / inter_node_latency: seconds per message step on those links;
+            source: where the figures come from.
     """
 
     name: str
@@ -41,6 +49,8 @@ class Device:
     inter_node_bandwidth: float
     devices_per_node: int
     source: str
+    intra_node_latency: float = 0.0
+    inter_node_latency: float = 0.0
 
     @property
     def ridge_point(self) -> float:
@@ -73,14 +83,20 @@ def load_catalog() -> dict[str, Device]:
                              "rlm_course hardware --measure`, or delete it.") from None
     for name, entry in entries.items():
         try:
+            if "intra_node_bandwidth_bidirectional" in entry:  # a datasheet's total of both ways
+                intra = float(entry["intra_node_bandwidth_bidirectional"]) / 2
+            else:
+                intra = float(entry["intra_node_bandwidth"])
             devices[name] = Device(name=name, peak_flops=float(entry.get("peak_flops_bf16",
                                                                           entry.get("peak_flops"))),
                                    memory_bytes=float(entry["memory_bytes"]),
                                    memory_bandwidth=float(entry["memory_bandwidth"]),
-                                   intra_node_bandwidth=float(entry["intra_node_bandwidth"]),
+                                   intra_node_bandwidth=intra,
                                    inter_node_bandwidth=float(entry["inter_node_bandwidth"]),
                                    devices_per_node=int(entry["devices_per_node"]),
-                                   source=str(entry["source"]))
+                                   source=str(entry["source"]),
+                                   intra_node_latency=float(entry.get("intra_node_latency", 0.0)),
+                                   inter_node_latency=float(entry.get("inter_node_latency", 0.0)))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"hardware catalog entry {name!r} is incomplete ({err}).") from None
         d = devices[name]
