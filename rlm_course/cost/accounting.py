@@ -26,7 +26,10 @@ cluster (GQA, MoE, bytes moved, roofline time on a catalog device, ZeRO memory) 
 
 from __future__ import annotations
 
+import gc
+import os
 import sys
+import warnings
 from collections import defaultdict
 from contextlib import contextmanager
 
@@ -247,7 +250,12 @@ class ActivationMeter:
             ptr = storage.data_ptr()
             if ptr not in self._params:
                 storages[ptr] = storage.nbytes()
-            return tensor
+            # Not the tensor itself: when an operation saves its own output (exp, tanh, ...), the
+            # saved object would hold the output's grad_fn, which holds the saved object, a
+            # reference cycle through C++ that Python's garbage collector cannot see: every
+            # tracked forward pass (its whole graph and activations) would stay alive for ever
+            # (about 45 MB per PPO step). A detached alias shares the storage and holds no graph.
+            return tensor.detach()
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             yield
@@ -273,6 +281,36 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def resident_bytes() -> int:
+    """This process's resident memory now (bytes; Linux ``/proc/self/statm``), or its peak where
+    only that is reported (other POSIX systems), or 0."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return peak_rss_bytes()
+
+
+def live_tensor_bytes() -> tuple[int, int]:
+    """``(tensors, bytes)``: how many tensors the Python garbage collector can reach, and the bytes
+    of their distinct storages (views of one storage counted once). A tensor kept alive only from
+    C++ (inside an autograd graph) is counted through the Python tensors that hold that graph."""
+    gc.collect()
+    count, storages = 0, {}
+    with warnings.catch_warnings():  # isinstance() on some deprecated torch objects warns
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if not isinstance(obj, torch.Tensor):
+                    continue
+                storage = obj.untyped_storage()
+            except (RuntimeError, ReferenceError):  # e.g. a meta tensor or a dying weak proxy
+                continue
+            count += 1
+            storages[storage.data_ptr()] = storage.nbytes()
+    return count, sum(storages.values())
+
+
 def cost_row(cost: dict) -> dict:
     """One flat row of a run's cost summary (see :func:`rlm_course.rl.runs.cost_summary`): models
     trained and frozen, forward and backward passes per trained response (generation's prefill
@@ -293,5 +331,6 @@ def cost_row(cost: dict) -> dict:
         "model_states_mb": round(sum(memory["model_states"].values()) / 2**20, 1),
         "activations_mb": round(memory["peak_activations"] / 2**20, 1),
         "kv_cache_mb": round(memory["peak_kv_cache"] / 2**20, 1),
+        "peak_rss_mb": round(memory.get("process_peak_rss", 0) / 2**20, 1),
         "seconds_per_step": cost["seconds_per_step"],
     }

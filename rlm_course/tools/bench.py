@@ -14,6 +14,8 @@ a number remembered from another machine.
 * ``parallel``: every simulated parallelism strategy at degrees 2, 4, 8 on the tiny model: wall
   time relative to one device (the simulation's overhead), bytes per rank, and the alpha-beta
   prediction of the communication time (:mod:`rlm_course.parallel.bench`).
+* ``memory``: resident memory and live tensor bytes after each step of every preset, and their
+  slopes per step with their noise: memory must not grow with the number of steps.
 * ``family``: seconds per step of every preset of :mod:`rlm_course.rl.algorithms` at its default
   sizes, the presets' steps interleaved, as ratios to GRPO; with each one's stage split, responses
   generated per response trained, model-state and activation memory. Key: ``presets``.
@@ -191,6 +193,76 @@ def bench_family(repeats: int = 5) -> dict:
     return result
 
 
+def _slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares slope of ``ys`` against ``xs`` and its standard error (0 with < 3 points)."""
+    n = len(xs)
+    if n < 2:
+        return 0.0, 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    if n < 3:
+        return slope, 0.0
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
+    return slope, (residual / (n - 2) / sxx) ** 0.5
+
+
+def bench_memory(repeats: int = 5, steps: int = 30, warmup: int = 5) -> dict:
+    """Memory per step of every preset: resident memory (RSS) and live tensor bytes after each
+    step, and their slopes (bytes per step, least squares over the steps after ``warmup``) with
+    two standard errors as the noise. A slope within its noise of zero means memory is flat.
+
+    Every preset runs ``steps`` steps at its default sizes in this process, one after another
+    (``repeats`` is not used: the steps are the repeats).
+    """
+    import gc
+
+    from rlm_course.cost.accounting import live_tensor_bytes, peak_rss_bytes, resident_bytes
+    from rlm_course.rl.algorithms import PRESETS, preset
+    from rlm_course.rl.runs import load_sft_policy
+    from rlm_course.rl.trainer import RLTrainer
+    from rlm_course.tasks.eval_sets import load_eval_set
+
+    tok, task = CharTokenizer(), get_task("addition")
+    held_out = load_eval_set(task)
+    result = {"bench": "memory", "threads": torch.get_num_threads(), "steps": steps,
+              "warmup": warmup, "presets": {}}
+    rows = []
+    for name in PRESETS:
+        seed_everything(0)
+        policy, _ = load_sft_policy(task, tok, progress=False)
+        trainer = RLTrainer(policy, task, tok, preset(name, eval_every=10**6), held_out)
+        rss, live = [], []
+        for _ in range(steps):
+            trainer.step()
+            tensors, live_bytes = live_tensor_bytes()
+            live.append(live_bytes)
+            rss.append(resident_bytes())
+        xs = list(range(warmup + 1, steps + 1))
+        rss_slope, rss_se = _slope(xs, rss[warmup:])
+        live_slope, live_se = _slope(xs, live[warmup:])
+        flat = abs(live_slope) <= max(2 * live_se, 1.0) and abs(rss_slope) <= max(2 * rss_se, 2**20)
+        result["presets"][name] = {
+            "rss_bytes": rss, "live_tensor_bytes": live, "live_tensors_last_step": tensors,
+            "rss_slope_bytes_per_step": rss_slope, "rss_slope_noise": 2 * rss_se,
+            "live_slope_bytes_per_step": live_slope, "live_slope_noise": 2 * live_se,
+            "flat": flat}
+        rows.append([name, f"{rss[-1] / 2**20:.0f}", f"{rss_slope / 2**20:+.2f}",
+                     f"{2 * rss_se / 2**20:.2f}", f"{live[-1] / 2**20:.1f}",
+                     f"{live_slope / 2**10:+.1f}", f"{2 * live_se / 2**10:.1f}",
+                     "yes" if flat else "NO"])
+        del trainer, policy
+        gc.collect()
+    result["process_peak_rss_bytes"] = peak_rss_bytes()
+    result["all_flat"] = all(p["flat"] for p in result["presets"].values())
+    print(f"Memory after each of {steps} steps of every preset on addition-3 (default sizes, "
+          f"threads={torch.get_num_threads()}); slopes by least squares over steps {warmup + 1}.."
+          f"{steps}, noise = 2 standard errors")
+    print(format_table(rows, ["preset", "RSS MB", "RSS MB/step", "noise", "live tensors MB",
+                              "live KB/step", "noise", "flat"]))
+    return result
+
+
 def main(what: str, args) -> int:
     repeats = getattr(args, "repeats", 5)
     if repeats <= 0:
@@ -198,7 +270,7 @@ def main(what: str, args) -> int:
     from rlm_course.parallel.bench import bench_parallel
 
     benches = {"sampling": bench_sampling, "train": bench_train, "family": bench_family,
-               "parallel": bench_parallel}
+               "parallel": bench_parallel, "memory": bench_memory}
     result = benches[what](repeats)
     print(json.dumps(result))
     return 0
