@@ -73,7 +73,7 @@ def make_sft_checkpoint(task: Task, tokenizer: CharTokenizer, path: Path | None 
     start = time.perf_counter()
     model, info = run_sft(task, tokenizer, config, progress=progress)
     info.update(task=task.key, command=sft_command(task, config.seed),
-                seconds=round(time.perf_counter() - start, 1))
+                seconds=round(time.perf_counter() - start, 1), process_peak_rss=peak_rss_bytes())
     save_checkpoint(path, model, **info)
     atomic_write_json(path.with_suffix(".json"), info)
     return path
