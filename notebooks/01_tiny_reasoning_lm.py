@@ -23,6 +23,14 @@
 # 3. a decoder-only **transformer** (`rlm_course/lm/model.py`, one readable file), its parameter
 #    count and its forward FLOPs, checked against `torch.utils.flop_counter`;
 # 4. **sampling** with and without a **KV cache**.
+#
+# **Learning objectives.** After this chapter you can:
+#
+# 1. encode prompts for a batch (left padding) and say what a verifier checks;
+# 2. count the parameters and forward FLOPs of the transformer, `2N` per token plus attention,
+#    and check the count against PyTorch's FLOP counter;
+# 3. explain what a KV cache saves, and what it costs in memory;
+# 4. say why GRPO needs sampling diversity (temperature).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -161,6 +169,45 @@ for temperature in (0.3, 1.0, 2.0):
           f"(answer {one.answer}): {sorted(set(answers))[:6]}")
 
 # %% [markdown]
+# ## Questions
+#
+# * Without a cache, generating `T` tokens after a prompt of `P` costs how many token-forwards? And
+#   with a cache?
+# * What does the cache cost in memory, per token, for this model in fp32? Use
+#   `rlm_course.cost.architectures.kv_cache_bytes`.
+#
+# <details><summary>Answers</summary>
+#
+# * Without a cache step `t` re-runs the model over all `P + t` tokens: `sum_{t=1}^{T} (P + t) =
+#   T P + T (T + 1) / 2` token-forwards, quadratic in `T`. With a cache: one prefill of `P`
+#   tokens, then one token per step: `P + T - 1`, linear (the attention of each new token still
+#   reads all earlier keys, so its attention FLOPs grow with the context, but no matmul is
+#   repeated).
+# * A key and a value vector of `d_model` = 128 values in each of the 4 layers, 4 bytes each:
+#   `2 x 4 x 128 x 4 = 4,096` bytes per token, `kv_cache_bytes(4, 4, 32, 1, 4)` (4 heads of 32).
+#   Small here; 128 KiB per token for Llama-3-8B in bf16 (chapter 05), where the cache of a
+#   rollout outgrows the weights.
+#
+# </details>
+#
+# > **Key numbers and takeaways**
+# >
+# > * The tiny transformer: 4 layers of width 128, about 0.8M parameters (printed above).
+# > * A forward pass costs `2 x matmul parameters` FLOPs per token plus attention; the formula
+# >   agrees with `torch.utils.flop_counter` within 2%.
+# > * The KV cache turns decoding from quadratic into linear work in the response length, and
+# >   gives the same samples (checked in float64).
+# > * GRPO needs diversity within a group: identical samples get identical rewards and zero
+# >   advantage.
+#
+# ## Further reading
+#
+# * Karpathy's nanoGPT and minGPT (github.com/karpathy): a GPT in one readable file.
+# * Stanford CS336, assignment 1 (a transformer language model from scratch);
+#   https://github.com/stanford-cs336
+# * Pope et al. 2022, "Efficiently Scaling Transformer Inference" (arXiv:2211.05102): the KV
+#   cache and the cost of decoding.
+#
 # ## Exercise
 #
 # Open `exercises/ex01_kv_cache.py` and write `attend_with_kv_cache`; then run

@@ -17,8 +17,10 @@
 # # 02 · GRPO from scratch
 #
 # Group Relative Policy Optimization (Shao et al. 2024, *DeepSeekMath*, arXiv:2402.03300) is PPO
-# without a critic: the baseline for a response is the mean reward of the other responses to the
-# same prompt. Its loss, for a group of G responses `o_1..o_G` to a prompt `q`:
+# without a critic: the baseline for a response is the mean reward of **all** G responses to the
+# same prompt, its own included, and the difference is divided by their standard deviation
+# (section 4.1.2). (A baseline made of the mean of the *other* responses is RLOO's, chapter 04.)
+# Its loss, for a group of G responses `o_1..o_G` to a prompt `q`:
 #
 # $$
 # \mathcal{L} = \frac{1}{G}\sum_{i=1}^{G}\frac{1}{|o_i|}\sum_{t=1}^{|o_i|}
@@ -32,6 +34,15 @@
 # (`rlm_course/rl/advantages.py`), the clipped surrogate (`rlm_course/rl/losses.py`) and the k3 KL
 # to the frozen reference (`rlm_course/rl/kl.py`); then assemble and train. Chapter 04 extends the
 # same three modules with the rest of the family.
+#
+# **Learning objectives.** After this chapter you can:
+#
+# 1. sample groups and compute group-relative advantages, and say why a group of equal rewards
+#    teaches nothing;
+# 2. write the clipped surrogate and say which tokens get no gradient;
+# 3. tell what the k3 estimator's *value* estimates from what its *gradient* follows, and why
+#    GRPO's loss is about 0 on the first mini-batch while its gradient is not;
+# 4. train a tiny policy with GRPO and read its metrics.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -63,7 +74,7 @@ group = [p for p in problems for _ in range(G)]
 tokens, mask = tok.encode_prompts([p.prompt for p in group])
 rollout = generate(policy, tokens, mask, task.max_response_len, tok.eos_id,
                    generator=torch.Generator().manual_seed(0))
-responses = [tok.decode(r) for r in rollout.responses]
+responses = [tok.decode_response(r) for r in rollout.responses]
 rewards = torch.tensor([task.verify(p, r).reward for p, r in zip(group, responses)])
 advantages = group_advantages(rewards, G)
 for i, p in enumerate(problems):
@@ -138,6 +149,65 @@ plt.xlabel("exact KL"); plt.ylabel("estimate"); plt.legend();
 assert max(abs(a - b) for a, b in zip(exact, estimate)) < 0.05
 
 # %% [markdown]
+# ### The value is unbiased; what does the gradient follow?
+#
+# GRPO does not only *report* k3: it adds `beta x mean(k3)` to the loss and differentiates it. In
+# training the tokens are sampled first and then held fixed, so the gradient of the loss is the
+# average, over samples from `pi_theta`, of `grad k3(x)`, with no gradient through the sampling.
+# Is that the gradient of KL(pi_theta || pi_ref), the divergence k3 estimates?
+#
+# On a categorical distribution we can take that expectation exactly: weight each category `x` by
+# its probability `pi_theta(x)`, *detached* (the sampling is not differentiated), and let autograd
+# differentiate `sum_x pi(x) k(x)` with respect to the logits. Then compare with the exact
+# gradients of the two KL divergences, KL(pi_theta || pi_ref) and KL(pi_ref || pi_theta), and do
+# the same for k1 and k2.
+
+# %%
+import torch.nn.functional as F
+
+from rlm_course.rl.kl import kl_estimate
+
+g = torch.Generator().manual_seed(1)
+logits = torch.randn(8, generator=g, dtype=torch.float64)
+ref_logp = F.log_softmax(torch.randn(8, generator=g, dtype=torch.float64), 0)
+
+
+def gradient(loss_of_logp):
+    x = logits.clone().requires_grad_(True)
+    return torch.autograd.grad(loss_of_logp(F.log_softmax(x, 0)), x)[0]
+
+
+kl_forward = lambda logp: (logp.exp() * (logp - ref_logp)).sum()  # noqa: E731  KL(pi_theta || pi_ref)
+kl_reverse = lambda logp: (ref_logp.exp() * (ref_logp - logp)).sum()  # noqa: E731  KL(pi_ref || pi_theta)
+exact = {"KL(pi_theta || pi_ref)": gradient(kl_forward), "KL(pi_ref || pi_theta)": gradient(kl_reverse)}
+follows = {}
+for estimator in ("k1", "k2", "k3"):
+    # E_{x ~ pi_theta}[grad k(x)] with the samples held fixed: weights pi(x), detached
+    grad = gradient(lambda logp: (logp.exp().detach() * kl_estimate(logp, ref_logp, estimator)).sum())
+    match = [name for name, e in exact.items() if torch.allclose(grad, e, rtol=1e-5, atol=1e-9)]
+    follows[estimator] = match[0] if match else ("0" if grad.abs().max() < 1e-12 else "neither")
+    print(f"{estimator}: expected gradient {[round(v, 4) for v in grad[:4].tolist()]}... "
+          f"= gradient of {follows[estimator]}")
+print({name: [round(v, 4) for v in e[:4].tolist()] for name, e in exact.items()})
+assert follows == {"k1": "0", "k2": "KL(pi_theta || pi_ref)", "k3": "KL(pi_ref || pi_theta)"}
+
+# %% [markdown]
+# So, as a loss on on-policy samples:
+#
+# * **k3**'s gradient is that of **KL(pi_ref || pi_theta)**, the divergence with its arguments
+#   swapped, although its *value* estimates KL(pi_theta || pi_ref). By hand:
+#   `grad k3 = (1 - rho) grad log pi_theta` (with `rho = pi_ref / pi_theta`), and
+#   `sum_x pi_theta (1 - rho) grad log pi_theta = -sum_x pi_ref grad log pi_theta`, the gradient
+#   of KL(pi_ref || pi_theta).
+# * **k2**'s gradient is that of **KL(pi_theta || pi_ref)**: `grad k2 = (log pi_theta - log pi_ref)
+#   grad log pi_theta`, whose expectation is exactly the gradient of the KL it approximates.
+# * **k1**'s gradient is 0 in expectation (`sum_x pi_theta grad log pi_theta = 0`): as a loss it
+#   only adds noise, which is why k1 goes into the reward instead (chapters 03-04).
+#
+# Both KL directions pull `pi_theta` towards `pi_ref` and agree to first order when the two are
+# close, which is where the KL term keeps them; they differ when the policy drifts far (verl offers
+# "k3+" variants that take k3's value and k2's gradient for this reason).
+#
 # k3 has a heavy tail: `rho - log(rho) - 1` grows like `exp(log rho)`. A token the policy now
 # finds very unlikely (`log pi_theta = -12`) but the reference does not (`log pi_ref = -1`) scores
 # `e^11 - 12`, about 60,000 nats, enough to swamp a whole batch. The trainer therefore caps each
@@ -186,6 +256,33 @@ print(f"GRPO loss as written {simple.item():.6f}, general loss with GRPO's optio
 assert torch.allclose(simple, general)
 
 # %% [markdown]
+# ### Why the loss is about 0 on the first mini-batch, and the gradient is not
+#
+# The question users ask most about GRPO: "why is my loss 0?". On the first mini-batch of a
+# rollout the policy *is* the one that sampled it, so every ratio is exactly 1 and the clip does
+# nothing: the loss is `-(1/G) sum_i A_i` per group, and group-relative advantages sum to 0
+# within each group. The k3 term is 0 too while the policy equals the reference. But the gradient
+# of `-r A` at `r = 1` is `-A grad log pi_theta`: the policy-gradient itself, which is not 0. Here
+# with the package's own loss, `policy_loss`, on the rollout of section 1, with `pi_old` the
+# policy itself:
+
+# %%
+policy.zero_grad(set_to_none=True)
+logp_now = response_log_probs(policy, *args)  # with gradient this time
+first, _ = policy_loss(logp_now, logp_now.detach(), advantages, rollout.response_mask, "token",
+                       eps, None, "seq-mean-token-mean")
+first.backward()
+grad_norm = torch.sqrt(sum((p.grad ** 2).sum() for p in policy.parameters() if p.grad is not None))
+print(f"loss {first.item():.2e}, gradient norm {grad_norm.item():.3f}")
+assert abs(first.item()) < 1e-6 and grad_norm > 1e-3
+policy.zero_grad(set_to_none=True)
+
+# %% [markdown]
+# The loss value only says how far the ratios have moved; watch the reward, the KL and the
+# gradient norm instead. (With DAPO's token-mean aggregation, longer responses weigh more and the
+# first loss is small but no longer exactly the mean of the advantages.)
+
+# %% [markdown]
 # ## 6. Train
 #
 # `RLTrainer.step()` puts the pieces together: rollout (64 prompts x 8 samples), rewards,
@@ -228,6 +325,56 @@ for key in ("reward_mean", "groups_with_signal", "kl", "clip_fraction", "entropy
     print(f"{key:<20} step 1: {first:8.3f}   mean of last 10 steps: {last:8.3f}")
 
 # %% [markdown]
+# ## Questions
+#
+# * In section 1, some groups have all their rewards equal. What fraction of the batch's
+#   responses then contributes nothing to the gradient, and what would you change to waste less
+#   generation on them?
+# * With `kl_coef = 0` GRPO needs no reference model. What does each step save, in memory and in
+#   passes? What does it risk?
+# * The clip fraction stays near 0 in the metrics above. Why, with one pass over the batch in two
+#   mini-batches?
+#
+# <details><summary>Answers</summary>
+#
+# * Every response of a group with equal rewards has advantage 0, so its tokens contribute
+#   nothing to the policy term (only to the KL term). `groups_with_signal` counts the others: at
+#   step 1 about half of the 64 groups carried signal (see the printout above). Generation was
+#   spent on the rest for nothing. A warm start that is neither hopeless nor perfect, a larger
+#   group (more chances of one different reward), prompts of the right difficulty, or DAPO's
+#   dynamic sampling (chapter 04), which samples more prompts until the batch holds only groups
+#   with signal, at the cost of more generation.
+# * No reference weights in memory (2 bytes per parameter in bf16; here a second copy of the
+#   model) and no reference forward over every response in scoring. The risk: nothing holds the
+#   policy near the SFT model, so it can drift (reward hacking, loss of fluency, entropy
+#   collapse); with verifiable rewards and clipping, several recipes (DAPO, Dr. GRPO) drop it.
+# * The first of the two mini-batches is taken with the policy that sampled the batch (all
+#   ratios 1); the second follows one optimizer step, which moves the ratios only a little at
+#   this learning rate, so few leave `[0.8, 1.2]`. Clipping matters when a batch is reused for
+#   many steps (more mini-batches or epochs).
+#
+# </details>
+#
+# > **Key numbers and takeaways**
+# >
+# > * GRPO's advantage: `(R_i - mean R) / std R` over the whole group, its own reward included;
+# >   a group of equal rewards gets 0 and teaches nothing.
+# > * k3's value is unbiased for KL(pi_theta || pi_ref); as a loss its expected gradient is that
+# >   of KL(pi_ref || pi_theta); k2's is that of KL(pi_theta || pi_ref); k1's is 0.
+# > * On the first mini-batch the loss is about 0 (ratio 1, advantages summing to 0 per group)
+# >   while the gradient is the policy gradient.
+# > * 80 GRPO steps raise the held-out accuracy of the tiny model by well over 5 points (the
+# >   assert above); the full job runs 300.
+#
+# ## Further reading
+#
+# * OpenAI Spinning Up, "Part 3: Intro to Policy Optimization": the policy-gradient derivation,
+#   baselines and the log-derivative trick;
+#   https://spinningup.openai.com/en/latest/spinningup/rl_intro3.html
+# * Shao et al. 2024, DeepSeekMath (arXiv:2402.03300), section 4.1 (GRPO).
+# * Schulman 2020, "Approximating KL divergence", http://joschu.net/blog/kl-approx.html
+# * Stanford CS336, assignment 5 (alignment and GRPO); https://github.com/stanford-cs336
+#
 # ## Exercises
 #
 # Write `group_advantages`, `clipped_objective` and `kl_k3` in `exercises/ex02_grpo.py`, check

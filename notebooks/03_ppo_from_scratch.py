@@ -37,6 +37,13 @@
 #
 # The price: a second trained model (weights, gradients, Adam state) and two more passes per
 # sample. This notebook builds the pieces, trains PPO next to GRPO, and measures what each costs.
+#
+# **Learning objectives.** After this chapter you can:
+#
+# 1. build a critic from the policy and put the KL to the reference into a per-token reward;
+# 2. compute GAE advantages and say what `lambda` trades between bias and variance;
+# 3. train PPO and GRPO side by side on the same number of responses;
+# 4. count the models held and the passes per response of each, predicted and measured.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -88,7 +95,7 @@ print("values:", values.shape, "all zero:", bool((values == 0).all()))
 from rlm_course.rl.kl import kl_estimate
 
 beta = 0.005
-rewards = torch.tensor([task.verify(p, tok.decode(r)).reward
+rewards = torch.tensor([task.verify(p, tok.decode_response(r)).reward
                         for p, r in zip(problems, rollout.responses)])
 with torch.no_grad():
     logp_old = response_log_probs(policy, rollout.tokens, rollout.attention_mask, rollout.prompt_len)
@@ -211,6 +218,44 @@ for name, seconds in per_step.items():
 #   curves. Why does a freshly initialised critic make `lam=0` a bad start?
 # * The critic here is a copy of the policy. InstructGPT initialises it from the reward model;
 #   VAPO (arXiv:2504.05118) pre-trains it on Monte Carlo returns before RL. What would each change?
+#
+# <details><summary>Answers</summary>
+#
+# * PPO holds a second trained model, the critic: its weights, gradients and Adam moments (the
+#   `model states MB` column: the critic's add about as much again as the policy's), and it runs
+#   one more forward per response in scoring (the critic's values) and one more forward and
+#   backward in training (the `fwd/resp` and `bwd/resp` columns). Model states grow with the model size (16 bytes per parameter in
+#   mixed precision); the passes' FLOPs and the activations grow with the number of tokens, so
+#   with the response length. GRPO pays instead in generation: `G` responses per prompt.
+# * With `lambda = 1` the advantage is the return minus `V(s_t)`: unbiased whatever the critic,
+#   but noisy. With `lambda = 0` it is the one-step TD error `r_t + gamma V(s_{t+1}) - V(s_t)`,
+#   only as good as the critic: a fresh critic's values are all 0 here, so every token but the
+#   last gets just its KL penalty as advantage, and the verifier's reward reaches only the last
+#   token. Credit flows back one token per update of the critic, so learning starts slowly.
+# * Initialising the critic from the reward model gives it, from the first step, a head that
+#   already scores responses (it predicts the reward of a finished response, a good start for the
+#   value of a partial one); pre-training it on Monte Carlo returns of the SFT policy, as VAPO
+#   does, gives values fitted to the very quantity GAE needs before RL starts, so the first
+#   advantages are less biased. Both cost compute before or outside RL (a reward model to train,
+#   or a pre-training phase); neither changes the per-iteration cost.
+#
+# </details>
+#
+# > **Key numbers and takeaways**
+# >
+# > * PPO holds policy, critic (both trained) and reference (frozen); GRPO holds policy and
+# >   reference, and drops the reference with `kl_coef = 0`.
+# > * Per response, PPO's scoring runs three forwards (old policy, reference, critic) and its
+# >   training two forward-backward pairs; measured passes equal `predict_passes` (asserted).
+# > * GAE with `gamma = 1, lambda = 1` is the return minus the value (asserted above); `lambda`
+# >   trades the critic's bias against the return's variance.
+#
+# ## Further reading
+#
+# * Schulman et al. 2017, PPO (arXiv:1707.06347); Schulman et al. 2016, GAE (arXiv:1506.02438);
+#   Ouyang et al. 2022, InstructGPT (arXiv:2203.02155).
+# * OpenAI Spinning Up, PPO; https://spinningup.openai.com/en/latest/algorithms/ppo.html
+# * Stanford CS336, assignment 5 (alignment); https://github.com/stanford-cs336
 #
 # ## Exercise
 #

@@ -32,6 +32,14 @@
 #
 # In `rlm_course` an algorithm is an `RLConfig`, one option per part, and one loop (`RLTrainer`)
 # runs every combination. The presets are the published ones:
+#
+# **Learning objectives.** After this chapter you can:
+#
+# 1. name the part (advantage, ratio, clipping, aggregation, KL, sampling) that each member of the
+#    family changes, and show its effect on a hand example;
+# 2. predict what each change costs: models held, passes per response, responses generated;
+# 3. read a small experiment for what it can and cannot say;
+# 4. estimate generation's share of the FLOPs of each algorithm for a large model.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -60,14 +68,24 @@ print(format_table(rows, ["preset", "advantage", "ratio", "clip", "aggregation",
                           "dyn. sampling", "overlong", "G"]))
 
 # %% [markdown]
+# Each preset is a combination of parts inside the same loop, not a reimplementation of its paper.
+# In particular the `rloo` preset is RLOO's leave-one-out **advantage** inside the clipped
+# surrogate that every preset shares (ratio, clip, several gradient steps per batch); the paper's
+# RLOO (Ahmadian et al. 2024, arXiv:2402.14740) is on-policy REINFORCE: one gradient step per
+# batch, no ratio and no clipping.
+#
 # ## 1. Advantages: who gets credit
 #
 # Four groups of 4 responses with verifier rewards (1 = correct, 0.1 = right format only). GRPO
-# divides by the group's std, so a group that is *almost* all right (row 3) gets the same large
-# advantages as a balanced one; Dr. GRPO (Liu et al. 2025, arXiv:2503.20783) calls this a
-# question-difficulty bias and drops the division. RLOO's leave-one-out advantages equal
-# Dr. GRPO's up to a factor `G/(G-1)`. A group of equal rewards (row 4) gets zero advantage under
-# all of them: it costs generation and teaches nothing; DAPO's dynamic sampling drops it.
+# divides by the group's std (DeepSeekMath, section 4.1.2): that **equalises the scale of every
+# group**, not its advantages. Whatever the spread of a group's rewards, its squared advantages
+# sum to `G - 1` (3 here), so a group that is *almost* all right (group 3) weighs as much in the
+# gradient as a balanced one (group 1), its one wrong answer getting -1.5; without the division
+# (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783) such a group weighs less, in proportion to its
+# std. Dr. GRPO calls the equalising a question-difficulty bias and drops it. RLOO's leave-one-out
+# advantages equal Dr. GRPO's up to a factor `G/(G-1)`. A group of equal rewards (group 4) gets
+# zero advantage under all of them: it costs generation and teaches nothing; DAPO's dynamic
+# sampling drops it.
 
 # %%
 from rlm_course.rl.advantages import group_advantages, rloo_advantages
@@ -85,7 +103,12 @@ for i in range(4):
     for name, adv in estimators.items():
         print(f"    {name:<9}" + " ".join(f"{x + 0.0:6.2f}" for x in adv.view(4, 4)[i].tolist()))
 print("groups with signal:", groups_with_signal(rewards, 4).tolist())
+squares = {name: (adv.view(4, 4) ** 2).sum(1) for name, adv in estimators.items()}
+print("sum of squared advantages per group:",
+      {name: [round(x, 2) for x in sq.tolist()] for name, sq in squares.items()})
 assert torch.allclose(estimators["RLOO"], 4 / 3 * estimators["Dr. GRPO"])
+# std normalisation: every group with signal has the same scale, sum of A^2 = G - 1 (unbiased std)
+assert torch.allclose(squares["GRPO"][:3], torch.full((3,), 3.0), atol=1e-4)
 
 # %% [markdown]
 # ## 2. Aggregation: how much each token weighs
@@ -202,6 +225,13 @@ from rlm_course.tools.plots import plot_eval_curves
 plot_eval_curves(curves, title=f"held-out greedy accuracy, {results['task']}, mean and range");
 
 # %% [markdown]
+# **What these curves can and cannot say.** They come from a 0.8M-parameter model on 3-digit
+# addition, 150 steps and 3 seeds per preset. That shows that every preset learns, and what each
+# one costs to run; it cannot rank the algorithms. Three seeds give a poor estimate of the spread
+# between runs, the presets share hyperparameters tuned for none of them, and nothing here tells
+# how an ordering would change with a real model, a hard task or long responses (the published
+# comparisons tune each method and run far longer).
+#
 # The cost of each, from the same runs. `fwd`/`bwd` are passes per response (the generation
 # prefill counts per generated response), `gen/train` the responses generated per response
 # trained on, `model states` the bytes of weights, gradients and Adam moments, `peak RSS` the
@@ -259,12 +289,21 @@ for variant in PRESETS:
                  + [f"{flops['generation'] / flops['total']:.0%}"])
 print(format_table(table, ["preset", "generation PFLOP", "scoring PFLOP", "training PFLOP",
                            "total PFLOP", "generation share"]))
+share = {row[0]: float(row[-1].rstrip("%")) for row in table}
+print(f"generation's share of the FLOPs: {min(share.values()):.0f}% ({min(share, key=share.get)}) "
+      f"to {max(share.values()):.0f}% ({max(share, key=share.get)})")
+assert min(share, key=share.get) == "ppo" and max(share, key=share.get) == "dapo"
 
 # %% [markdown]
-# Generation is a tenth to a quarter of the FLOPs (the most with DAPO, whose dynamic sampling
-# generates more responses than it trains on), yet every open system reports it takes 70-90% of the
-# wall time: decoding reads all the weights for each token and cannot be parallelised along the
-# response. Chapters 05 and 06 measure that and explain it (bytes per FLOP, and work vs depth).
+# Generation is 9% (PPO, whose critic adds scoring and training FLOPs) to 37% (DAPO, whose
+# dynamic sampling generates 2.5 responses per response trained in the stored runs) of the FLOPs
+# in this example. Yet in runs that generate long chains of thought, open systems report it
+# taking 70-90% of the wall time (OpenRLHF: about 80%, up to 90% for long CoT; verl's DAPO
+# recipe: about 70%; see chapter 05), because decoding reads all the weights for each token and
+# cannot be parallelised along the response. That holds for long generations only: a PPO
+# breakdown with 128-token prompts and 128-token responses (OpenRLHF, 34B actor and 7B critic on
+# 32 GPUs, in github.com/openpsi-project/ReaLHF/issues/10) spent 5.25 s in generation and 51.0 s
+# in training. Chapters 05 and 06 measure that and explain it (bytes per FLOP, and work vs depth).
 #
 # ## Questions
 #
@@ -275,6 +314,46 @@ print(format_table(table, ["preset", "generation PFLOP", "scoring PFLOP", "train
 # * Try `python -m rlm_course grpo --task addition --variant grpo --loss-agg token-mean
 #   --clip-eps-high 0.28`: which DAPO parts does it have, and which are missing (count the KL
 #   term too)? Which of the missing ones changes the cost, and how?
+#
+# <details><summary>Answers</summary>
+#
+# * It grows. As the policy improves, more groups are all correct (and, on hard prompts, some stay
+#   all wrong); those groups are dropped and replaced by new prompts, so DAPO generates
+#   `1 / (1 - p_deg)` responses per response trained, `p_deg` the share of groups with equal
+#   rewards (up to `max_sampling_rounds` rounds). The stored runs measured 2.5 on average over 150
+#   steps, more than section 5 measured on its 20 early steps. Each extra round is a whole
+#   generation pass, the most expensive stage per FLOP.
+# * `ppo`, `grpo`, `rloo` and `reinforce_pp` (a KL term, in the loss or in the reward) hold a
+#   frozen reference; `dr_grpo`, `dapo` and `gspo` do not (`-` in the KL column and the frozen
+#   column). The KL needs `log pi_ref` of every sampled token, and only the reference model can
+#   give it: dropping the KL removes its weights from memory (2 bytes per parameter in bf16) and
+#   its forward over every response from each step's scoring (the `fwd` column: 4 against 3).
+# * It has clip-higher and the token-mean loss. It misses dynamic sampling, the overlong shaping,
+#   and the removal of the KL term (GRPO keeps `k3` in the loss). Dynamic sampling raises
+#   generation (the most costly difference); keeping the KL keeps the reference model and its
+#   forward pass; the overlong shaping only changes rewards (it lengthens the generation budget by
+#   its buffer).
+#
+# </details>
+#
+# > **Key numbers and takeaways**
+# >
+# > * Every member changes one or two parts of the same loop; the costs follow from which models
+# >   it holds and how many responses it generates.
+# > * Std normalisation makes every group with signal sum to `sum A^2 = G - 1`; Dr. GRPO drops it.
+# > * For a 6.6B model with 4,096-token responses, generation is 9% (PPO) to 37% (DAPO) of the
+# >   FLOPs; dropping the KL term removes a model and a forward pass.
+# > * Long chain-of-thought runs spend 70-90% of their time generating; short-generation runs can
+# >   be dominated by training.
+# > * A 0.8M model and 3 seeds show that each preset learns and what it costs, not which is best.
+#
+# ## Further reading
+#
+# * DeepSeekMath (GRPO, arXiv:2402.03300, section 4.1); Dr. GRPO (arXiv:2503.20783); DAPO
+#   (arXiv:2503.14476); RLOO (arXiv:2402.14740); REINFORCE++ (arXiv:2501.03262); GSPO
+#   (arXiv:2507.18071).
+# * Stanford CS336, assignment 5 (alignment and GRPO): group-normalised rewards, clipped loss,
+#   length normalisation; https://github.com/stanford-cs336
 #
 # ## Exercises
 #

@@ -28,6 +28,16 @@
 # The cost model (`rlm_course/cost/workdepth.py`): work in FLOPs (a matmul `(m,k)@(k,n)` is `2mkn`),
 # elementwise operations have depth 1, a sum of `n` values is a tree of depth `ceil(log2 n)`;
 # sequential parts add depth, independent parts take the maximum.
+#
+# **Learning objectives.** After this chapter you can:
+#
+# 1. compute the work, depth and parallelism of a layer, a forward pass, autoregressive decoding
+#    and a whole GRPO or PPO iteration, and use Brent's bound;
+# 2. explain why decode depth grows with the response length while a larger group adds only work;
+# 3. turn depth into seconds with the roofline of chapter 05, and find the device count past which
+#    the depth term decides an iteration's time;
+# 4. see how a long tail of response lengths sets the depth by its longest response and lowers the
+#    parallelism.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -166,12 +176,118 @@ plt.xlabel("processors p (scalar operations at once)"); plt.ylabel("speedup boun
 plt.legend(fontsize=7);
 
 # %% [markdown]
+# ## 6. From operations to seconds
+#
+# The depth above is counted in scalar operations: about 5.3 million for the GRPO iteration. Timed
+# at one operation per nanosecond it would be a few milliseconds, nothing next to the seconds an
+# iteration takes; read that way, depth could never bound an iteration. The count assumes that an
+# operation starts the moment its inputs exist, on processors that hold every weight at hand. A
+# real decode step cannot: it must stream its replica's share of the weights from memory before
+# it can produce the next token, so each of the `T_max - 1` dependent steps takes at least the
+# roofline time of chapter 05,
+#
+# `t_step = max(FLOPs / (tp x peak), (weight bytes + KV bytes) / (tp x bandwidth)) + latency`,
+#
+# about `2N / (tp x bandwidth)` for the last sequence of a batch, plus a per-step latency (kernel
+# launches, sampling, TP collectives). The depth in seconds is `(T_max - 1) x t_step`; the work in
+# seconds is `W / (p x peak)`. Brent's bound becomes `max(W/(p peak), D_s) <= T <= W/(p peak) + D_s`
+# (`rlm_course.cost.anatomy.generation_time_bounds`). For the same GRPO generation on H100s in
+# replicas of one GPU, with no per-step latency and with 1 ms of it (an assumed round figure;
+# chapter 05 measured this machine's):
+
+# %%
+from rlm_course.cost.anatomy import Workload, generation_time_bounds
+from rlm_course.cost.hardware import get_device
+
+h100 = get_device("H100-SXM-80GB")
+example = Workload(64, 16, 256, 1024)
+devices = [2 ** k for k in range(0, 11)]
+bounds = {lat: [generation_time_bounds(llama, example, h100, p, 1, lat) for p in devices]
+          for lat in (0.0, 1e-3)}
+at_64 = generation_time_bounds(llama, example, h100, 64, 1)
+print(f"one decode step of Llama-3-8B on one H100: {at_64['step_seconds'] * 1e3:.1f} ms; "
+      f"depth {at_64['depth_seconds']:.1f} s for {example.max_response_len - 1} steps; work "
+      f"{at_64['work_seconds']:.2f} s on 64 GPUs; the depth term wins from "
+      f"{at_64['crossover_devices']:.1f} GPUs on")
+plt.figure(figsize=(5.5, 3.2))
+plt.loglog(devices, [b["work_seconds"] for b in bounds[0.0]], "o-", ms=3, label="work W / (p peak)")
+for lat, style in ((0.0, "k--"), (1e-3, "k:")):
+    plt.loglog(devices, [b["depth_seconds"] for b in bounds[lat]], style,
+               label=f"depth, {lat * 1e3:.0f} ms latency per step")
+plt.loglog(devices, [b["upper"] for b in bounds[1e-3]], "s-", ms=3, alpha=0.6,
+           label="Brent: work + depth (1 ms)")
+plt.xlabel("H100s p"); plt.ylabel("seconds of generation"); plt.legend(fontsize=7);
+assert at_64["depth_seconds"] > 10 * at_64["work_seconds"]
+assert at_64["crossover_devices"] < 64
+
+# %% [markdown]
+# Past a few GPUs the work term is the smaller one, and from there on adding GPUs shortens only
+# the work term: the iteration's generation cannot take less than `(T_max - 1) x t_step`. Chapter
+# 05's roofline times and this chapter's depth are the same critical path, counted once in
+# operations and once in seconds.
+#
+# ## 7. Long tails: depth follows the longest response
+#
+# With responses of different lengths, the decode of a batch runs until its longest response
+# ends: its depth is that of `T_max`, while its work is the sum over the responses. Below, 64
+# prompts with `G` samples each, lengths from a log-normal with mean 1,024 and `sigma` = 1 (an
+# assumption, as in chapter 05) capped at 16k tokens, averaged over 10 draws: the parallelism
+# `W / D` of generation against the same batch with every response 1,024 tokens long, and the
+# depth in seconds.
+
+# %%
+from statistics import mean
+
+group_sizes = [2, 4, 8, 16, 32, 64]
+rows, curves = [], {"tail": [], "equal": [], "seconds": [], "t_max": []}
+for G in group_sizes:
+    draws = []
+    for seed in range(10):
+        tail = Workload.long_tailed(64, G, 256, 1024, 1.0, 16384, seed=seed)
+        gen = wd.decode(llama, tail.responses, 256, 16384, tail.response_lengths)
+        equal = wd.decode(llama, tail.responses, 256, round(tail.mean_response_len))
+        draws.append((gen.parallelism, equal.parallelism,
+                      generation_time_bounds(llama, tail, h100, 64, 1)["depth_seconds"],
+                      tail.max_response_len))
+    for key, values in zip(curves, zip(*draws)):
+        curves[key].append(mean(values))
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+ax1.loglog(group_sizes, curves["equal"], "k:", base=2, label="every response E[T] long")
+ax1.loglog(group_sizes, curves["tail"], "o-", base=2, label="long-tailed lengths")
+ax1.set(xlabel="group size G", ylabel="W / D of generation"); ax1.legend(fontsize=7)
+ax2.semilogx(group_sizes, curves["seconds"], "s-", base=2)
+ax2.set(xlabel="group size G", ylabel="depth in seconds (H100, tp 1)")
+fig.tight_layout()
+print(format_table([[G, f"{t:.0f}", f"{e:.3g}", f"{w:.3g}", f"{d:.0f}"] for G, t, e, w, d in
+                    zip(group_sizes, curves["t_max"], curves["equal"], curves["tail"],
+                        curves["seconds"])],
+                   ["G", "T_max", "W/D, equal lengths", "W/D, long tail", "depth s"]))
+assert all(w < e / 3 for w, e in zip(curves["tail"], curves["equal"]))
+assert curves["seconds"] == sorted(curves["seconds"])
+
+# %% [markdown]
+# A larger group still adds work, but with a long tail it also reaches further into the tail:
+# `T_max`, and with it the depth, creeps up with `G`, and the parallelism stays far below that of
+# equal lengths. This is the straggler effect in work-depth terms; the whole iteration with such
+# lengths (scoring and training count each sequence at its own length, packed):
+
+# %%
+tail = Workload.long_tailed(64, 16, 256, 1024, 1.0, 16384, seed=0)
+grpo_tail = wd.grpo_iteration(llama, 64, 16, 256, 16384, n_params, minibatches=4,
+                              response_lengths=tail.response_lengths)
+print(f"E[T] = {tail.mean_response_len:.0f}, T_max = {tail.max_response_len}: W = "
+      f"{grpo_tail.work:.3g} FLOP, D = {grpo_tail.depth:,}, W/D = {grpo_tail.parallelism:.3g}")
+print(format_table([[part, f"{w:.3g}", f"{w / grpo_tail.work:.0%}", f"{d:,}", f"{d / grpo_tail.depth:.0%}"]
+                    for part, w, d in grpo_tail.breakdown()], ["part", "work", "of W", "depth", "of D"]))
+assert grpo_tail.parts[0].depth > 0.99 * grpo_tail.depth
+
+# %% [markdown]
 # Ways out, all in later chapters: shorten the depth (speculative decoding, partial rollouts that
 # cap the response length per iteration), overlap it (asynchronous RL runs generation of the next
 # batch beside training on this one), or fill the idle processors during the long tail (stream
 # scoring and training as responses finish).
 #
-# ## 6. Explore
+# ## 8. Explore
 #
 # The calculator of chapter 05 also reports `W`, `D` and `W/D` of the iteration and of its
 # generation stage.
@@ -202,6 +318,53 @@ print(f"generation depth {deep:,} for 8k-token responses; the whole iteration's 
 #   tokens per iteration shrink?
 # * PPO's GAE as a loop has depth `~2T`; as a scan `~2 log2 T`. Why does this matter less than
 #   the decode depth?
+#
+# <details><summary>Answers</summary>
+#
+# * In a forward pass every token of the sequence is known in advance (the prompt, or a finished
+#   response being scored), so all positions are processed at once; along the sequence the only
+#   dependencies are sums (the softmax's denominator, the weighted sum over keys), trees of depth
+#   `log2 S`. In generation token `t + 1` does not exist until step `t` has produced it: each step
+#   is a whole forward that waits for the previous one, `T` of them in a chain.
+# * Adding GPUs shrinks `W/p` only. `D` is set by the longest response: about 16k decode steps,
+#   each at least `t_step` (section 6), whatever the number of GPUs. A partial rollout of 4k tokens
+#   per iteration caps the decode steps of an iteration at 4k: it shrinks `D` (up to 4x here); the
+#   unfinished responses continue in later iterations, so some of their tokens were sampled by an
+#   older policy, and the objective must correct for it (chapter 13).
+# * GAE's loop is `2T` dependent scalar operations per sequence, vectorised over the batch. Decode
+#   is `T` dependent *forward passes*: in section 5's table, 5.3 million operations of depth for
+#   1,024 tokens, about 5,000 per step against GAE's 2; and in seconds each decode step streams the
+#   weights (milliseconds, section 6) while a GAE step is a few arithmetic operations. A GAE loop
+#   is slow only when written as a Python loop over tokens (verl issue #336 reports 10,751 s for
+#   the advantage step on >10k-token outputs), which the scan, or a vectorised loop, fixes.
+#
+# </details>
+#
+# > **Key numbers and takeaways**
+# >
+# > * Brent: `max(W/p, D) <= T_p <= W/p + D`; past `p ~ W/D` more processors barely help.
+# > * A Llama-3-8B layer has depth about 156 operations whatever the batch; a forward pass's depth
+# >   grows only with the logarithm of the sequence length.
+# > * Decode depth grows linearly with the response length; a larger group adds work, not depth
+# >   (for equal lengths).
+# > * In the GRPO example generation is about a sixth of the work and 99% of the depth.
+# > * In seconds, one decode step of Llama-3-8B on an H100 takes at least 4.8 ms (its 16 GB of
+# >   weights at 3.35 TB/s); 1,023 of them take about 5 s, while the generation work takes a
+# >   fraction of a second on 64 GPUs: the depth term wins past a few GPUs.
+# > * With long-tailed lengths the depth follows `T_max`, which grows with `G`; the parallelism
+# >   of generation is about ten times lower than with equal lengths of the same mean (section 7).
+#
+# ## Further reading
+#
+# * Blelloch, "Programming Parallel Algorithms", CACM 39(3), 1996 (work, depth, Brent's bound);
+#   Blelloch 1990, "Prefix sums and their applications" (the scan).
+# * Ben-Nun & Hoefler, "Demystifying Parallel and Distributed Deep Learning", ACM CSUR 2019,
+#   arXiv:1802.09941 (work-depth analysis of deep learning).
+# * *How to Scale Your Model* (the JAX scaling book), inference chapter: the per-step time of
+#   decoding; https://jax-ml.github.io/scaling-book/
+# * Ultra-Scale Playbook: https://huggingface.co/spaces/nanotron/ultrascale-playbook
+# * ROLL Flash (arXiv:2510.11345): bounds on generation and end-to-end time under long-tailed
+#   response lengths.
 #
 # ## Exercises
 #

@@ -26,6 +26,14 @@
 # the mean gradient. ZeRO (Rajbhandari et al. 2019, arXiv:1910.02054) notices that every rank
 # also keeps a full copy of the optimizer states, gradients and parameters, and shards them:
 # stage 1 the Adam states, stage 2 also the gradients, stage 3 (= FSDP) also the parameters.
+#
+# **Learning objectives.** After this chapter you can:
+#
+# 1. derive the bytes a ring all-reduce sends per rank, `2(p-1)/p` times the message, and compare
+#    it with a tree;
+# 2. run data parallelism and ZeRO-1/2/3 on simulated ranks and check them against one device;
+# 3. say what each ZeRO stage holds per rank and sends per step, and derive ZeRO-3's 1.5x;
+# 4. write ZeRO-1's optimizer step (reduce-scatter, shard update, all-gather) yourself.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -45,6 +53,16 @@ print(torch.__version__)
 # A ring all-reduce of `M` bytes over `p` ranks: a reduce-scatter then an all-gather, `2(p-1)`
 # steps of `M/p` bytes. Every rank sends `2(p-1)/p x M`: almost twice the message, however many
 # ranks. A tree all-reduce needs only `2 log2 p` steps but sends whole messages.
+#
+# **Deriving `2(p-1)/p`.** Cut each rank's message into `p` chunks of `M/p` bytes and arrange the
+# ranks in a ring. *Reduce-scatter*: at each step every rank sends one chunk to its successor,
+# which adds it to its own copy of that chunk and passes the sum on at the next step. After
+# `p - 1` steps each chunk has visited every rank, so rank `r` holds the full sum of one chunk;
+# each rank has sent `(p-1)` chunks, `(p-1)/p x M` bytes. *All-gather*: the same ring passes the
+# finished chunks around, `p - 1` more steps and `(p-1)/p x M` more bytes. Together `2(p-1)/p x M`
+# per rank, sent over every link at once. No algorithm sends less: each rank must contribute its
+# data to the other ranks' sums and receive what it lacks of the result, at least
+# `(p-1)/p x M` each way (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms").
 
 # %%
 from rlm_course.parallel.world import Link, World
@@ -143,7 +161,19 @@ plot_memory_per_rank(memory, title=f"model state per rank, {P} ranks");
 # %% [markdown]
 # ZeRO-1 and -2 send exactly what DP sends (a reduce-scatter plus an all-gather is an
 # all-reduce) and hold less; ZeRO-3 gathers the parameters twice (forward and backward) and so
-# sends 1.5x as much. The timelines show when each rank talks:
+# sends 1.5x as much.
+#
+# **Deriving ZeRO-3's 1.5x** (Rajbhandari et al. 2019, section 7). Count in units of `Psi`, the
+# model's bytes, and use the ring: a reduce-scatter or an all-gather of `Psi` sends about `Psi`
+# per rank (`(p-1)/p x Psi`), an all-reduce twice that. Plain DP all-reduces the gradients:
+# `2 Psi`. ZeRO-1 and -2 reduce-scatter the gradients (`Psi`), each rank updates its shard, then
+# all-gather the new parameters (`Psi`): `2 Psi`, the same. ZeRO-3 keeps only a shard of the
+# parameters, so it must all-gather them before the forward (`Psi`); it frees them after each
+# layer to save memory, so it all-gathers them again for the backward (`Psi`); then it
+# reduce-scatters the gradients (`Psi`) and updates its shard, which is all it keeps: `3 Psi`,
+# 1.5x DP. The table's bytes say the same: 37,728 = 1.5 x 25,152 per rank and step.
+#
+# The timelines show when each rank talks:
 
 # %%
 from rlm_course.tools.plots import plot_rank_timeline
@@ -159,3 +189,54 @@ plot_rank_timeline([e for e in worlds["ZeRO-3"].events if e.end <= worlds["ZeRO-
 #   31.4, 16.6 and 1.9.)
 # * Why does the ring all-reduce's time per rank stop growing with `p` for large messages, while
 #   the tree's keeps growing?
+#
+# <details><summary>Answers</summary>
+#
+# * With `P` = 7.5e9 parameters and `N_d` = 64: plain DP holds `(2 + 2 + 12) P = 120 GB`;
+#   ZeRO-1 `4P + 12P/64 = 31.4 GB`; ZeRO-2 `2P + 14P/64 = 16.6 GB`; ZeRO-3 `16P/64 = 1.9 GB`:
+#   the paper's figures (the next cell computes them with `zero_model_state_bytes`).
+# * The ring sends `2(p-1)` messages of `M/p` bytes: its time is `2(p-1) alpha + 2(p-1)/p x M/beta`.
+#   The bandwidth part tends to `2M/beta` and stops growing with `p` (in the table above: 0.17 ms
+#   of it at `p = 2`, 0.31 ms at `p = 16`, for 4 MB at 25 GB/s); only the latency part
+#   `2(p-1) alpha` keeps growing, linearly, which matters for small messages. The tree sends the
+#   whole message `2 log2 p` times in a row: `2 log2 p (alpha + M/beta)`, growing with `log p` in
+#   both parts. For large messages the ring wins; for small ones (latency-bound) trees or
+#   hierarchical algorithms do.
+#
+# </details>
+
+# %%
+from rlm_course.cost.anatomy import zero_model_state_bytes
+
+gb = [zero_model_state_bytes(7_500_000_000, 64, stage) / 1e9 for stage in (0, 1, 2, 3)]
+print("GB per GPU, stages 0-3:", [round(x, 1) for x in gb])
+assert [round(x, 1) for x in gb] == [120.0, 31.4, 16.6, 1.9]
+
+# %% [markdown]
+# > **Key numbers and takeaways**
+# >
+# > * A ring all-reduce sends `2(p-1)/p` times the message per rank: 1.5x at `p = 4`, tending to
+# >   2x; it is bandwidth-optimal.
+# > * ZeRO-1 and -2 send what DP sends (reduce-scatter + all-gather = all-reduce); ZeRO-3 sends
+# >   1.5x (one more all-gather of the parameters).
+# > * Model state per GPU for 7.5B parameters on 64 GPUs: 120 / 31.4 / 16.6 / 1.9 GB for DP and
+# >   ZeRO-1/2/3.
+# > * Distributed and single-device results agree up to rounding: exactly the same function in
+# >   float64 (1e-13 here), machine-dependent differences in float32.
+#
+# ## Further reading
+#
+# * Rajbhandari et al. 2019, ZeRO (arXiv:1910.02054); Patarasuk & Yuan 2009, "Bandwidth optimal
+#   all-reduce algorithms"; Thakur, Rabenseifner & Gropp 2005, collectives in MPICH.
+# * Ultra-Scale Playbook, data parallelism and ZeRO; its appendix on collectives;
+#   https://huggingface.co/spaces/nanotron/ultrascale-playbook
+# * *How to Scale Your Model* (the JAX scaling book), the training-parallelism chapter;
+#   https://jax-ml.github.io/scaling-book/
+# * Stanford CS336, assignment 2 (DDP, sharded optimizer, FSDP); https://github.com/stanford-cs336
+#
+# ## Exercise
+#
+# Write ZeRO-1's optimizer step, `zero1_step` (reduce-scatter the gradients, Adam on your shard,
+# all-gather the parameters), in `exercises/ex07_zero.py`; check it with
+# `exercises/ex07_zero.ipynb` or `python -m rlm_course grade 07`. `DataParallel` runs the worked
+# version for stages 1 and 2 above.

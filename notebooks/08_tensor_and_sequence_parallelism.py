@@ -26,6 +26,15 @@
 # Sequence parallelism (Korthikanti et al. 2022) replaces each all-reduce by a reduce-scatter and
 # each copy by an all-gather along the sequence: same bytes, but norms and residuals run on
 # `1/tp` of the positions.
+#
+# **Learning objectives.** After this chapter you can:
+#
+# 1. split a linear layer by columns or by rows and say which collective each split needs;
+# 2. run a transformer block with tensor parallelism, with and without sequence parallelism, and
+#    check its forward and backward against one device;
+# 3. count the collectives and bytes per layer, and say why TP stays inside a node;
+# 4. say what sequence parallelism saves: the activations of chapter 05's per-layer count,
+#    `sbh (34 + 5as/h)`, all divided by `tp` instead of only the parts inside the split matmuls.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -110,3 +119,39 @@ plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block f
 #   every layer, twice per direction.)
 # * With sequence parallelism the layer-norm weights' gradients are partial sums over each rank's
 #   positions. What must happen to them before the optimizer step?
+#
+# <details><summary>Answers</summary>
+#
+# * Every layer waits for its collectives: two all-reduces (or reduce-scatter/all-gather pairs)
+#   forward and two backward, each of `batch x seq x d_model` activations, between the matmuls
+#   that need their result. Nothing else can run meanwhile, so the time is `alpha + bytes / beta`
+#   per collective, four times per layer, on the critical path. The bytes per rank barely change
+#   with `tp`, but the link does: inside a node GPUs talk over NVLink, many times faster than the
+#   network between nodes (compare `intra_node_bandwidth` and `inter_node_bandwidth` in
+#   `python -m rlm_course hardware`). Across nodes the same traffic would take far longer than the
+#   matmuls it splits.
+# * They must be summed over the ranks of the tensor-parallel group (an all-reduce of these small
+#   gradients) before the optimizer step: each rank saw only its `1/tp` of the positions, and the
+#   weights are replicated, so every rank must apply the same full gradient (Megatron-LM does this
+#   for its sequence-parallel parameters).
+#
+# </details>
+#
+# > **Key numbers and takeaways**
+# >
+# > * Megatron TP: column-parallel then row-parallel, one all-reduce per pair: 2 per layer
+# >   forward, 2 backward, each of `b s h` activations; every rank sends `2(tp-1)/tp` of them per
+# >   all-reduce (the `bytes/rank` column equals `layer_bytes_per_rank`, asserted).
+# > * Sequence parallelism: the same bytes as reduce-scatter + all-gather; norms, dropout and
+# >   residuals on `1/tp` of the positions, so all of a layer's activations divide by `tp`.
+# > * TP results equal one device's up to float32 rounding of sums in another order.
+#
+# ## Further reading
+#
+# * Shoeybi et al. 2019, Megatron-LM (arXiv:1909.08053); Korthikanti et al. 2022, "Reducing
+#   Activation Recomputation in Large Transformer Models" (arXiv:2205.05198): sequence
+#   parallelism and the activation count.
+# * Ultra-Scale Playbook, tensor and sequence parallelism;
+#   https://huggingface.co/spaces/nanotron/ultrascale-playbook
+# * *How to Scale Your Model* (the JAX scaling book); https://jax-ml.github.io/scaling-book/
+# * Stanford CS336, lectures and assignment on parallelism; https://github.com/stanford-cs336

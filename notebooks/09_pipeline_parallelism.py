@@ -19,14 +19,37 @@
 # Split the layers into `p` stages on `p` devices and the batch into `m` micro-batches. A
 # micro-batch flows forward through the stages and its gradient flows back; a device idles
 # until the first micro-batch reaches it and after the last one leaves: the **bubble**. A schedule
-# says, for each device, in which order it runs the forwards (F) and backwards (B):
+# says, for each device, in which order it runs the forwards (F) and backwards (B).
 #
-# * GPipe: all forwards, then all backwards. Bubble `(p-1)/(m+p-1)` of the time; every
+# **Learning objectives.** After this chapter you can:
+#
+# 1. derive the pipeline bubble of GPipe, 1F1B and interleaved 1F1B;
+# 2. read a schedule as a table and as a timeline, and count the activations each device holds;
+# 3. check that executing a schedule gives one device's gradients;
+# 4. judge which stages of an RL iteration a pipeline suits.
+#
+# **One convention for the bubble.** Two ways of stating it are common: the **bubble fraction**,
+# idle time over the total time of the devices, and the **ratio to the ideal time**, idle time over
+# the time the work alone would take (what Narayanan et al. 2021 quote). With ratio `r`, the
+# fraction is `r / (1 + r)`. This chapter uses the **fraction of the total time** everywhere: in
+# the text, the table and the plots (`bubble_fraction`, `bubble_formula`).
+#
+# **Deriving it.** Let a forward of one micro-batch on one stage take `t_f` and a backward `t_b`.
+# The ideal time of one device is `m (t_f + t_b)`: its share of the work. But the last stage
+# cannot start before the first micro-batch has crossed the `p - 1` stages before it
+# (`(p - 1) t_f`), and the first stage cannot finish before the last backward has come back
+# through them (`(p - 1) t_b`). Every device waits those `(p - 1)(t_f + t_b)` in total, at the
+# start and the end, so the step takes `(m + p - 1)(t_f + t_b)`: a ratio to the ideal time of
+# `(p - 1) / m` and a **bubble fraction of `(p - 1) / (m + p - 1)`**.
+#
+# * GPipe: all forwards, then all backwards. Bubble fraction `(p-1)/(m+p-1)`; every
 #   micro-batch's activations are alive at once.
-# * 1F1B: after a short warm-up, alternate one forward and one backward. Same bubble, but at most
-#   `p` micro-batches in flight.
-# * Interleaved 1F1B: each device holds `v` chunks of layers; the bubble shrinks to `(p-1)/(v m)`
-#   of the ideal time, for `v` times more point-to-point traffic.
+# * 1F1B: after a short warm-up, alternate one forward and one backward. The same bubble, but at
+#   most `p` micro-batches in flight.
+# * Interleaved 1F1B: each device holds `v` chunks of layers, so a hop through one chunk takes
+#   `1/v` of the time, and the fill and drain shrink to `(p - 1)(t_f + t_b) / v`: the ratio to the
+#   ideal time becomes `(p-1)/(v m)` (halved by `v = 2`), a bubble fraction of
+#   `(p-1)/(v m + p - 1)` (less than halved), for `v` times more point-to-point traffic.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -54,8 +77,14 @@ for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4
     assert abs(timeline.bubble_fraction - formula) < 1e-9
     rows.append([f"{name} v={v}", f"{timeline.bubble_fraction:.3f}", f"{formula:.3f}",
                  timeline.peak_in_flight(0), f"{timeline.makespan:.1f}"])
-print(format_table(rows, ["schedule", "bubble (timeline)", "bubble (formula)",
+print(format_table(rows, ["schedule", "bubble fraction (timeline)", "bubble fraction (formula)",
                           "chunks in flight on device 0", "makespan"]))
+# interleaving with v = 2 halves the bubble's ratio to the ideal time, not its fraction
+f1, f2 = bubble_formula("1f1b", p, m), bubble_formula("interleaved", p, m, 2)
+ratio = lambda f: f / (1 - f)  # noqa: E731  (fraction -> ratio to the ideal time)
+print(f"ratio to the ideal time: 1F1B {ratio(f1):.3f}, interleaved v=2 {ratio(f2):.3f}; "
+      f"fraction of the total: {f1:.3f} -> {f2:.3f}")
+assert abs(ratio(f2) - ratio(f1) / 2) < 1e-12 and f2 > f1 / 2
 # (an interleaved chunk is 1/v of a micro-batch's activations on that device)
 
 # %%
@@ -74,7 +103,8 @@ plt.figure(figsize=(5, 3))
 for name, v in (("1f1b", 1), ("interleaved", 2), ("interleaved", 4)):
     plt.plot(ms, [simulate(schedule_table(name, 4, mm, v)).bubble_fraction for mm in ms], "o-",
              label=f"{name} v={v}")
-plt.xlabel("micro-batches m"); plt.ylabel("bubble fraction"); plt.legend(fontsize=8);
+plt.xlabel("micro-batches m"); plt.ylabel("bubble fraction of the total time")
+plt.legend(fontsize=8);
 
 # %% [markdown]
 # ## 3. Executing a schedule gives one device's gradients
@@ -107,4 +137,41 @@ assert error <= reorder_tolerance(torch.float32, terms=16, depth=16)
 #
 # * In an RL step, the policy update runs many micro-batches; the rollout decodes token by token.
 #   Which of the two suffers more from a pipeline's bubble, and why?
-# * Interleaving halves the bubble with `v = 2`. What does it cost?
+# * Interleaving with `v = 2` halves the bubble's ratio to the ideal time. What does it cost?
+#
+# <details><summary>Answers</summary>
+#
+# * The rollout. The policy update pushes `m` micro-batches through once per gradient step, and
+#   with `m` much larger than `p` its bubble fraction `(p-1)/(m+p-1)` is small. Decoding is `T`
+#   dependent steps: a sequence's token `t + 1` cannot enter stage 1 before token `t` has left
+#   stage `p`, so each step of each sequence crosses the whole pipeline, and only *other*
+#   sequences can fill the stages meanwhile. The pipeline stays full only while at least `p`
+#   groups of sequences are still decoding; in the long tail of the rollout only a few are left,
+#   and most stages idle. (Generation engines therefore favour tensor parallelism, or more
+#   replicas, over pipeline stages.)
+# * `v` times more point-to-point messages (a micro-batch crosses every device `v` times, so the
+#   activations are sent `v` times as often), more activations in flight on the first devices
+#   (the table's last column: 11 chunks of half a micro-batch on device 0, 5.5 micro-batches'
+#   worth, against 4 for 1F1B), and a more intricate schedule. The table shows the gain: the
+#   fraction falls from 0.273 to 0.158 at `p = 4, m = 8`.
+#
+# </details>
+#
+# > **Key numbers and takeaways**
+# >
+# > * Bubble fraction of the total time: `(p-1)/(m+p-1)` for GPipe and 1F1B (0.273 at `p = 4,
+# >   m = 8`), `(p-1)/(v m + p - 1)` interleaved (0.158 at `v = 2`, 0.086 at `v = 4`); the ratio
+# >   to the ideal time is `(p-1)/m` and `(p-1)/(v m)`.
+# > * 1F1B keeps the bubble of GPipe but at most `p` micro-batches' activations per device
+# >   instead of `m`.
+# > * More micro-batches shrink the bubble; in RL the policy update has them, the token-by-token
+# >   rollout does not.
+#
+# ## Further reading
+#
+# * Huang et al. 2019, GPipe (arXiv:1811.06965); Narayanan et al. 2021, Megatron-LM with 1F1B and
+#   the interleaved schedule (arXiv:2104.04473, section 2.2).
+# * Ultra-Scale Playbook, pipeline parallelism (AFAB, 1F1B, interleaved, zero-bubble);
+#   https://huggingface.co/spaces/nanotron/ultrascale-playbook
+# * *How to Scale Your Model* (the JAX scaling book); https://jax-ml.github.io/scaling-book/
+# * Stanford CS336, systems assignment and lectures on parallelism; https://github.com/stanford-cs336

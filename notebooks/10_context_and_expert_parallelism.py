@@ -25,6 +25,14 @@
 # sends each token to its `k` best experts, an all-to-all carries the tokens to the experts' ranks
 # and a second one brings the results back; experts take at most `capacity` tokens, the rest are
 # dropped.
+#
+# **Learning objectives.** After this chapter you can:
+#
+# 1. run ring attention and check it against full causal attention, and balance its work across
+#    ranks under a causal mask;
+# 2. say what context parallelism sends per rank and why it can hide behind compute;
+# 3. route tokens to experts on several ranks with two all-to-alls, and see capacity drop tokens;
+# 4. connect load imbalance to dropped tokens and all-to-all time.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -104,3 +112,41 @@ assert dropped == sorted(dropped, reverse=True)
 #   compute?
 # * A router that sends most tokens to a few experts: what happens to the load per rank, the
 #   dropped tokens and the all-to-all time?
+#
+# <details><summary>Answers</summary>
+#
+# * With `s` tokens on `p` ranks, each rank holds a block of `s/p` queries and, in turn, each of
+#   the `p` blocks of keys and values: it sends `p - 1` blocks of `2 (s/p) d_kv` values per layer,
+#   `2 (p-1)/p x s d_kv` in all, linear in `s`. Its attention FLOPs are `4 (s/p) s d` per layer
+#   (its queries against all keys), quadratic in `s`. Per block, a rank computes `4 (s/p)^2 d`
+#   FLOPs while the next block, `2 (s/p) d_kv` values, travels: the ratio grows with the block
+#   length `s/p`, so for long sequences sending the next block takes less time than computing on
+#   the current one, and the transfer hides behind the compute (ring attention sends the next
+#   block while it computes).
+# * The ranks holding the popular experts get most of the tokens: the max / mean load grows. Each
+#   expert takes at most `capacity` tokens, so the excess is dropped (those tokens skip the
+#   expert, only the residual carries them), which hurts the model. The all-to-all takes as long
+#   as its busiest rank's transfer, so its time grows with the imbalance while the other ranks
+#   wait. Hence the auxiliary load-balancing losses of GShard and Switch Transformer, and capacity
+#   factors above 1.
+#
+# </details>
+#
+# > **Key numbers and takeaways**
+# >
+# > * Ring attention: each rank sends `p - 1` key/value blocks per layer; the online-softmax merge
+# >   gives full attention up to rounding; a causal mask needs a zigzag layout to balance the
+# >   work (max / mean work in the table).
+# > * Expert parallelism: two all-to-alls per MoE layer forward (dispatch and combine), two
+# >   backward; the busiest rank sets their time.
+# > * A lower capacity factor drops more (token, expert) pairs (the plot: monotone, asserted).
+#
+# ## Further reading
+#
+# * Liu et al. 2023, Ring Attention (arXiv:2310.01889); Jacobs et al. 2023, DeepSpeed-Ulysses
+#   (arXiv:2309.14509).
+# * Lepikhin et al. 2020, GShard (arXiv:2006.16668); Fedus et al. 2021, Switch Transformers
+#   (arXiv:2101.03961).
+# * Ultra-Scale Playbook, context and expert parallelism;
+#   https://huggingface.co/spaces/nanotron/ultrascale-playbook
+# * *How to Scale Your Model* (the JAX scaling book); https://jax-ml.github.io/scaling-book/

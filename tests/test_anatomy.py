@@ -8,6 +8,9 @@ from rlm_course.cost.anatomy import (
     Workload,
     activation_bytes,
     decode_intensity,
+    decode_step_seconds,
+    generation_time_bounds,
+    lognormal_lengths,
     memory,
     prefill_intensity,
     stage_costs,
@@ -94,3 +97,144 @@ def test_bad_workload(kw, match):
     base = dict(prompts=8, group_size=4, prompt_len=16, response_len=32)
     with pytest.raises(ValueError, match=match):
         Workload(**{**base, **kw})
+
+
+# ----------------------------------------------------------------- response lengths
+SMALL = from_model_config(TINY_CONFIG)
+
+
+def test_explicit_lengths_hand_example_decode_follows_the_longest():
+    # two responses of 1 and 3 tokens after a 2-token prompt: decode steps 1 and 2 (contexts 3
+    # and 4) run for the 3-token response only; the 1-token one came out of the prefill
+    work = Workload(1, 2, 2, 3, response_lengths=(1, 3))
+    assert (work.mean_response_len, work.max_response_len) == (2.0, 3)
+    assert [work.active_sequences(t) for t in (1, 2, 3)] == [1, 1, 0]
+    costs = stage_costs(SMALL, preset("grpo"), work)
+    kv = SMALL.kv_cache_bytes_per_token(2)
+    per_token = 2 * SMALL.matmul_params()
+    attention = 4 * SMALL.n_layer * SMALL.n_head * SMALL.head_dim
+    assert costs["decode"].flops == 2 * per_token + attention * (3 + 4)
+    weights = 2 * SMALL.params()
+    assert costs["decode"].replica_bytes == 2 * weights  # two steps, each reads all the weights
+    assert costs["decode"].bytes == 2 * weights + (3 + 1 + 4 + 1) * kv  # KV read + one written
+    # the same decode as the 3-token response alone
+    alone = stage_costs(SMALL, preset("grpo"), Workload(1, 1, 2, 3))["decode"]
+    assert (alone.flops, alone.bytes) == (costs["decode"].flops, costs["decode"].bytes)
+
+
+def test_same_total_tokens_the_long_tail_reads_the_weights_for_its_longest_response():
+    even = Workload(1, 4, 8, 13, response_lengths=(4, 4, 4, 4))
+    tail = Workload(1, 4, 8, 13, response_lengths=(1, 1, 1, 13))
+    decode = {name: stage_costs(LLAMA, preset("grpo"), w)["decode"]
+              for name, w in (("even", even), ("tail", tail))}
+    # the 2N part of the FLOPs counts decoded tokens: 4 x 3 = 12 both times
+    per_token = 2 * LLAMA.matmul_params()
+    attention = 4 * LLAMA.n_layer * LLAMA.n_head * LLAMA.head_dim
+    assert decode["even"].flops == 12 * per_token + 4 * attention * (9 + 10 + 11)
+    assert decode["tail"].flops == 12 * per_token + attention * sum(range(9, 21))
+    # ... but the weights are read 3 times for the even batch and 12 times for the tail
+    weights = 2 * LLAMA.params()
+    assert decode["even"].replica_bytes == 3 * weights and decode["tail"].replica_bytes == 12 * weights
+    seconds = {k: c.seconds(H100) for k, c in decode.items()}
+    assert 3.5 < seconds["tail"] / seconds["even"] < 4.0  # memory-bound: about 12 / 3
+
+
+def test_equal_explicit_lengths_change_nothing():
+    config = preset("ppo")
+    plain, explicit = Workload(4, 2, 9, 5), Workload(4, 2, 9, 5, response_lengths=(5,) * 8)
+    a, b = stage_costs(TINY, config, plain), stage_costs(TINY, config, explicit)
+    assert {s: (c.flops, c.bytes) for s, c in a.items()} == {s: (c.flops, c.bytes) for s, c in b.items()}
+    assert memory(TINY, config, plain) == memory(TINY, config, explicit)
+
+
+def test_scoring_and_training_count_each_sequence_at_its_own_length():
+    from rlm_course.cost.architectures import teacher_forced_flops
+
+    work = Workload(1, 2, 4, 10, response_lengths=(2, 10))
+    costs = stage_costs(LLAMA, preset("grpo"), work)  # old policy and reference: 2 forwards
+    one = teacher_forced_flops(LLAMA, 6, 1) + teacher_forced_flops(LLAMA, 14, 1)
+    assert costs["scoring"].flops == 2 * one
+    assert costs["policy update"].flops == 3 * one
+    parts = memory(LLAMA, preset("grpo"), work)
+    assert parts["kv cache"] == (4 + 2 + 4 + 10) * 128 * 1024  # whole job: every prompt + response
+
+
+def test_lognormal_lengths():
+    a = lognormal_lengths(1000, 500, 1.0, 8000, seed=3)
+    assert a == lognormal_lengths(1000, 500, 1.0, 8000, seed=3)  # same seed, same lengths
+    assert a != lognormal_lengths(1000, 500, 1.0, 8000, seed=4)
+    assert len(a) == 1000 and min(a) >= 1 and max(a) <= 8000
+    assert lognormal_lengths(5, 300, 0.0, 1000) == (300,) * 5  # sigma 0: no spread
+    many = lognormal_lengths(200_000, 1000, 0.5, 10**6, seed=0)
+    assert abs(sum(many) / len(many) / 1000 - 1) < 0.01  # E[T] = mean_len (cap far away)
+    # the longest of a batch grows with the batch: a larger group raises T_max
+    assert max(many[:16]) < max(many[:1024]) < max(many)
+    work = Workload.long_tailed(64, 16, 256, 1024, 1.0, 16384, seed=0)
+    assert work.response_lengths == lognormal_lengths(1024, 1024, 1.0, 16384, seed=0)
+    assert work.max_response_len > 4 * work.mean_response_len
+    assert len(work.group_max_lengths()) == 64 and max(work.group_max_lengths()) == work.max_response_len
+    with pytest.raises(ValueError, match="sigma"):
+        lognormal_lengths(4, 10, -1.0, 100)
+    with pytest.raises(ValueError, match="mean_len"):
+        lognormal_lengths(4, 200, 1.0, 100)
+
+
+@pytest.mark.parametrize("lengths,match", [((3, 3, 3), "3 lengths for 4 responses"),
+                                           ((1, 2, 3, 9), "1..response_len=8"),
+                                           ((1, 2, 0, 3), "1..response_len=8")])
+def test_bad_response_lengths(lengths, match):
+    with pytest.raises(ValueError, match=match):
+        Workload(2, 2, 16, 8, response_lengths=lengths)
+
+
+def test_decode_step_seconds_hand_example():
+    weights = 2 * LLAMA.params()  # bf16
+    assert decode_step_seconds(LLAMA, H100) == pytest.approx(weights / 3.35e12)
+    assert decode_step_seconds(LLAMA, H100, tp=8) == pytest.approx(weights / (8 * 3.35e12))
+    assert decode_step_seconds(LLAMA, H100, step_latency=1e-3) == pytest.approx(
+        weights / 3.35e12 + 1e-3)
+    kv = 128 * 1024
+    assert decode_step_seconds(LLAMA, H100, sequences=2, context=1000) == pytest.approx(
+        (weights + 2 * 1000 * kv) / 3.35e12)
+    # enough sequences share the weights to make the step compute-bound
+    big = decode_step_seconds(LLAMA, H100, sequences=4096)
+    assert big == pytest.approx(4096 * 2 * LLAMA.matmul_params() / 989.4e12)
+    with pytest.raises(ValueError, match="step_latency"):
+        decode_step_seconds(LLAMA, H100, step_latency=-1.0)
+
+
+def test_generation_time_bounds_depth_term_is_the_longest_response():
+    work = Workload(1, 2, 4, 3, response_lengths=(1, 3))
+    b = generation_time_bounds(LLAMA, work, H100, devices=8, tp=1, step_latency=0.002)
+    kv = 128 * 1024
+    weights = 2 * LLAMA.params()
+    steps = [(weights + (4 + t) * kv) / 3.35e12 + 0.002 for t in (1, 2)]  # contexts 5 and 6
+    assert b["depth_seconds"] == pytest.approx(sum(steps))
+    assert b["step_seconds"] == pytest.approx(steps[0])
+    gen = stage_costs(LLAMA, preset("grpo"), work)
+    flops = gen["prefill"].flops + gen["decode"].flops
+    assert b["work_seconds"] == pytest.approx(flops / (8 * 989.4e12))
+    assert b["lower"] == max(b["work_seconds"], b["depth_seconds"])
+    assert b["upper"] == pytest.approx(b["work_seconds"] + b["depth_seconds"])
+    assert b["crossover_devices"] == pytest.approx(flops / (989.4e12 * b["depth_seconds"]))
+    # the work term falls with the devices, the depth term does not
+    more = generation_time_bounds(LLAMA, work, H100, devices=64, tp=1, step_latency=0.002)
+    assert more["work_seconds"] == pytest.approx(b["work_seconds"] / 8)
+    assert more["depth_seconds"] == b["depth_seconds"]
+    with pytest.raises(ValueError, match="tp=3"):
+        generation_time_bounds(LLAMA, work, H100, devices=8, tp=3)
+
+
+def test_iteration_report_with_long_tailed_lengths():
+    from rlm_course.cost.anatomy import iteration_report
+
+    tail = Workload(8, 4, 32, 256, response_lengths=lognormal_lengths(32, 64, 1.0, 256, seed=1))
+    even = Workload(8, 4, 32, round(tail.mean_response_len))  # the same mean, no tail
+    config = preset("grpo", group_size=4, prompts_per_step=8, minibatches=2)
+    r_even = iteration_report(LLAMA, config, Workload(8, 4, 32, tail.max_response_len), H100, 8)
+    r_tail = iteration_report(LLAMA, config, tail, H100, 8)
+    assert r_tail["generation_depth"] == r_even["generation_depth"]  # depth follows T_max ...
+    assert r_tail["generation_work"] < r_even["generation_work"]  # ... work follows the lengths
+    r_mean = iteration_report(LLAMA, config, even, H100, 8)
+    assert r_mean["generation_depth"] < r_tail["generation_depth"] / 2
+    assert r_mean["stages"]["decode"]["seconds"] < r_tail["stages"]["decode"]["seconds"] / 2

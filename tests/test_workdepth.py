@@ -123,3 +123,49 @@ def test_gqa_swiglu_and_moe_layers_count_the_flops_of_the_architecture(name):
     # more sequences or a longer prompt add work; the depth of a forward grows only with logs
     assert wd.forward(spec, 8, 64).depth == dag.depth
     assert wd.forward(spec, 2, 4096).depth - dag.depth <= spec.n_layer * 3 * 6
+
+
+# ----------------------------------------------------------------- response lengths
+def test_decode_with_lengths_work_follows_the_sum_depth_the_longest():
+    lengths = [1, 3, 7, 2, 40, 5]
+    dag = wd.decode(TINY, 6, 5, 40, lengths)
+    # a step's work is linear in the sequences it serves: the batch is the sum of its sequences
+    assert dag.work == sum(wd.decode_cost(TINY, 1, 5, t)[0] for t in lengths)
+    # ... and the sequences run side by side: the depth is that of the longest alone
+    assert dag.depth == wd.decode_cost(TINY, 1, 5, 40)[1]
+    # equal lengths: the same numbers as without lengths
+    same = wd.decode(TINY, 4, 5, 7, [7] * 4)
+    assert (same.work, same.depth) == wd.decode_cost(TINY, 4, 5, 7)
+    with pytest.raises(ValueError, match="5 response lengths for a batch of 6"):
+        wd.decode(TINY, 6, 5, 40, lengths[:5])
+    with pytest.raises(ValueError, match="1..response_len=40"):
+        wd.decode(TINY, 6, 5, 40, [41, 1, 1, 1, 1, 1])
+
+
+def test_packed_forward_hand_example():
+    # sequences of 4 + 2 and 4 + 6 tokens, independent: work adds, depth of the longer
+    packed = wd.packed_forward(TINY, 4, [2, 6])
+    a, b = wd.forward_cost(TINY, 1, 6), wd.forward_cost(TINY, 1, 10)
+    assert (packed.work, packed.depth) == (a[0] + b[0], max(a[1], b[1]))
+    whole = wd.forward(TINY, 3, 9)
+    same = wd.packed_forward(TINY, 4, [5, 5, 5])
+    assert (same.work, same.depth) == (whole.work, whole.depth)
+
+
+def test_iterations_with_lengths():
+    n_params = 10_000
+    plain = wd.grpo_iteration(TINY, 8, 8, 6, 40, n_params)
+    equal = wd.grpo_iteration(TINY, 8, 8, 6, 40, n_params, response_lengths=[40] * 64)
+    assert (equal.work, equal.depth) == (plain.work, plain.depth)
+    ppo = wd.ppo_iteration(TINY, 64, 6, 40, n_params)
+    assert ((ppo.work, ppo.depth) == (lambda c: (c.work, c.depth))(
+        wd.ppo_iteration(TINY, 64, 6, 40, n_params, response_lengths=[40] * 64)))
+    # one response of 40 tokens among 63 of 4: the same generation depth as all 40 long, a tenth
+    # of the generation work or so, so far less parallelism
+    tail = wd.grpo_iteration(TINY, 8, 8, 6, 40, n_params, response_lengths=[4] * 63 + [40])
+    short = wd.grpo_iteration(TINY, 8, 8, 6, 40, n_params, response_lengths=[4] * 64)
+    gen_tail, gen_plain, gen_short = tail.parts[0], plain.parts[0], short.parts[0]
+    assert gen_tail.depth == gen_plain.depth > 5 * gen_short.depth
+    assert gen_tail.work < gen_plain.work / 5
+    assert gen_tail.parallelism < gen_short.parallelism / 5
+    assert tail.parts[-1].work < plain.parts[-1].work  # training counts each sequence's tokens

@@ -21,12 +21,26 @@ For a policy architecture (:class:`~rlm_course.cost.architectures.TransformerSpe
 * **memory**: weights, gradients and optimizer state per model, activations per micro-batch (with
   or without recomputation) and the KV cache of the whole rollout.
 
+**Response lengths.** By default every response is ``response_len`` tokens long. A workload may
+instead carry one length per response (:attr:`Workload.response_lengths`, e.g. drawn from a
+long-tailed log-normal by :func:`lognormal_lengths`): the FLOPs and the KV-cache traffic then
+follow each response's own length (their sum: the mean), while the batch keeps decoding, and
+re-reading the weights at every step, until its **longest** response ends, so the decode time
+follows the maximum. Scoring and training count each sequence at its own length (sequence packing,
+no padding). :func:`generation_time_bounds` turns the depth of decoding into seconds: one decode
+step's roofline time plus a per-step latency, times the longest response, against the work
+``W / (p x peak)``.
+
 Activations use Korthikanti et al.'s per-layer count for 16-bit training,
 ``s b h (34 + 5 a s / h)`` bytes (``a`` heads), or ``2 s b h`` with full recomputation.
 """
 
 from __future__ import annotations
 
+import math
+import random
+from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass
 
 from rlm_course.cost.accounting import predict_passes
@@ -44,14 +58,20 @@ class Workload:
 
     Attributes:
         prompts, group_size: ``prompts x group_size`` responses per iteration.
-        prompt_len, response_len: tokens (every response assumed ``response_len`` long).
+        prompt_len, response_len: tokens; every response is ``response_len`` long unless
+            ``response_lengths`` is given, and then ``response_len`` is the generation budget
+            (the most tokens a response may have).
         micro_batch: sequences per forward/backward micro-batch (weights are re-read per
             micro-batch).
         weight_bytes, kv_bytes: bytes per weight and per cached key/value element (2: bf16).
         recompute: full activation recomputation in training.
+        response_lengths: optional, one length per response (``prompts x group_size`` of them,
+            each in ``1..response_len``; the ``group_size`` responses of a prompt contiguous),
+            e.g. from :func:`lognormal_lengths`.
 
     Raises:
-        ValueError: for non-positive sizes.
+        ValueError: for non-positive sizes, or response lengths of the wrong count or outside
+            ``1..response_len``.
     """
 
     prompts: int
@@ -62,6 +82,7 @@ class Workload:
     weight_bytes: int = 2
     kv_bytes: int = 2
     recompute: bool = False
+    response_lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("prompts", "group_size", "prompt_len", "response_len", "micro_batch",
@@ -69,6 +90,28 @@ class Workload:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Workload.{name}={value!r} must be a positive integer.")
+        if self.response_lengths is not None:
+            lengths = tuple(self.response_lengths)
+            if len(lengths) != self.responses:
+                raise ValueError(f"Workload.response_lengths has {len(lengths)} lengths for "
+                                 f"{self.responses} responses (prompts x group_size); give one "
+                                 "per response.")
+            bad = [t for t in lengths if not isinstance(t, int) or isinstance(t, bool)
+                   or not 1 <= t <= self.response_len]
+            if bad:
+                raise ValueError(f"Workload.response_lengths: {bad[:3]} not integers in "
+                                 f"1..response_len={self.response_len}; raise the budget "
+                                 "response_len or cap the lengths.")
+            object.__setattr__(self, "response_lengths", lengths)
+
+    @classmethod
+    def long_tailed(cls, prompts: int, group_size: int, prompt_len: int, mean_len: float,
+                    sigma: float, max_len: int, seed: int = 0, **options) -> "Workload":
+        """A workload whose response lengths are drawn from a log-normal
+        (:func:`lognormal_lengths`), with generation budget ``max_len``; ``options`` are the other
+        fields (``micro_batch``, ``weight_bytes``, ...)."""
+        lengths = lognormal_lengths(prompts * group_size, mean_len, sigma, max_len, seed)
+        return cls(prompts, group_size, prompt_len, max_len, response_lengths=lengths, **options)
 
     @property
     def responses(self) -> int:
@@ -76,11 +119,85 @@ class Workload:
 
     @property
     def seq_len(self) -> int:
+        """Prompt plus the generation budget: the longest a sequence may be."""
         return self.prompt_len + self.response_len
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Each response's length (all ``response_len`` unless ``response_lengths`` is given)."""
+        if self.response_lengths is None:
+            return (self.response_len,) * self.responses
+        return self.response_lengths
+
+    @property
+    def mean_response_len(self) -> float:
+        """``E[T]``: the mean response length (the FLOPs follow it)."""
+        if self.response_lengths is None:
+            return float(self.response_len)
+        return sum(self.response_lengths) / self.responses
+
+    @property
+    def max_response_len(self) -> int:
+        """``T_max``: the longest response (the decode steps, and so the decode time, follow it)."""
+        if self.response_lengths is None:
+            return self.response_len
+        return max(self.response_lengths)
+
+    def group_max_lengths(self) -> list[int]:
+        """The longest response of each prompt's group."""
+        lengths, g = self.lengths, self.group_size
+        return [max(lengths[i:i + g]) for i in range(0, len(lengths), g)]
+
+    def active_sequences(self, step: int) -> int:
+        """Sequences still decoding at decode step ``step`` (1-based; the prefill samples each
+        response's first token, decode step ``t`` its token ``t + 1``): those longer than
+        ``step`` tokens."""
+        if self.response_lengths is None:
+            return self.responses if step < self.response_len else 0
+        ordered = self._sorted_lengths()
+        return len(ordered) - bisect_right(ordered, step)
+
+    def _sorted_lengths(self) -> list[int]:
+        cached = self.__dict__.get("_sorted")
+        if cached is None:
+            cached = sorted(self.lengths)
+            object.__setattr__(self, "_sorted", cached)
+        return cached
 
     @property
     def micro_batches(self) -> int:
         return -(-self.responses // self.micro_batch)
+
+
+def lognormal_lengths(n: int, mean_len: float, sigma: float, max_len: int,
+                      seed: int = 0) -> tuple[int, ...]:
+    """``n`` response lengths from a log-normal distribution, rounded and capped to
+    ``1..max_len`` (a generation budget truncates what runs past it).
+
+    ``log T ~ Normal(mu, sigma^2)`` with ``mu = ln(mean_len) - sigma^2 / 2``, so that the
+    uncapped mean is ``E[T] = exp(mu + sigma^2 / 2) = mean_len``; ``sigma`` sets the tail
+    (``sigma = 0``: every length ``mean_len``; ``sigma = 1``: the 99th percentile is about 10x
+    the median). A model of the long tails of reasoning traces, whose longest sample bounds the
+    step (slime's release notes; ROLL Flash, arXiv:2510.11345, bounds generation time under
+    long-tailed lengths); the shape is an assumption, to be replaced by measured lengths. The
+    draws come from Python's ``random.Random(seed)``: the same seed gives the same lengths.
+
+    Returns:
+        a tuple of ``n`` integers.
+
+    Raises:
+        ValueError: for ``n < 1``, a ``mean_len`` outside ``[1, max_len]``, or ``sigma < 0``.
+    """
+    if not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"lognormal_lengths: n={n!r} must be a positive integer.")
+    if not (isinstance(max_len, int) and max_len >= 1 and 1 <= mean_len <= max_len):
+        raise ValueError(f"lognormal_lengths: need 1 <= mean_len={mean_len} <= max_len={max_len}.")
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"lognormal_lengths: sigma={sigma} must be a finite number >= 0.")
+    mu = math.log(mean_len) - sigma**2 / 2
+    rng = random.Random(seed)
+    return tuple(min(max_len, max(1, round(math.exp(mu + sigma * rng.gauss(0.0, 1.0)))))
+                 for _ in range(n))
 
 
 @dataclass(frozen=True)
@@ -158,6 +275,37 @@ def weight_bytes(spec: TransformerSpec, workload: Workload, sequences: int) -> f
     return total * workload.weight_bytes
 
 
+def generation_costs(spec: TransformerSpec, workload: Workload) -> dict[str, StageCost]:
+    """FLOPs and bytes of generation, the same for every algorithm: a prefill of the prompts,
+    then decode steps until the longest response ends. Decode step ``t`` computes for the
+    sequences still decoding (:meth:`Workload.active_sequences`) and reads their KV caches, but
+    reads the weights once as long as any sequence is left: the FLOPs follow the mean response
+    length, the weight traffic the longest. For the decode waves (:meth:`StageCost.waves`) a
+    sequence holds the KV cache of its prompt and a mean-length response (a paged KV cache
+    stores what each sequence has written, and short responses free theirs early).
+
+    Returns:
+        ``{"prefill": StageCost, "decode": StageCost}`` (no ``decode`` for one-token responses,
+        whose only token comes from the prefill).
+    """
+    w, b = workload, workload.responses
+    kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
+    costs = {}
+    prefill_flops = teacher_forced_flops(spec, w.prompt_len, b)
+    prefill_bytes = w.micro_batches * weight_bytes(spec, w, w.micro_batch) + b * w.prompt_len * kv
+    costs["prefill"] = StageCost(prefill_flops, prefill_bytes)
+    steps = range(1, w.max_response_len)
+    active = [w.active_sequences(t) for t in steps]
+    decode_flops = sum(decode_step_flops(spec, w.prompt_len + t, a) for t, a in zip(steps, active))
+    decode_weights = sum(weight_bytes(spec, w, a) for a in active)
+    decode_kv = sum(a * (w.prompt_len + t) * kv + a * kv for t, a in zip(steps, active))
+    if steps:
+        costs["decode"] = StageCost(decode_flops, decode_weights + decode_kv, decode_weights,
+                                    sequences=b, weights=spec.params() * w.weight_bytes,
+                                    kv_per_sequence=(w.prompt_len + w.mean_response_len) * kv)
+    return costs
+
+
 def stage_costs(spec: TransformerSpec, config: RLConfig, workload: Workload) -> dict[str, StageCost]:
     """FLOPs and bytes of each stage of one iteration (see the module docstring); the critic, if
     the algorithm holds one, has the policy's architecture.
@@ -165,28 +313,15 @@ def stage_costs(spec: TransformerSpec, config: RLConfig, workload: Workload) -> 
     Returns:
         ``{stage: StageCost}`` for the stages of :data:`STAGES` that the algorithm runs.
     """
-    w, b = workload, workload.responses
-    kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
+    w = workload
     passes = predict_passes(config)
-    costs = {}
-    # generation: a prefill of the prompts, then response_len - 1 decode steps
-    prefill_flops = teacher_forced_flops(spec, w.prompt_len, b)
-    prefill_bytes = w.micro_batches * weight_bytes(spec, w, w.micro_batch) + b * w.prompt_len * kv
-    costs["prefill"] = StageCost(prefill_flops, prefill_bytes)
-    steps = range(1, w.response_len)  # empty for one-token responses (sampled from the prefill)
-    decode_flops = sum(decode_step_flops(spec, w.prompt_len + t, b) for t in steps)
-    decode_weights = len(steps) * weight_bytes(spec, w, b)
-    decode_kv = sum(b * (w.prompt_len + t) * kv + b * kv for t in steps)
-    if steps:
-        costs["decode"] = StageCost(decode_flops, decode_weights + decode_kv, decode_weights,
-                                    sequences=b, weights=spec.params() * w.weight_bytes,
-                                    kv_per_sequence=w.seq_len * kv)
-    # scoring: one teacher-forced forward per scoring model
+    costs = generation_costs(spec, w)
+    # scoring: one teacher-forced forward per scoring model, each sequence at its own length
     pass_bytes = w.micro_batches * weight_bytes(spec, w, w.micro_batch)
     flops = bytes_ = 0.0
-    values = {"critic": w.response_len}
+    critic = {"critic"}
     for model, count in passes["scoring"].items():
-        flops += count["forward"] * teacher_forced_flops(spec, w.seq_len, b, values.get(model))
+        flops += count["forward"] * _teacher_forced(spec, w, model in critic)
         bytes_ += count["forward"] * pass_bytes
     if passes["scoring"]:
         costs["scoring"] = StageCost(flops, bytes_)
@@ -198,11 +333,21 @@ def stage_costs(spec: TransformerSpec, config: RLConfig, workload: Workload) -> 
         if model not in passes["training"]:
             continue
         epochs = passes["training"][model]["forward"]
-        flops = epochs * factor * teacher_forced_flops(spec, w.seq_len, b, values.get(model))
+        flops = epochs * factor * _teacher_forced(spec, w, model in critic)
         bytes_ = epochs * ((factor - 1) * pass_bytes
                            + steps_per_epoch * optimizer_bytes)
         costs[stage] = StageCost(flops, bytes_)
     return costs
+
+
+def _teacher_forced(spec: TransformerSpec, w: Workload, critic: bool) -> float:
+    """Forward FLOPs of one teacher-forced pass over every sequence of ``w`` at its own length
+    (the critic's value head on its response positions)."""
+    if w.response_lengths is None:
+        return teacher_forced_flops(spec, w.seq_len, w.responses,
+                                    w.response_len if critic else None)
+    return sum(teacher_forced_flops(spec, w.prompt_len + t, count, t if critic else None)
+               for t, count in sorted(Counter(w.response_lengths).items()))
 
 
 def stage_seconds(costs: dict[str, StageCost], device: Device, devices: int = 1,
@@ -213,6 +358,82 @@ def stage_seconds(costs: dict[str, StageCost], device: Device, devices: int = 1,
     return {stage: cost.seconds(device, devices,
                                 generation_tp if stage in ("prefill", "decode") else 1)
             for stage, cost in costs.items()}
+
+
+def decode_step_seconds(spec: TransformerSpec, device: Device, tp: int = 1, sequences: int = 1,
+                        context: int = 0, step_latency: float = 0.0,
+                        workload: Workload | None = None) -> float:
+    """Time of one decode step of one generation replica of ``tp`` devices: its roofline,
+    ``max(FLOPs / (tp x peak), bytes / (tp x bandwidth))``, plus a fixed ``step_latency``.
+
+    FLOPs: :func:`decode_step_flops` for ``sequences`` sequences at ``context`` keys; bytes: the
+    weights, read once for all of them (:func:`weight_bytes`), plus each sequence's ``context``
+    cached keys and values. ``step_latency`` (seconds) stands for what the roofline leaves out:
+    kernel launches, sampling, the scheduler and the TP collectives of every layer; it is an
+    input, to be measured on the engine at hand (chapter 05 measures the tiny model's).
+
+    With one sequence (the last one of a long tail) a step is memory-bound: it takes at least the
+    time to stream the replica's share of the weights, ``2 N / (tp x bandwidth)`` in bf16 (the
+    per-step bound of the JAX scaling book's inference chapter and of Pope et al. 2022,
+    arXiv:2211.05102).
+
+    Raises:
+        ValueError: for ``tp < 1``, ``sequences < 1``, ``context < 0`` or a negative latency.
+    """
+    if not (isinstance(tp, int) and tp >= 1 and isinstance(sequences, int) and sequences >= 1):
+        raise ValueError(f"decode_step_seconds: tp={tp!r} and sequences={sequences!r} must be "
+                         "positive integers.")
+    if context < 0 or not step_latency >= 0:
+        raise ValueError(f"decode_step_seconds: context={context} and step_latency={step_latency} "
+                         "must be >= 0.")
+    w = workload or Workload(1, 1, 1, 1)
+    kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
+    flops = decode_step_flops(spec, context, sequences)
+    bytes_ = weight_bytes(spec, w, sequences) + sequences * context * kv
+    return max(flops / (tp * device.peak_flops),
+               bytes_ / (tp * device.memory_bandwidth)) + step_latency
+
+
+def generation_time_bounds(spec: TransformerSpec, workload: Workload, device: Device,
+                           devices: int = 1, tp: int = 1,
+                           step_latency: float = 0.0) -> dict[str, float]:
+    """Brent's bound for generation, in seconds: the work term against the depth term.
+
+    * ``work_seconds``: the generation FLOPs (prefill and decode, :func:`generation_costs`) at full
+      peak on all ``devices``: ``W / (p x peak)``; it shrinks as devices are added;
+    * ``depth_seconds``: the ``T_max - 1`` decode steps of the longest response, one after the
+      other (token ``t + 1`` needs token ``t``), each at least :func:`decode_step_seconds` of that
+      sequence alone at its context ``prompt_len + t`` on its replica of ``tp`` devices; no
+      number of replicas shortens it;
+    * ``step_seconds``: the first of those steps (``2 N / (tp x bandwidth)`` plus the latency,
+      about);
+    * ``lower``: ``max(work, depth)``; ``upper``: ``work + depth`` (Brent: ``W/p + D``);
+    * ``crossover_devices``: the device count past which the depth term is the larger,
+      ``W / (peak x depth_seconds)``.
+
+    Chapter 06 counts depth in scalar operations; this is the same critical path timed by the
+    roofline of chapter 05.
+
+    Raises:
+        ValueError: for non-positive ``devices``, a ``tp`` that does not divide them, or the
+            errors of :func:`decode_step_seconds`.
+    """
+    if not (isinstance(devices, int) and devices >= 1):
+        raise ValueError(f"devices={devices!r}: need at least one device.")
+    if not (isinstance(tp, int) and tp >= 1 and devices % tp == 0):
+        raise ValueError(f"tp={tp!r} must be a positive divisor of devices={devices}.")
+    costs = generation_costs(spec, workload)
+    work = sum(costs[s].flops for s in ("prefill", "decode") if s in costs)
+    work_seconds = work / (devices * device.peak_flops)
+    steps = range(1, workload.max_response_len)
+    times = [decode_step_seconds(spec, device, tp, 1, workload.prompt_len + t, step_latency,
+                                 workload) for t in steps]
+    depth_seconds = sum(times)
+    return {"work_seconds": work_seconds, "depth_seconds": depth_seconds,
+            "step_seconds": times[0] if times else 0.0,
+            "lower": max(work_seconds, depth_seconds), "upper": work_seconds + depth_seconds,
+            "crossover_devices": (work / (device.peak_flops * depth_seconds) if depth_seconds
+                                  else math.inf)}
 
 
 def shares(values: dict[str, float]) -> dict[str, float]:
@@ -254,10 +475,10 @@ def memory(spec: TransformerSpec, config: RLConfig, workload: Workload) -> dict[
 
     Returns:
         ``policy states`` and ``critic states`` (16 bytes per parameter, mixed-precision Adam),
-        ``reference weights`` (``weight_bytes`` per parameter) and ``kv cache`` (every response at
-        full length): totals for the whole job, to be divided among the devices that shard them;
-        ``activations``: one training micro-batch, all layers, with FlashAttention (on the device
-        that runs it).
+        ``reference weights`` (``weight_bytes`` per parameter) and ``kv cache`` (every prompt and
+        response of the rollout at its full length): **totals for the whole job**, to be divided
+        among the devices that shard or hold them; ``activations``: one training micro-batch of
+        the longest sequences, all layers, with FlashAttention (on the device that runs it).
     """
     w = workload
     out = {"policy states": ADAM_STATE_BYTES * spec.params()}
@@ -265,8 +486,10 @@ def memory(spec: TransformerSpec, config: RLConfig, workload: Workload) -> dict[
         out["critic states"] = ADAM_STATE_BYTES * spec.params()
     if config.uses_reference:
         out["reference weights"] = w.weight_bytes * spec.params()
-    out["kv cache"] = w.responses * w.seq_len * spec.kv_cache_bytes_per_token(w.kv_bytes)
-    out["activations"] = activation_bytes(spec, w.micro_batch, w.seq_len, w.recompute)
+    kv_tokens = w.responses * w.prompt_len + sum(w.lengths)
+    out["kv cache"] = kv_tokens * spec.kv_cache_bytes_per_token(w.kv_bytes)
+    out["activations"] = activation_bytes(spec, w.micro_batch, w.prompt_len + w.max_response_len,
+                                          w.recompute)
     return out
 
 
@@ -335,12 +558,14 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
     if config.use_critic:
         dag = wd.ppo_iteration(spec, workload.responses, workload.prompt_len,
                                workload.response_len, n_params, config.ppo_epochs,
-                               config.minibatches, reference=config.uses_reference)
+                               config.minibatches, reference=config.uses_reference,
+                               response_lengths=workload.response_lengths)
     else:
         dag = wd.grpo_iteration(spec, workload.prompts, workload.group_size, workload.prompt_len,
                                 workload.response_len, n_params, config.ppo_epochs,
                                 config.minibatches, reference=config.uses_reference,
-                                old_policy="policy" in passes)
+                                old_policy="policy" in passes,
+                                response_lengths=workload.response_lengths)
     waves = costs["decode"].waves(device, devices, generation_tp) if "decode" in costs else 1
     generation = dag.parts[0]
     return {

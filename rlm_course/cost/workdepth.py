@@ -27,11 +27,19 @@ Build blocks with :func:`matmul`, :func:`elementwise`, :func:`reduction`, compos
 :func:`layer`, :func:`forward`, :func:`backward`, :func:`optimizer_step`, :func:`decode`,
 :func:`gae_scan`, :func:`gae_prefix_scan`, :func:`grpo_iteration`, :func:`ppo_iteration`). The
 closed forms (:func:`forward_cost`, :func:`decode_cost`) give the same numbers without a DAG.
+
+Responses of different lengths (``response_lengths``, e.g. from
+:func:`rlm_course.cost.anatomy.lognormal_lengths`): the work of decoding follows the sum of the
+lengths, its depth the longest one, ``T_max`` (:func:`decode`); scoring and training process each
+sequence at its own length (:func:`packed_forward`). In seconds, that depth is
+:func:`rlm_course.cost.anatomy.generation_time_bounds`.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -296,7 +304,8 @@ def training_step(config: Model, batch: int, seq_len: int, n_params: int) -> Com
                optimizer_step(n_params))
 
 
-def decode(config: Model, batch: int, prompt_len: int, response_len: int) -> Computation:
+def decode(config: Model, batch: int, prompt_len: int, response_len: int,
+           response_lengths: Sequence[int] | None = None) -> Computation:
     """Autoregressive generation: a prefill of the prompt, then ``response_len - 1`` decode steps,
     each a one-token forward over the growing context and a sampling softmax; token ``t + 1``
     needs token ``t``, so the steps are sequential. ``batch`` sequences decode side by side:
@@ -305,9 +314,20 @@ def decode(config: Model, batch: int, prompt_len: int, response_len: int) -> Com
     Steps whose contexts share a depth (contexts between two powers of two: only the
     ``ceil(log2 context)`` reductions depend on it) are summarised by one node of kind
     ``"decode steps"`` with their exact total work and depth, so that long responses stay cheap
-    to describe (``O(log T)`` nodes)."""
+    to describe (``O(log T)`` nodes).
+
+    ``response_lengths`` (optional, ``batch`` lengths in ``1..response_len``): responses of
+    different lengths. Decode step ``t`` then works only for the sequences longer than ``t``
+    tokens, so **the work follows the sum of the lengths and the depth the longest one**,
+    ``T_max``: the depth of this node equals that of one sequence of ``T_max`` tokens.
+
+    Raises:
+        ValueError: for non-positive sizes, or lengths of the wrong count or out of range.
+    """
     _positive(batch=batch, prompt_len=prompt_len, response_len=response_len)
     spec = as_spec(config)
+    if response_lengths is not None:
+        return _decode_lengths(spec, batch, prompt_len, response_len, response_lengths)
     sample = softmax(batch, spec.vocab_size, "sample")
     steps = [seq("prefill", forward(spec, batch, prompt_len), sample)]
     # per extra key, one query in every head of every layer costs q.k (2 d_h), scale and mask (1),
@@ -324,6 +344,86 @@ def decode(config: Model, batch: int, prompt_len: int, response_len: int) -> Com
                                  "decode steps"))
         t += n
     return seq("generation", *steps)
+
+
+def _check_lengths(batch: int, response_len: int, lengths) -> list[int]:
+    lengths = list(lengths)
+    if len(lengths) != batch:
+        raise ValueError(f"{len(lengths)} response lengths for a batch of {batch}; give one per "
+                         "sequence.")
+    if any(not isinstance(t, int) or isinstance(t, bool) or not 1 <= t <= response_len
+           for t in lengths):
+        raise ValueError(f"response lengths must be integers in 1..response_len={response_len}.")
+    return lengths
+
+
+def _decode_lengths(spec: TransformerSpec, batch: int, prompt_len: int, response_len: int,
+                    lengths) -> Computation:
+    """:func:`decode` for responses of different lengths: the same buckets of steps, each step's
+    work scaled to the sequences still decoding (a step's work is linear in the sequences, its
+    depth independent of them)."""
+    lengths = sorted(_check_lengths(batch, response_len, lengths))
+    longest = lengths[-1]
+    sample = softmax(batch, spec.vocab_size, "sample")
+    steps = [seq("prefill", forward(spec, batch, prompt_len), sample)]
+    one_sample = softmax(1, spec.vocab_size, "sample")
+    slope = spec.n_head * spec.n_layer * (4 * spec.head_dim + 6)  # per extra key, one sequence
+    # active[t]: sequences longer than t tokens, i.e. still decoding at step t
+    active, i = [0] * longest, 0
+    for t in range(1, longest):
+        while lengths[i] <= t:
+            i += 1
+        active[t] = batch - i
+    t = 1
+    while t < longest:
+        ctx = prompt_len + t
+        bucket_end = 1 << (ctx - 1).bit_length()
+        n = min(longest - t, bucket_end - ctx + 1)
+        first = seq("decode step", forward(spec, 1, 1, ctx), one_sample)
+        work = sum(active[t + j] * (first.work + slope * j) for j in range(n))
+        steps.append(Computation(f"decode steps {t}..{t + n - 1}", work, n * first.depth,
+                                 "decode steps"))
+        t += n
+    return seq("generation", *steps)
+
+
+def packed_forward(config: Model, prompt_len: int, lengths: Sequence[int],
+                   name: str = "forward") -> Computation:
+    """Teacher-forced forwards over sequences of ``prompt_len + T_i`` tokens, each at its own
+    length (sequence packing, no padding): sequences are independent, so the work adds and the
+    depth is that of the longest. Equal lengths give the work and depth of one
+    :func:`forward` over the whole batch."""
+    spec = as_spec(config)
+    counts = sorted(Counter(lengths).items())
+    return par(name, *(forward(spec, count, prompt_len + t) for t, count in counts))
+
+
+def _packed_training_step(config: Model, prompt_len: int, lengths, n_params: int) -> Computation:
+    """:func:`training_step` on sequences of different lengths (packed)."""
+    fwd = packed_forward(config, prompt_len, lengths)
+    rows = sum(prompt_len + t for t in lengths)
+    loss = seq("loss", softmax(rows, as_spec(config).vocab_size, "log-softmax"),
+               reduction(1, rows, "mean"))
+    return seq("training step", fwd, loss, backward(seq("model + loss", fwd, loss)),
+               seq("clip grad norm", elementwise(n_params, 1, "square"),
+                   reduction(1, n_params, "sum"), elementwise(n_params, 1, "scale")),
+               optimizer_step(n_params))
+
+
+def _training(config: Model, prompt_len: int, response_len: int, batch: int, n_params: int,
+              epochs: int, minibatches: int, lengths, step=None) -> Computation:
+    """``epochs x minibatches`` sequential gradient steps; with ``lengths``, mini-batch ``k``
+    holds the ``k``-th contiguous slice of the sequences, each at its own length."""
+    if lengths is None:
+        one = step or training_step(config, batch // minibatches, prompt_len + response_len,
+                                    n_params)
+        return repeat(one, epochs * minibatches, parallel=False, name="training")
+    size = batch // minibatches
+    slices = [lengths[k * size:(k + 1) * size] for k in range(minibatches)]
+    steps = [_packed_training_step(config, prompt_len, part, n_params) for part in slices]
+    if step is not None:  # PPO: the policy and the critic step side by side
+        steps = [par("policy + critic step", s, s) for s in steps]
+    return seq("training", *(steps * epochs))
 
 
 # ----------------------------------------------------------------------------- closed forms
@@ -442,12 +542,18 @@ def group_advantage(batch: int, group_size: int) -> Computation:
 # ----------------------------------------------------------------------------- iterations
 def grpo_iteration(config: Model, prompts: int, group_size: int, prompt_len: int,
                    response_len: int, n_params: int, epochs: int = 1, minibatches: int = 2,
-                   reference: bool = True, old_policy: bool | None = None) -> Computation:
+                   reference: bool = True, old_policy: bool | None = None,
+                   response_lengths: Sequence[int] | None = None) -> Computation:
     """One GRPO iteration with every response ``response_len`` tokens long: generation of
     ``prompts x group_size`` responses, scoring (the old-policy forward, needed when the batch
     serves more than one gradient step (default: ``epochs x minibatches > 1``), and with a KL
     the reference forward; independent), group advantages, then ``epochs x minibatches``
     sequential gradient steps.
+
+    ``response_lengths`` (optional): one length per response in ``1..response_len`` (the
+    budget), the responses of a prompt contiguous. Generation's depth then follows the longest
+    (:func:`decode`); scoring and training process each sequence at its own length
+    (:func:`packed_forward`), mini-batch ``k`` the ``k``-th contiguous slice.
 
     Raises:
         ValueError: for non-positive sizes, or minibatches that do not divide the batch.
@@ -460,22 +566,30 @@ def grpo_iteration(config: Model, prompts: int, group_size: int, prompt_len: int
         raise ValueError(f"minibatches={minibatches} does not divide the batch of {batch}.")
     seq_len = prompt_len + response_len
     old_policy = epochs * minibatches > 1 if old_policy is None else old_policy
-    scoring = [forward(config, batch, seq_len)] * (int(old_policy) + int(reference))
-    step = training_step(config, batch // minibatches, seq_len, n_params)
-    parts = [decode(config, batch, prompt_len, response_len)]
+    lengths = (None if response_lengths is None
+               else _check_lengths(batch, response_len, response_lengths))
+    one = (forward(config, batch, seq_len) if lengths is None
+           else packed_forward(config, prompt_len, lengths))
+    scoring = [one] * (int(old_policy) + int(reference))
+    parts = [decode(config, batch, prompt_len, response_len, lengths)]
     if scoring:
         parts.append(par("scoring", *scoring))
     parts += [group_advantage(batch, group_size),
-              repeat(step, epochs * minibatches, parallel=False, name="training")]
+              _training(config, prompt_len, response_len, batch, n_params, epochs, minibatches,
+                        lengths)]
     return seq("GRPO iteration", *parts)
 
 
 def ppo_iteration(config: Model, prompts: int, prompt_len: int, response_len: int,
                   n_params: int, epochs: int = 1, minibatches: int = 2,
-                  prefix_scan: bool = False, reference: bool = True) -> Computation:
+                  prefix_scan: bool = False, reference: bool = True,
+                  response_lengths: Sequence[int] | None = None) -> Computation:
     """One PPO iteration: generation, scoring (old policy and critic forwards, and the reference
     one with a KL; independent), GAE (reverse loop or prefix scan), then per gradient step the
     policy and critic updates side by side (independent models).
+
+    ``response_lengths``: as in :func:`grpo_iteration` (GAE still scans ``response_len``
+    positions, padded).
 
     Raises:
         ValueError: for non-positive sizes, or minibatches that do not divide the batch.
@@ -486,9 +600,15 @@ def ppo_iteration(config: Model, prompts: int, prompt_len: int, response_len: in
         raise ValueError(f"minibatches={minibatches} does not divide the batch of {prompts}.")
     seq_len = prompt_len + response_len
     passes = 3 if reference else 2
-    scoring = par("scoring", *(forward(config, prompts, seq_len) for _ in range(passes)))
+    lengths = (None if response_lengths is None
+               else _check_lengths(prompts, response_len, response_lengths))
+    one = (forward(config, prompts, seq_len) if lengths is None
+           else packed_forward(config, prompt_len, lengths))
+    scoring = par("scoring", *([one] * passes))
     advantage = (gae_prefix_scan if prefix_scan else gae_scan)(prompts, response_len)
     policy = training_step(config, prompts // minibatches, seq_len, n_params)
     step = par("policy + critic step", policy, policy)
-    return seq("PPO iteration", decode(config, prompts, prompt_len, response_len), scoring,
-               advantage, repeat(step, epochs * minibatches, parallel=False, name="training"))
+    return seq("PPO iteration", decode(config, prompts, prompt_len, response_len, lengths),
+               scoring, advantage,
+               _training(config, prompt_len, response_len, prompts, n_params, epochs,
+                         minibatches, lengths, step))

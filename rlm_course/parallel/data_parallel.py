@@ -15,6 +15,7 @@ element size of the model's parameters is used throughout) on ``N`` ranks:
                                                      3 (N-1)/N x 4P bytes (1.5x DP)
 
 The flat parameter vector is padded with zeros to a multiple of ``N`` so that it shards evenly.
+Stages 1 and 2 take their optimizer step with :func:`zero1_step` (chapter 07's exercise).
 """
 
 from __future__ import annotations
@@ -57,6 +58,47 @@ def adam_update(params: Tensor, grads: Tensor, m: Tensor, v: Tensor, step: int, 
     m_hat = m / (1 - b1 ** step)
     v_hat = v / (1 - b2 ** step)
     return params - lr * m_hat / (v_hat.sqrt() + eps)
+
+
+def zero1_step(world: World, grads: list[Tensor], param_shards: list[Tensor], m: list[Tensor],
+               v: list[Tensor], step: int, lr: float) -> list[Tensor]:
+    """The optimizer step of ZeRO-1 (and ZeRO-2) on ``p = world.size`` ranks (Rajbhandari et al.
+    2019, arXiv:1910.02054, section 5.1): each rank keeps the Adam moments of one ``1/p`` shard of
+    the parameters only.
+
+    1. **reduce-scatter** the gradients: rank ``r`` receives the sum over ranks of shard ``r``;
+    2. **shard update**: rank ``r`` runs Adam (:func:`adam_update`) on its parameter shard with that
+       gradient shard and its own moments;
+    3. **all-gather** the updated shards, so that every rank holds all the new parameters again.
+
+    A reduce-scatter followed by an all-gather moves exactly the bytes of one ring all-reduce,
+    ``2 (p - 1) / p x`` the parameter bytes per rank, so ZeRO-1 costs plain data parallelism's
+    traffic while holding ``1/p`` of the optimizer states.
+
+    Args:
+        world: the ``p`` simulated ranks (their byte counters record the two collectives).
+        grads: ``p`` flat gradients of ``n`` elements each (``n`` a multiple of ``p``; rank ``r``'s
+            local gradient, already divided by ``p`` so that their sum is the mean gradient).
+        param_shards: ``p`` tensors of ``n / p`` elements: rank ``r``'s shard of the current
+            parameters (elements ``r n/p .. (r+1) n/p - 1``).
+        m, v: ``p`` tensors of ``n / p`` elements: rank ``r``'s Adam moments, updated in place.
+        step: Adam's step number (1-based); lr: learning rate.
+
+    Returns:
+        ``p`` tensors of ``n`` elements: the updated full parameter vector on every rank (the
+        same values on all).
+
+    Raises:
+        ValueError: from the collectives, if the lists do not have one tensor per rank or ``n``
+            does not split into ``p`` equal shards.
+    """
+    # BEGIN SOLUTION: reduce-scatter the gradients (world.reduce_scatter), update each rank's shard with adam_update and its own m[r], v[r], then all-gather the new shards (world.all_gather)
+    shards = world.reduce_scatter(grads, name="reduce-scatter grads")
+    updated = []
+    for r in range(world.size):  # each rank, on its own shard only
+        updated.append(adam_update(param_shards[r], shards[r], m[r], v[r], step, lr))
+    return world.all_gather(updated, name="all-gather params")
+    # END SOLUTION
 
 
 class DataParallel:
@@ -134,17 +176,20 @@ class DataParallel:
                 new = adam_update(params, mean[r], self.m[r], self.v[r], self.step_count, self.lr)
                 set_flat_params(model, new[:self.numel])
             return losses
-        shards = world.reduce_scatter(grads, name="reduce-scatter grads")
-        for r in range(n):
-            if self.stage < 3:
+        if self.stage < 3:  # stages 1-2: reduce-scatter, shard update, all-gather at once
+            for r in range(n):
                 full = self._pad(flat_params(self.replicas[r]))
                 self.param_shards[r] = full[r * self.shard:(r + 1) * self.shard].clone()
+            full = zero1_step(world, grads, self.param_shards, self.m, self.v, self.step_count,
+                              self.lr)
+            for r, (model, flat) in enumerate(zip(self.replicas, full)):
+                self.param_shards[r] = flat[r * self.shard:(r + 1) * self.shard].clone()
+                set_flat_params(model, flat[:self.numel])
+            return losses
+        shards = world.reduce_scatter(grads, name="reduce-scatter grads")
+        for r in range(n):  # stage 3 keeps only its updated shard until the next forward
             self.param_shards[r] = adam_update(self.param_shards[r], shards[r], self.m[r],
                                                self.v[r], self.step_count, self.lr)
-        if self.stage < 3:  # stages 1-2 gather the updated parameters at once
-            full = world.all_gather(self.param_shards, name="all-gather params")
-            for model, flat in zip(self.replicas, full):
-                set_flat_params(model, flat[:self.numel])
         return losses
 
     def parameters(self, rank: int = 0) -> Tensor:

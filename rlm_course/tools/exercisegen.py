@@ -61,6 +61,8 @@ EXERCISES = (
              ("rlm_course.cost.anatomy", "decode_intensity"))),
     Chapter("06", "workdepth", "Work and depth of a layer; Brent's bound",
             (("rlm_course.cost.workdepth", "layer"), ("rlm_course.cost.workdepth", "brent_bound"))),
+    Chapter("07", "zero", "ZeRO-1's optimizer step: reduce-scatter, shard update, all-gather",
+            (("rlm_course.parallel.data_parallel", "zero1_step"),)),
     Chapter("08", "tensor_parallel", "A row-parallel linear layer",
             (("rlm_course.parallel.tensor_parallel", "row_parallel_linear"),)),
     Chapter("09", "pipeline", "The 1F1B schedule table",
