@@ -6,15 +6,25 @@ BIN := $(VENV)/bin
 # machine without a GPU (PyPI's Linux wheel of torch bundles CUDA and is several GB).
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
+# One stamp per torch source, so that `make demo TORCH_INDEX=...` after a first set-up reinstalls
+# torch from the new index instead of doing nothing.
+TORCH_STAMP := $(VENV)/.torch-from-$(if $(TORCH_INDEX),$(shell echo '$(TORCH_INDEX)' | tr -c 'A-Za-z0-9\n' '_'),pypi)
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
          --nbval-sanitize-with tests/nbval_sanitize.cfg
+# JupyterLab refuses to start as root (e.g. in a container) unless told to.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: setup demo test lab bench exercises clean
+.PHONY: setup demo test lab bench exercises clean clean-outputs browser
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+$(TORCH_STAMP):
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	if ls $(VENV)/.torch-from-* >/dev/null 2>&1; then $(BIN)/python -m pip uninstall --quiet --yes torch; fi
+	rm -f $(VENV)/.torch-from-*
 	$(BIN)/python -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(TORCH_STAMP)
+
+$(STAMP): pyproject.toml $(TORCH_STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[dev]" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -22,12 +32,31 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/python -m rlm_course grpo --task addition --name demo --overwrite
 
-test: setup
+# The JupyterLab browser test drives Debian's chromium; installed here when missing and possible
+# (as root with apt-get), otherwise that one test says what to install and is skipped.
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium and chromium-driver for the browser test"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+	      chromium-driver >/dev/null) || echo "could not install chromium: the browser test will be skipped"; \
+	  else echo "chromium and chromium-driver are not installed (apt-get install chromium chromium-driver): the browser test will be skipped"; fi; \
+	fi
+
+test: setup browser
 	$(BIN)/python -m rlm_course exercises --check
 	$(BIN)/python -m pytest tests notebooks solutions exercises $(NBVAL)
 
+# The repository is JupyterLab's root (exercises/ and solutions/ are one click away) and it opens on
+# notebooks/; .jupyter/ makes every save drop the outputs, so running the course keeps the
+# committed notebooks clean for `make test`.
 lab: setup
-	$(BIN)/jupyter lab notebooks
+	JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) \
+	    --LabApp.default_url=/lab/tree/notebooks $(ALLOW_ROOT)
+
+# Remove the outputs a notebook editor saved into the committed notebooks (make lab never does).
+clean-outputs: setup
+	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb
 
 bench: setup
 	$(BIN)/python -m rlm_course bench sampling

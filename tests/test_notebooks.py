@@ -20,9 +20,13 @@ def test_the_first_chapters_exist():
 def test_committed_without_outputs_and_with_python3_kernel(path):
     nb = json.loads(path.read_text())
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
-    for cell in nb["cells"]:
-        if cell["cell_type"] == "code":
-            assert cell["outputs"] == [] and cell["execution_count"] is None
+    with_outputs = [i for i, cell in enumerate(nb["cells"]) if cell["cell_type"] == "code"
+                    and (cell["outputs"] or cell["execution_count"] is not None)]
+    assert not with_outputs, (
+        f"{path.relative_to(ROOT)} was saved with outputs (cells {with_outputs[:5]}), probably by a "
+        "notebook editor; the course keeps them clean. Run `make clean-outputs` (or `jupyter "
+        f"nbconvert --clear-output --inplace {path.relative_to(ROOT)}`). `make lab` never saves "
+        "outputs.")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

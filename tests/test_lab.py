@@ -1,0 +1,133 @@
+"""JupyterLab as `make lab` starts it (the repository's .jupyter/ settings): saving a notebook drops
+its outputs and keeps the paired .py as it is, so running the course never breaks `make test`;
+and, in a real browser (headless Chromium), the calculators' notebook runs and its rendered output
+follows a control the learner changes."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = "06_work_and_depth"  # the calculators' notebook (work-depth and the RL-step calculator)
+TOKEN = "rlm-course-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on 127.0.0.1, started like `make lab`, over a copy of the notebook."""
+    root = tmp_path_factory.mktemp("lab")
+    for suffix in (".ipynb", ".py"):
+        shutil.copy(ROOT / "notebooks" / f"{NOTEBOOK}{suffix}", root)
+    port = _free_port()
+    env = {**os.environ, "JUPYTER_CONFIG_PATH": str(ROOT / ".jupyter"), "OMP_NUM_THREADS": "1"}
+    command = [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser",
+               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+               f"--ServerApp.token={TOKEN}", f"--ServerApp.root_dir={root}"]
+    if os.geteuid() == 0:
+        command.append("--allow-root")
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={TOKEN}", timeout=2)
+            break
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                server.kill()
+                pytest.fail("JupyterLab did not start within 2 minutes")
+            time.sleep(0.5)
+    yield base, root
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+def test_saving_in_lab_drops_outputs_and_keeps_the_paired_py(lab):
+    base, root = lab
+    url = f"{base}/api/contents/{NOTEBOOK}.ipynb?token={TOKEN}"
+    content = json.load(urllib.request.urlopen(url))["content"]
+    for cell in content["cells"]:  # as if every cell had run
+        if cell["cell_type"] == "code":
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "ran\n"}]
+            cell["execution_count"] = 1
+    content["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {}}
+    body = json.dumps({"type": "notebook", "format": "json", "content": content}).encode()
+    request = urllib.request.Request(url, data=body, method="PUT",
+                                     headers={"Content-Type": "application/json"})
+    assert urllib.request.urlopen(request).status == 200
+    saved = json.loads((root / f"{NOTEBOOK}.ipynb").read_text())
+    code = [c for c in saved["cells"] if c["cell_type"] == "code"]
+    assert code and all(c["outputs"] == [] and c["execution_count"] is None for c in code)
+    assert "widgets" not in saved["metadata"]
+    assert (root / f"{NOTEBOOK}.py").read_text() == \
+        (ROOT / "notebooks" / f"{NOTEBOOK}.py").read_text()
+
+
+def _chromium():
+    for browser, driver in (("/usr/bin/chromium", "/usr/bin/chromedriver"),):
+        if os.path.exists(browser) and os.path.exists(driver):
+            return browser, driver
+    pytest.skip("the browser test needs Debian's chromium and chromium-driver packages "
+                "(`apt-get install chromium chromium-driver`; `make test` installs them when it "
+                "runs as root)")
+
+
+def test_the_calculator_runs_in_a_browser_and_follows_a_control(lab):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser, driver_path = _chromium()
+    base, _ = lab
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        wait = WebDriverWait(driver, 180)
+        driver.get(f"{base}/lab/tree/{NOTEBOOK}.ipynb?token={TOKEN}")
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".jp-Notebook .jp-Cell")))
+        WebDriverWait(driver, 120).until(  # the kernel is up
+            lambda d: "Idle" in d.find_element(By.TAG_NAME, "body").text
+            or d.find_elements(By.CSS_SELECTOR, ".jp-Notebook-ExecutionIndicator"))
+        # Run > Run All Cells, as a learner would
+        wait.until(ec.element_to_be_clickable((By.XPATH, "//div[contains(@class,'lm-MenuBar-itemLabel') and text()='Run']"))).click()
+        wait.until(ec.element_to_be_clickable((By.XPATH, "//li[contains(@class,'lm-Menu-item')][.//div[text()='Run All Cells']]"))).click()
+        status = wait.until(ec.presence_of_element_located(
+            (By.XPATH, "//div[contains(@class,'widget-html-content')][contains(., 'one iteration')]")))
+        # every cell has run when the last cell's prompt shows a number
+        wait.until(lambda d: all(p.text.strip() not in ("[*]:", "[ ]:") for p in d.find_elements(
+            By.CSS_SELECTOR, ".jp-CodeCell .jp-InputPrompt")))
+        before = status.text
+        box = driver.find_element(By.XPATH, "//div[contains(@class,'widget-inline-hbox')]"
+                                            "[.//label[text()='devices']]//input")
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys("128", Keys.ENTER)
+        WebDriverWait(driver, 60).until(lambda d: status.text != before)
+        assert "one iteration" in status.text and status.text != before
+    finally:
+        driver.quit()
