@@ -1,4 +1,8 @@
-"""Command line: ``python -m rlm_course <command> ...`` (``--help`` on each command)."""
+"""Command line: ``python -m rlm_course <command> ...`` (``--help`` on each command).
+
+Answering ``--help`` imports nothing heavy: torch and the training code are imported by the
+command that needs them."""
+
 
 from __future__ import annotations
 
@@ -8,6 +12,10 @@ import sys
 from pathlib import Path
 
 from rlm_course.tasks import TASKS, get_task
+
+DESCRIPTION = ("The course's jobs, benchmarks and tools. Run `python -m rlm_course <command> --help` "
+               "for a command's options. Needs the course's environment: `source .venv/bin/activate` "
+               "after `make demo` or `make test` (or call .venv/bin/python -m rlm_course ...).")
 
 TASK_FLAGS = {  # task settings exposed as flags: name -> (type, help)
     "digits": (int, "addition: digits per operand"),
@@ -45,7 +53,7 @@ RL_FLAGS = (("steps", int), ("group-size", int), ("prompts-per-step", int), ("lr
 #: Algorithm parts (see rlm_course.rl.algorithms.RLConfig): flag -> type, or a tuple of choices, or
 #: bool (an on/off pair --x / --no-x). Each overrides the chosen --variant's value.
 ALGORITHM_FLAGS = {
-    "advantage": "ADVANTAGES",  # the name of the allowed values in rlm_course.rl.algorithms
+    "advantage": "ADVANTAGES",  # the name of the allowed values in rlm_course.rl.options
     "normalize-std": bool,
     "ratio-level": "RATIO_LEVELS",
     "clip-eps": float,
@@ -66,6 +74,19 @@ ALGORITHM_FLAGS = {
 }
 
 
+def _set_threads(args) -> None:
+    """Set torch's thread count for a job (``--threads``, or :func:`rlm_course.utils.choose_threads`)."""
+    import torch
+
+    from rlm_course.utils import choose_threads
+
+    threads, why = choose_threads(getattr(args, "threads", None))
+    torch.set_num_threads(threads)
+    if not getattr(args, "no_progress", False):
+        print(f"Using {threads} CPU thread{'s' if threads > 1 else ''} ({why}; --threads to "
+              "change).", file=sys.stderr)
+
+
 def _rl(args) -> int:
     from rlm_course.rl.algorithms import preset
     from rlm_course.rl.runs import run_rl
@@ -79,6 +100,7 @@ def _rl(args) -> int:
     if ignored:
         raise ValueError("; ".join(f"--{k.replace('_', '-')} has no effect in this combination: {v}"
                                    for k, v in ignored.items()) + ". Drop it, or turn on what uses it.")
+    _set_threads(args)
     summary = run_rl(task, config, name=args.name, out_dir=args.out, resume=args.resume,
                      overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
                      progress=not args.no_progress)
@@ -92,6 +114,7 @@ def _sft(args) -> int:
 
     task = _task_from_args(args)
     out = Path(args.out) if args.out else default_sft_checkpoint(task)
+    _set_threads(args)
     path = make_sft_checkpoint(task, CharTokenizer(), out, SFTConfig(seed=args.seed),
                                progress=not args.no_progress)
     print(f"Saved SFT checkpoint {path} (see {path.with_suffix('.json')})")
@@ -184,10 +207,10 @@ def _make_eval_sets(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m rlm_course", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rlm_course", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from rlm_course.rl import algorithms
+    from rlm_course.rl import options
     from rlm_course.rl.algorithms import PRESETS
 
     for command, help_text in (("grpo", "SFT warm start if needed, then GRPO or another --variant "
@@ -205,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
             if kind is bool:
                 p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None)
             elif isinstance(kind, str):
-                p.add_argument(f"--{flag}", choices=getattr(algorithms, kind), default=None)
+                p.add_argument(f"--{flag}", choices=getattr(options, kind), default=None)
             else:
                 p.add_argument(f"--{flag}", type=kind, default=None)
         p.add_argument("--name", default=None,
@@ -217,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="warm-start checkpoint (default data/checkpoints/sft-<task>.pt, made if "
                             "missing)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
+        p.add_argument("--threads", type=int, default=None,
+                       help="CPU threads (default: the free cores; 1 when other work is running)")
         p.set_defaults(func=_rl)
 
     p = sub.add_parser("sft", help="make the supervised warm-start checkpoint")
@@ -224,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="checkpoint path (default data/checkpoints/sft-<task>.pt)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: the free cores; 1 when other work is running)")
     p.set_defaults(func=_sft)
 
     p = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
@@ -279,6 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except ModuleNotFoundError as err:
+        if err.name and err.name.split(".")[0] in ("torch", "numpy", "matplotlib", "tqdm",
+                                                   "ipywidgets"):
+            print(f"error: {err.name} is not installed for {sys.executable}. The course's packages "
+                  "live in .venv (made by `make demo` or `make test`): run `source "
+                  ".venv/bin/activate` first, or call `.venv/bin/python -m rlm_course ...`.",
+                  file=sys.stderr)
+            return 2
+        raise
     except (ValueError, FloatingPointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -15,6 +15,36 @@ import numpy as np
 import torch
 
 
+def choose_threads(requested: int | None = None) -> tuple[int, str]:
+    """How many CPU threads a job should use, and why.
+
+    ``requested`` wins; then ``OMP_NUM_THREADS`` if set; otherwise the cores this process may run
+    on, minus the load other work already puts on them (the 1-minute load average), at least 1.
+    On an idle 2-core machine that is 2; with another job keeping a core busy it is 1: more
+    threads than free cores make every thread wait for the slowest (OpenMP barriers), and a
+    training step can take 10x longer.
+
+    Raises:
+        ValueError: for a requested count below 1.
+    """
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--threads {requested}: give 1 or more.")
+        return requested, "as requested"
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"]), "from OMP_NUM_THREADS"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = 0.0
+    threads = max(1, min(cores, round(cores - load)))
+    return threads, f"{cores} cores, load {load:.1f}"
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch so that CPU runs repeat exactly on the same machine with the
     same thread count (other kernels or threads round differently: :mod:`rlm_course.numerics`)."""

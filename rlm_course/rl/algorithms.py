@@ -27,18 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from rlm_course.rl.kl import KL_ESTIMATORS
-from rlm_course.rl.losses import AGGREGATIONS
+from rlm_course.rl.options import (AGGREGATIONS, ADVANTAGES, GROUP_ADVANTAGES, KL_ESTIMATORS,
+                                   KL_MODES, RATIO_LEVELS, TOKEN_ADVANTAGES)
 
-ADVANTAGES = ("group", "rloo", "reinforce_pp", "gae")
-RATIO_LEVELS = ("token", "sequence")
-KL_MODES = ("none", "loss", "reward")
 MAX_BATCH = 16384  # responses per step; more does not fit a laptop's memory comfortably
-
-#: Advantages that compare the responses of one prompt with each other (need ``group_size >= 2``).
-GROUP_ADVANTAGES = ("group", "rloo")
-#: Advantages with one value per token (the rest give one value per response).
-TOKEN_ADVANTAGES = ("gae", "reinforce_pp")
 
 
 @dataclass

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from rlm_course.rl.options import KL_ESTIMATORS
+
 
 
 KL_CLAMP = 10.0

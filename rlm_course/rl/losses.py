@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from rlm_course.rl.masked import masked_mean
+from rlm_course.rl.options import AGGREGATIONS
 
-AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 
 
 def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tensor) -> Tensor:

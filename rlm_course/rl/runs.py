@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from rlm_course.cost.accounting import (
@@ -352,6 +353,11 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
         policy, accuracy_before = state["model"], state["accuracy_before"]
         sft_info = state["sft"]
         log(f"Resuming {run_dir} from step {state['trainer']['step']}.")
+        threads = state.get("threads")
+        if threads is not None and threads != torch.get_num_threads():
+            log(f"Note: the run used {threads} CPU threads, this process {torch.get_num_threads()}: "
+                "the numbers will differ in the last bits from an uninterrupted run (pass "
+                f"--threads {threads} to repeat it exactly).")
     else:
         policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log)
         accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy
@@ -372,7 +378,7 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
         save_checkpoint(ckpt_path, policy, task=task.key, algorithm=config.algorithm,
                         config=asdict(config),
                         trainer=trainer.state_dict(), totals=totals, sft=sft_info,
-                        accuracy_before=accuracy_before)
+                        accuracy_before=accuracy_before, threads=torch.get_num_threads())
         aside.commit()  # the new run has a checkpoint: the replaced one can go
 
     bar = tqdm(total=config.steps, initial=trainer.step_count,
@@ -417,6 +423,7 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
         "accuracy_after": accuracy_after,
         "accuracy_gain_points": round(100 * (accuracy_after - accuracy_before), 1),
         "wall_seconds": round(totals["wall_seconds"], 2),
+        "threads": torch.get_num_threads(),
         "setup_seconds": round(setup_seconds, 2),
         "stage_seconds": {s: round(totals[s], 2) for s in STAGES},
         "tokens_generated": totals["tokens_generated"],
