@@ -5,6 +5,7 @@
 per-stage FLOPs, bytes, roofline time and shares of one iteration, its memory, and its work,
 depth and parallelism. Every control can also be set from code (``calc.controls["devices"].value
 = 8``); a setting that makes no sense shows its error message in the widget, never a traceback.
+The architecture boxes show the selected model's sizes and can be edited only for ``custom``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from rlm_course.cost.hardware import get_device, load_catalog
 from rlm_course.rl.algorithms import PRESETS, preset
 
 CUSTOM = "custom"
+#: The architecture boxes: a TransformerSpec's sizes, editable for a custom model only.
+ARCHITECTURE_BOXES = ("n_layer", "d_model", "n_head", "n_kv_head", "d_ff")
 
 
 def _fmt(x: float) -> str:
@@ -46,24 +49,24 @@ class RLStepCalculator:
         self.tiny = from_model_config(default_model_config(CharTokenizer()))
         int_box = lambda value, desc: widgets.BoundedIntText(  # noqa: E731
             value=value, min=-10**9, max=10**12, description=desc,
-            style={"description_width": "9em"})
+            style={"description_width": "8.5em"}, layout=widgets.Layout(width="19em"))
+        dropdown = lambda options, value, desc: widgets.Dropdown(  # noqa: E731
+            options=options, value=value, description=desc,
+            style={"description_width": "8.5em"}, layout=widgets.Layout(width="19em"))
         self.controls = {
-            "model": widgets.Dropdown(options=["tiny", *SPECS, CUSTOM], value="llama-3-8b",
-                                      description="model"),
-            "n_layer": int_box(32, "layers (custom)"),
-            "d_model": int_box(4096, "width (custom)"),
-            "n_head": int_box(32, "heads (custom)"),
-            "n_kv_head": int_box(8, "KV heads (custom)"),
-            "d_ff": int_box(14336, "MLP width (custom)"),
-            "algorithm": widgets.Dropdown(options=list(PRESETS), value="grpo",
-                                          description="algorithm"),
+            "model": dropdown(["tiny", *SPECS, CUSTOM], "llama-3-8b", "model"),
+            "n_layer": int_box(32, "layers"),
+            "d_model": int_box(4096, "width"),
+            "n_head": int_box(32, "heads"),
+            "n_kv_head": int_box(8, "KV heads"),
+            "d_ff": int_box(14336, "MLP width"),
+            "algorithm": dropdown(list(PRESETS), "grpo", "algorithm"),
             "prompts": int_box(512, "prompts"),
             "group_size": int_box(16, "group size"),
             "minibatches": int_box(16, "gradient steps"),
             "prompt_len": int_box(512, "prompt tokens"),
             "response_len": int_box(2048, "response tokens"),
-            "device": widgets.Dropdown(options=list(load_catalog()), value="H100-SXM-80GB",
-                                       description="device"),
+            "device": dropdown(list(load_catalog()), "H100-SXM-80GB", "device"),
             "devices": int_box(64, "devices"),
             "generation_tp": int_box(1, "generation TP"),
         }
@@ -72,8 +75,10 @@ class RLStepCalculator:
         self.plot = widgets.HTML()
         self.result: dict | None = None
         self.message = ""
+        self._showing_model = False
         for control in self.controls.values():
             control.observe(self._update, names="value")
+        self._show_model_sizes()
         left = widgets.VBox([self.controls[k] for k in ("model", "n_layer", "d_model", "n_head",
                                                         "n_kv_head", "d_ff")])
         right = widgets.VBox([self.controls[k] for k in ("algorithm", "prompts", "group_size",
@@ -113,7 +118,27 @@ class RLStepCalculator:
         return iteration_report(spec, config, workload, get_device(s["device"]), s["devices"],
                                 s["generation_tp"])
 
+    def _show_model_sizes(self) -> None:
+        """Fill the architecture boxes with the selected model's sizes; only ``custom`` may edit
+        them (a 70B model must not appear to have the 8B model's 32 layers)."""
+        custom = self.controls["model"].value == CUSTOM
+        self._showing_model = True
+        try:
+            if not custom:
+                spec = self.spec()
+                for name in ARCHITECTURE_BOXES:
+                    self.controls[name].value = spec.kv_heads if name == "n_kv_head" else getattr(
+                        spec, name)
+            for name in ARCHITECTURE_BOXES:
+                self.controls[name].disabled = not custom
+        finally:
+            self._showing_model = False
+
     def _update(self, change=None) -> None:
+        if self._showing_model:
+            return
+        if change is not None and change.get("owner") is self.controls["model"]:
+            self._show_model_sizes()
         try:
             self.result = self.compute()
             self.message = ""
@@ -134,15 +159,18 @@ class RLStepCalculator:
             "at most W/p + D steps, a speedup of at most "
             + ", ".join(f"{r['work'] / (r['work'] / p + r['depth']):.3g} at p = {p:.0e}"
                         for p in (1e6, 1e9, 1e12)) + ".")
+        cell = "style='padding:2px 10px;text-align:right'"
         rows = "".join(
-            f"<tr><td>{s}</td><td>{_fmt(v['flops'])}FLOP</td><td>{_fmt(v['bytes'])}B</td>"
-            f"<td>{v['intensity']:.1f}</td><td>{v['seconds']:.2f}</td>"
-            f"<td>{r['flop_shares'][s]:.0%}</td><td>{r['time_shares'][s]:.0%}</td></tr>"
+            f"<tr><td style='padding:2px 10px'>{s}</td><td {cell}>{_fmt(v['flops'])}FLOP</td>"
+            f"<td {cell}>{_fmt(v['bytes'])}B</td><td {cell}>{v['intensity']:.1f}</td>"
+            f"<td {cell}>{v['seconds']:.2f}</td><td {cell}>{r['flop_shares'][s]:.0%}</td>"
+            f"<td {cell}>{r['time_shares'][s]:.0%}</td></tr>"
             for s, v in r["stages"].items())
         memory = ", ".join(f"{k} {_fmt(v)}B" for k, v in r["memory"].items())
+        head = "".join(f"<th {cell}>{h}</th>" for h in ("stage", "FLOPs", "bytes", "FLOP/B", "s",
+                                                         "FLOP share", "time share"))
         self.table.value = (
-            "<table><tr><th>stage</th><th>FLOPs</th><th>bytes</th><th>FLOP/B</th><th>s</th>"
-            f"<th>FLOP share</th><th>time share</th></tr>{rows}</table>"
+            f"<table style='border-collapse:collapse'><tr>{head}</tr>{rows}</table>"
             f"<p>memory (whole job): {html.escape(memory)}</p>")
         self.plot.value = _shares_png(r)
 
