@@ -55,6 +55,8 @@ print(torch.__version__, "threads:", torch.get_num_threads())
 # (prompt and response columns, responses generated and trained).
 
 # %%
+from tqdm.auto import tqdm
+
 from rlm_course.cost.profiling import measure_step
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.algorithms import preset
@@ -67,17 +69,22 @@ from rlm_course.utils import format_table
 tok, task = CharTokenizer(), get_task("addition", digits=3)
 held_out = load_eval_set(task)
 rows, steps, timed = [], {}, {}
+progress = tqdm(total=6, desc="GRPO then PPO: warm-up, counted and timed steps")
 for variant in ("grpo", "ppo"):
     policy, _ = load_sft_policy(task, tok)
     trainer = RLTrainer(policy, task, tok, preset(variant, eval_every=1000), held_out)
     trainer.step()  # warm-up: the first step pays one-off costs
+    progress.update()
     steps[variant] = row = measure_step(trainer)
+    progress.update()
     timed[variant] = trainer.step()  # timings without the counter's overhead
+    progress.update()
     for stage in ("generation", "scoring", "training"):
         measured, predicted = row["measured_flops"][stage], row["predicted_flops"][stage]
         rows.append([variant, stage, f"{predicted / 1e9:.2f}", f"{measured / 1e9:.2f}",
                      f"{measured / predicted:.3f}"])
         assert abs(measured / predicted - 1) < 0.05
+progress.close()
 print(format_table(rows, ["algorithm", "stage", "predicted GFLOP", "measured GFLOP", "ratio"]))
 
 # %% [markdown]
@@ -187,11 +194,9 @@ print(f"mean response: {steps['grpo']['response_length']:.1f} tokens")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from torch.profiler import ProfilerActivity, profile
+from rlm_course.cost.profiling import profile_ops
 
-with profile(activities=[ProfilerActivity.CPU]) as prof:
-    trainer.step()
-print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
+print(profile_ops(trainer.step, row_limit=8))
 
 # %% [markdown]
 # ## 3. The roofline of this machine, with measured points

@@ -5,6 +5,8 @@ and prefill/decode throughput for the roofline, to set against :mod:`rlm_course.
 
 from __future__ import annotations
 
+import os
+import sys
 from contextlib import contextmanager
 
 import torch
@@ -31,6 +33,39 @@ class MeasuringTimer(StageTimer):
         with super().__call__(stage):
             yield
         self.flops[stage] = self.flops.get(stage, 0) + self.counter.get_total_flops() - start
+
+
+@contextmanager
+def _native_stderr_silenced():
+    """Send file descriptor 2 to /dev/null for the duration: PyTorch's profiler (kineto) writes
+    ``USDT ... profiler_start`` / ``profiler_stop`` lines there from C++, which a notebook shows
+    in red as if something had failed."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def profile_ops(fn, row_limit: int = 8, sort_by: str = "self_cpu_time_total") -> str:
+    """Run ``fn()`` under ``torch.profiler`` (CPU activities) and return the table of its
+    ``row_limit`` most expensive operators, without the profiler's start/stop chatter."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with _native_stderr_silenced():
+        prof.__enter__()
+    try:
+        fn()
+    finally:
+        with _native_stderr_silenced():
+            prof.__exit__(None, None, None)
+    return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
 
 
 def measure_step(trainer) -> dict:
