@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -318,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FloatingPointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (e.g. `... | head`): not an error of ours
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except OSError as err:
         print(f"error: {err.strerror or err} ({err.filename or ''}); check the paths you passed.",
               file=sys.stderr)
