@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks: sampling (KV cache), train (MFU), family "
                                      "(seconds per step and memory of every preset), parallel (simulated "
                                      "strategies), memory (memory per step of every preset)")
-    p.add_argument("what", choices=["sampling", "train", "family", "parallel", "memory"])
+    p.add_argument("what", choices=["sampling", "train", "family", "parallel", "memory", "peer"])
     p.add_argument("--repeats", type=int, default=5)
     p.set_defaults(func=_bench)
 

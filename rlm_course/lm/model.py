@@ -199,12 +199,15 @@ class TinyGPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, tokens: Tensor, attention_mask: Tensor | None = None,
-                cache: KVCache | None = None) -> Tensor:
+                cache: KVCache | None = None, *, positions: Tensor | None = None,
+                attn_mask: Tensor | None = None) -> Tensor:
         """Logits ``(batch, seq, vocab_size)`` for each position; see :meth:`hidden_states`."""
-        return self.head(self.hidden_states(tokens, attention_mask, cache))
+        return self.head(self.hidden_states(tokens, attention_mask, cache, positions=positions,
+                                            attn_mask=attn_mask))
 
     def hidden_states(self, tokens: Tensor, attention_mask: Tensor | None = None,
-                      cache: KVCache | None = None) -> Tensor:
+                      cache: KVCache | None = None, *, positions: Tensor | None = None,
+                      attn_mask: Tensor | None = None) -> Tensor:
         """Final (normalised) hidden state of each position, before the language-model head.
 
         Args:
@@ -213,6 +216,10 @@ class TinyGPT(nn.Module):
                 cached positions plus these ``seq``; None means no padding anywhere.
             cache: a :class:`KVCache`; when given, the new keys/values are appended at
                 ``cache.length`` and ``cache.length`` advances by ``seq``.
+            positions, attn_mask: ``(batch, seq)`` positions and the SDPA mask, when the caller
+                already has them (a decoding loop keeps them up to date instead of recomputing
+                them from the whole ``attention_mask`` at every step); by default both are
+                derived from ``attention_mask``.
 
         Returns:
             ``(batch, seq, d_model)`` float hidden states.
@@ -231,12 +238,13 @@ class TinyGPT(nn.Module):
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected "
                              f"(batch, cached + new) = {(b, ctx)}.")
         device = tokens.device
-        if attention_mask is None:
-            positions = torch.arange(start, ctx, device=device).expand(b, t)
-        else:
-            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:ctx]
-        mask = None
-        if attention_mask is not None or cache is not None:
+        if positions is None:
+            if attention_mask is None:
+                positions = torch.arange(start, ctx, device=device).expand(b, t)
+            else:
+                positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:ctx]
+        mask = attn_mask
+        if mask is None and (attention_mask is not None or cache is not None):
             mask = build_attention_mask(attention_mask, start, t, b, device)
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         for i, block in enumerate(self.blocks):

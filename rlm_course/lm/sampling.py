@@ -111,6 +111,9 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
     was_training = model.training
     model.eval()
     logits = model(prompt_tokens, prompt_mask, cache)[:, -1]  # prefill
+    # a decoding step's position is the count of real tokens before it, and its query may see
+    # every real key so far: both kept up to date here instead of recomputed from the whole mask
+    positions = prompt_mask.sum(-1, keepdim=True)  # (batch, 1)
     steps = 0
     for t in range(max_new_tokens):
         pos = prompt_len + t
@@ -134,7 +137,11 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
         if bool(finished.all()) or t == max_new_tokens - 1:
             break
         if use_cache:
-            logits = model(tokens[:, pos:pos + 1], attention_mask[:, :pos + 1], cache)[:, -1]
+            # (batch, 1, 1, ctx), a view: the prompt's real tokens keep every row non-empty
+            key_mask = attention_mask[:, None, None, :pos + 1]
+            logits = model(tokens[:, pos:pos + 1], attention_mask[:, :pos + 1], cache,
+                           positions=positions, attn_mask=key_mask)[:, -1]
+            positions = positions + 1
         else:
             logits = model(tokens[:, :pos + 1], attention_mask[:, :pos + 1])[:, -1]
     model.train(was_training)

@@ -17,6 +17,9 @@ a number remembered from another machine.
   prediction of the communication time (:mod:`rlm_course.parallel.bench`).
 * ``memory``: resident memory and live tensor bytes after each step of every preset, and their
   slopes per step with their noise: memory must not grow with the number of steps.
+* ``peer``: generation against Hugging Face ``generate`` and a GRPO step against TRL's
+  ``GRPOTrainer`` on the same tiny configuration (optional extra ``.[peer]``). Keys:
+  ``generation_speedup_vs_transformers``, ``grpo_step_speedup_vs_trl``.
 * ``family``: seconds per step of every preset of :mod:`rlm_course.rl.algorithms` at its default
   sizes, the presets' steps interleaved, as ratios to GRPO; with each one's stage split, responses
   generated per response trained, model-state and activation memory. Key: ``presets``.
@@ -264,6 +267,66 @@ def bench_memory(repeats: int = 5, steps: int = 30, warmup: int = 5) -> dict:
     return result
 
 
+def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
+    """The course's generation and GRPO step against Hugging Face ``generate`` and TRL's
+    ``GRPOTrainer`` on the same tiny configuration (:mod:`rlm_course.tools.peer`), alternating
+    step by step, medians and ratios (course / peer speed).
+
+    * generation: 64 prompts x ``new_tokens`` new tokens with the KV cache, sampled;
+    * GRPO step: 8 prompts x 8 samples of 6-digit addition (responses up to 8 tokens), no
+      reference model, one optimizer step per batch, from a random initialisation.
+
+    Raises:
+        ValueError: if ``transformers``/``trl``/``datasets`` are not installed (the message says how).
+    """
+    from rlm_course.rl.algorithms import preset
+    from rlm_course.rl.trainer import RLTrainer
+    from rlm_course.tools.peer import TRLSteps, hf_generate, hf_model, require_peer
+
+    require_peer()
+    tok = CharTokenizer()
+    config = default_model_config(tok)
+    seed_everything(0)
+    ours, peer = TinyGPT(config).eval(), hf_model(config)
+    prompts, mask = tok.encode_prompts([p.prompt for p in get_task("addition").problems(64, seed=0)])
+
+    def our_generate():
+        generate(ours, prompts, mask, new_tokens, eos_id=-1, pad_id=tok.pad_id,
+                 generator=torch.Generator().manual_seed(0))
+
+    our_generate(), hf_generate(peer, prompts, mask, new_tokens, 0)  # warm-up
+    gen = {"course": [], "transformers": []}
+    for r in range(repeats):
+        gen["course"] += _time(our_generate, 1)
+        gen["transformers"] += _time(lambda: hf_generate(peer, prompts, mask, new_tokens, r), 1)
+    tokens = prompts.shape[0] * new_tokens
+    gen_speed = {k: tokens / statistics.median(v) for k, v in gen.items()}
+
+    task = get_task("addition", digits=6)
+    config6 = ModelConfig(**{**config.to_dict(), "max_seq_len": 1 + task.max_prompt_len
+                             + task.max_response_len})
+    seed_everything(0)
+    rl_config = preset("grpo", prompts_per_step=8, group_size=8, minibatches=1, kl_mode="none",
+                       eval_every=10**6)
+    trainer = RLTrainer(TinyGPT(config6), task, tok, rl_config, task.problems(8, seed=99))
+    course_steps: list[float] = []
+    trl_steps = TRLSteps(task, config6, 8, 8, rl_config.lr).run(
+        repeats + 2, between=lambda: course_steps.extend(_time(trainer.step, 1)))
+    step = {"course": statistics.median(course_steps[2:]), "trl": statistics.median(trl_steps[2:])}
+    threads = torch.get_num_threads()
+    print(f"The course against its peers (threads={threads}, median of {repeats}, alternating)")
+    print(format_table([
+        ["generation 64 x 16 (tokens/s)", f"{gen_speed['course']:,.0f}",
+         f"{gen_speed['transformers']:,.0f}", f"{gen_speed['course'] / gen_speed['transformers']:.2f}x"],
+        ["GRPO step 8 x 8 x 8 (ms)", f"{step['course'] * 1e3:.1f}", f"{step['trl'] * 1e3:.1f}",
+         f"{step['trl'] / step['course']:.2f}x"],
+    ], ["what", "course", "peer", "course faster by"]))
+    return {"bench": "peer", "threads": threads, "repeats": repeats,
+            "generation_tokens_per_s": gen_speed, "grpo_step_seconds": step,
+            "generation_speedup_vs_transformers": gen_speed["course"] / gen_speed["transformers"],
+            "grpo_step_speedup_vs_trl": step["trl"] / step["course"]}
+
+
 def main(what: str, args) -> int:
     repeats = getattr(args, "repeats", 5)
     if repeats <= 0:
@@ -271,7 +334,7 @@ def main(what: str, args) -> int:
     from rlm_course.parallel.bench import bench_parallel
 
     benches = {"sampling": bench_sampling, "train": bench_train, "family": bench_family,
-               "parallel": bench_parallel, "memory": bench_memory}
+               "parallel": bench_parallel, "memory": bench_memory, "peer": bench_peer}
     result = benches[what](repeats)
     print(json.dumps(result))
     return 0
