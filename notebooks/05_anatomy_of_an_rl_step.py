@@ -254,6 +254,78 @@ print(f"prefill at best: {best_prefill:.0%} of the matmul peak; decode moves at 
 # the bandwidth slope, plus its per-step latency. The rest of the chapter is about that regime,
 # with catalog figures instead of measurements.
 #
+# ### Where the time of a tiny step goes: the overhead-bound end of the roofline
+#
+# Below the roofline's two slopes there is a third regime: **overhead-bound**. Every operator
+# call costs a fixed few microseconds (Python, PyTorch's dispatcher, allocating the output,
+# starting the kernel) whatever its size. A decode step of the tiny model makes a few hundred
+# calls for about 0.1 GFLOP of arithmetic, so the calls alone can cost as much as the arithmetic.
+# `where_time_goes` times a step without the profiler (`wall`), then runs it once under
+# `torch.profiler` to read the matmul and attention kernels' own time; `rest` is what those leave
+# of the wall time (small kernels and the framework between them). Two floors frame it: the
+# **FLOP floor** (the step's FLOPs at the measured matmul peak) and the **launch floor** (its
+# operator calls times the cost of launching an empty one, `dispatch_floor`).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from rlm_course.cost.profiling import dispatch_floor, where_time_goes
+from rlm_course.lm.model import KVCache, forward_flops
+
+config = policy.config
+batch, context = 64, 16
+cache = KVCache(config, batch, context + 1)
+with torch.no_grad():
+    policy(torch.randint(0, config.vocab_size, (batch, context)), None, cache)
+token = torch.randint(0, config.vocab_size, (batch, 1))
+
+
+def decode_step():
+    with torch.no_grad():
+        cache.length = context
+        policy(token, None, cache)
+
+
+student = type(policy)(config)
+student.load_state_dict(policy.state_dict())
+optimizer = torch.optim.AdamW(student.parameters(), lr=1e-5)
+tokens = torch.randint(0, config.vocab_size, (batch, 24))
+
+
+def train_step():
+    logits = student(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             tokens[:, 1:].reshape(-1))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+print(f"one empty operator call: {dispatch_floor() * 1e6:.1f} us")
+split = {"decode step (64 x 1 token, 17 keys)":
+         where_time_goes(decode_step, forward_flops(config, 1, context + 1, batch),
+                         cpu.peak_flops),
+         "train step (64 x 23 tokens, AdamW)":
+         where_time_goes(train_step, 3 * forward_flops(config, 23, batch=batch), cpu.peak_flops)}
+print(format_table([[name, f"{r['wall'] * 1e3:.2f}", f"{r['matmul'] * 1e3:.2f}",
+                     f"{r['attention'] * 1e3:.2f}", f"{r['rest'] * 1e3:.2f}", r["operators"],
+                     f"{r['launch_floor'] * 1e3:.2f}", f"{r['flop_floor'] * 1e3:.2f}",
+                     f"{r['wall'] / r['flop_floor']:.1f}x"] for name, r in split.items()],
+                   ["step", "wall ms", "matmul", "attention", "rest", "operator calls",
+                    "launch floor", "FLOP floor", "wall / FLOP floor"]))
+
+# %%
+for r in split.values():
+    assert r["flop_floor"] < r["wall"] and r["operators"] > 50
+
+# %% [markdown]
+# Read your own numbers: the decode step sits several times above its FLOP floor, and its `rest`
+# (the small kernels and the calls between them) is comparable to the matmuls: that is the
+# overhead-bound regime, where fewer, larger operations (a bigger batch, fused kernels,
+# `torch.compile`, CUDA graphs on a GPU) pay and faster arithmetic does not. The train step's
+# matmuls are larger, so a bigger share of its time is arithmetic. Inference engines such as vLLM
+# capture the decode step in a CUDA graph for exactly this reason: at small batch a GPU decode
+# step is launch-bound too.
+#
 # ## 4. At scale: an 8B and a 70B policy on 64 H100s
 #
 # The same accounting for real architectures (`rlm_course.cost.architectures`: Llama-3-8B and 70B with

@@ -52,9 +52,9 @@ def _native_stderr_silenced():
         os.close(saved)
 
 
-def profile_ops(fn, row_limit: int = 8, sort_by: str = "self_cpu_time_total") -> str:
-    """Run ``fn()`` under ``torch.profiler`` (CPU activities) and return the table of its
-    ``row_limit`` most expensive operators, without the profiler's start/stop chatter."""
+def _profiled(fn):
+    """Run ``fn()`` once under ``torch.profiler`` (CPU activities), without the profiler's
+    start/stop chatter; return the profile."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU])
@@ -65,7 +65,78 @@ def profile_ops(fn, row_limit: int = 8, sort_by: str = "self_cpu_time_total") ->
     finally:
         with _native_stderr_silenced():
             prof.__exit__(None, None, None)
-    return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
+    return prof
+
+
+def profile_ops(fn, row_limit: int = 8, sort_by: str = "self_cpu_time_total") -> str:
+    """Run ``fn()`` under ``torch.profiler`` (CPU activities) and return the table of its
+    ``row_limit`` most expensive operators, without the profiler's start/stop chatter."""
+    return _profiled(fn).key_averages().table(sort_by=sort_by, row_limit=row_limit)
+
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+ATTENTION_MARK = "scaled_dot_product"
+
+
+def dispatch_floor(calls: int = 2000) -> float:
+    """Seconds PyTorch needs to launch one operator from Python on this machine: the best
+    per-call time of an in-place add on a one-element tensor (its arithmetic is nothing)."""
+    x = torch.zeros(1)
+    with torch.no_grad():
+        def run():
+            for _ in range(calls):
+                x.add_(1.0)
+        run()
+        return best_seconds(run, 3) / calls
+
+
+def where_time_goes(fn, flops: float, peak_flops: float | None = None, repeats: int = 5) -> dict:
+    """Split the wall time of ``fn()`` (e.g. one decode step, one training step) by where it goes.
+
+    Returns seconds (and counts) under these keys:
+
+    * ``wall``: the best of ``repeats`` runs, without the profiler;
+    * ``matmul``, ``attention``: the matmul kernels' (mm, addmm, bmm, baddbmm) and the SDPA
+      kernels' own CPU time, from one run under ``torch.profiler``;
+    * ``rest``: ``wall - matmul - attention`` (floored at 0): the small kernels (normalisation,
+      activations, copies, indexing, element-wise optimizer updates) and the framework between
+      kernels (Python, the dispatcher). The profiler's own bookkeeping would inflate these if they
+      were taken from it, so they are what the arithmetic kernels leave of the wall time;
+    * ``operators``: how many ATen operator calls one run makes, and ``launch_floor``: that count
+      times :func:`dispatch_floor`, the time the calls alone need however small their data;
+    * ``flop_floor``: ``flops / peak_flops``, the time the arithmetic needs at the measured matmul
+      peak (:func:`rlm_course.cost.hardware.matmul_peak` unless given), and ``flops``,
+      ``peak_flops``.
+
+    At large sizes the matmuls dominate and the wall time approaches the FLOP floor (compute
+    bound); at the course's tiny sizes the launches and the small kernels take a large share: the
+    overhead-bound end of the roofline (chapter 05).
+
+    Raises:
+        ValueError: for non-positive ``flops`` or ``repeats``.
+    """
+    from rlm_course.cost.hardware import matmul_peak
+
+    if flops <= 0 or repeats <= 0:
+        raise ValueError(f"where_time_goes: flops={flops} and repeats={repeats} must be positive.")
+    fn()  # warm-up
+    wall = best_seconds(fn, repeats)
+    prof = _profiled(fn)
+    matmul = attention = 0.0
+    calls = 0
+    for event in prof.key_averages():
+        if not event.key.startswith("aten::"):
+            continue
+        calls += event.count
+        if event.key in MATMUL_OPS:
+            matmul += event.self_cpu_time_total / 1e6
+        elif ATTENTION_MARK in event.key:
+            attention += event.self_cpu_time_total / 1e6
+    peak = peak_flops if peak_flops is not None else matmul_peak()[0]
+    return {"wall": wall, "matmul": matmul, "attention": attention,
+            "rest": max(0.0, wall - matmul - attention), "operators": calls,
+            "launch_floor": calls * dispatch_floor(), "flop_floor": flops / peak, "flops": flops,
+            "peak_flops": peak}
 
 
 def measure_step(trainer) -> dict:
