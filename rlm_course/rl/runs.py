@@ -68,8 +68,8 @@ def make_sft_checkpoint(task: Task, tokenizer: CharTokenizer, path: Path | None 
     if path.is_dir():
         raise ValueError(f"--out {path} is a folder; give a file path such as {path / 'sft.pt'}.")
     # fail before a minute of training, not after
-    check_model_for_task(default_model_config(tokenizer), tokenizer, task, task.max_response_len,
-                         "the course's model")
+    check_model_for_task(default_model_config(tokenizer, task), tokenizer, task,
+                         task.max_response_len, "the course's model")
     ensure_writable_folder(path.parent, "--out")
     start = time.perf_counter()
     model, info = run_sft(task, tokenizer, config, progress=progress)
@@ -143,7 +143,22 @@ def _warm_start_config(task: Task, tokenizer: CharTokenizer,
     path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
     if path.exists() or sft_checkpoint is not None:
         return load_checkpoint(path)["model"].config, f"checkpoint {path}"
-    return default_model_config(tokenizer), "the default model (made by the warm start)"
+    return default_model_config(tokenizer, task), "the default model (made by the warm start)"
+
+
+def run_folder(out_dir: str | Path, name: str) -> Path:
+    """``out_dir / name``, the folder of a run, after checking both.
+
+    Raises:
+        ValueError: for a name that is not a plain folder name, or an ``out_dir`` that is a file.
+    """
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"--name {name!r}: give a plain folder name (no slashes), e.g. my-run; "
+                         "use --out to choose the parent folder.")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a folder; pass a folder (default runs).")
+    return out_dir / name
 
 
 class _SetAside:
@@ -284,14 +299,8 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
         raise ValueError("--sft-checkpoint is not used with --resume (the run's checkpoint holds "
                          "the policy); drop one of them.")
     tokenizer = CharTokenizer()
-    name = name if name is not None else f"{config.algorithm}-{task.key}-seed{config.seed}"
-    if not name or name in (".", "..") or "/" in name or "\\" in name:
-        raise ValueError(f"--name {name!r}: give a plain folder name (no slashes), e.g. my-run; "
-                         "use --out to choose the parent folder.")
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} is a file, not a folder; pass a folder (default runs).")
-    run_dir = out_dir / name
+    run_dir = run_folder(out_dir, name if name is not None
+                         else f"{config.algorithm}-{task.key}-seed{config.seed}")
     ckpt_path = run_dir / "checkpoint.pt"
     has_files = run_dir.is_dir() and any(run_dir.iterdir())
     state = None

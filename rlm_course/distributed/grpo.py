@@ -1,0 +1,606 @@
+"""Data-parallel GRPO on real processes: the course's one RL loop
+(:class:`~rlm_course.rl.trainer.RLTrainer`) on every rank, each with its share of the prompts.
+
+``python -m rlm_course grpo --task addition --nproc 2`` (:func:`run_rl_distributed`):
+
+* **prompts:** each step draws the prompts of the single-process step (same seed) and rank ``r``
+  keeps the ``r``-th of ``p`` equal slices; a group (the ``group_size`` responses of one prompt)
+  is never split, so rewards and group advantages are computed on the rank, with no
+  communication;
+* **samples:** each rank samples with its own seed (otherwise every rank would draw the same
+  random numbers for different prompts);
+* **gradients** are averaged by ``DistributedDataParallel`` in buckets during backward. The mean
+  over ranks of each rank's loss is the single-process loss when every rank's loss is a mean over
+  the same number of responses (``seq-mean-token-mean``, GRPO; ``seq-mean-token-sum-norm``,
+  Dr. GRPO). ``token-mean`` (DAPO) divides by the number of response *tokens*, which differs from
+  rank to rank: each training step all-reduces the token count of its mini-batch and weighs each
+  rank's gradient by its share of the tokens (a DDP communication hook), so the update is again the
+  single-process one;
+* **refused,** with a message that says why: DAPO's dynamic sampling (each rank would keep a
+  different number of groups), and advantages normalised over the whole batch (REINFORCE++,
+  and PPO's GAE with its critic), which would need batch statistics from every rank;
+* **time:** every rank records its stages (generation, reward, scoring, training) and its
+  communication (each gradient bucket's all-reduce, from launch to completion, waiting for slower
+  ranks included) on a shared clock: ``timeline.json`` and ``timeline.png`` in the run folder;
+* **checkpoints** are written by rank 0 in the single-process format (the policy, the optimizer,
+  the configuration of the whole run): ``python -m rlm_course eval --checkpoint ...`` or
+  :func:`rlm_course.lm.checkpoint.load_checkpoint` read them in one process.
+
+:func:`update_equivalence_worker` shows that one update from a fixed rollout batch equals the
+single-process update (float64, within :func:`rlm_course.numerics.adam_tolerance`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from rlm_course.distributed.launch import RankContext
+from rlm_course.lm.sampling import select_rollouts
+from rlm_course.rl.algorithms import RLConfig
+from rlm_course.rl.trainer import RLTrainer
+from rlm_course.utils import STAGES, StageTimer, derived_seed
+
+#: What the timeline shows per rank: the trainer's stages, then the communication inside training.
+PHASES = (*STAGES, "communication")
+
+
+def check_data_parallel(config: RLConfig, world_size: int) -> None:
+    """Refuse a configuration that data parallelism over ``world_size`` ranks cannot run as the
+    single-process algorithm.
+
+    Raises:
+        ValueError: dynamic sampling; a critic or a batch-normalised advantage (REINFORCE++, GAE);
+            prompts that do not split into equal per-rank shares; a per-rank batch that the
+            mini-batches do not divide; a world size below 1.
+    """
+    if not (isinstance(world_size, int) and world_size >= 1):
+        raise ValueError(f"--nproc {world_size!r}: give a positive number of processes.")
+    if world_size == 1:
+        return
+    if config.dynamic_sampling:
+        raise ValueError("dynamic sampling (DAPO) keeps a different number of groups on each rank "
+                         "and samples more rounds on some, so the ranks' batches (and their "
+                         "gradient steps) would differ: data-parallel runs do not support it; "
+                         "pass --no-dynamic-sampling, or run with --nproc 1.")
+    if config.use_critic or config.advantage not in ("group", "rloo"):
+        raise ValueError(f"advantage={config.advantage!r}"
+                         + (" with a critic" if config.use_critic else "")
+                         + ": it normalises advantages over the whole batch, which would need "
+                         "statistics from every rank; data-parallel runs support the group "
+                         "advantages (group, rloo: grpo, dr_grpo, dapo, rloo, gspo). Use one of "
+                         "them, or --nproc 1.")
+    if config.prompts_per_step % world_size:
+        raise ValueError(f"--prompts-per-step {config.prompts_per_step} does not split into "
+                         f"{world_size} equal shares (a group is never split across ranks); use "
+                         f"a multiple of {world_size}.")
+    local = config.prompts_per_step // world_size * config.group_size
+    if local % config.minibatches:
+        raise ValueError(f"each rank trains on {local} responses, which --minibatches "
+                         f"{config.minibatches} does not divide; change --minibatches or "
+                         "--prompts-per-step.")
+
+
+class ShardedTask:
+    """``task`` seen by one rank: :meth:`problems` returns this rank's slice of the prompts the
+    single-process step draws (``seed`` set per step by the trainer); everything else is
+    ``task``'s."""
+
+    def __init__(self, task, rank: int, world_size: int) -> None:
+        self.task, self.rank, self.world_size = task, rank, world_size
+        self.seed: int | None = None
+
+    def problems(self, n: int, seed: int, exclude=None, distinct: bool = False):
+        """Rank ``rank``'s ``n`` problems: slice ``rank`` of the ``n x world_size`` problems of
+        the step's seed (the ``seed`` argument, per-rank, is replaced by the step's)."""
+        everything = self.task.problems(n * self.world_size, self.seed if self.seed is not None
+                                        else seed, exclude, distinct)
+        return everything[self.rank * n:(self.rank + 1) * n]
+
+    def __getattr__(self, name):
+        if name == "task":
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+
+class RecordingTimer(StageTimer):
+    """A :class:`~rlm_course.utils.StageTimer` that also keeps every stage's interval
+    ``(stage, start, end)`` in seconds since ``origin`` (a ``time.perf_counter()`` value taken
+    after a barrier, so that ranks share the clock)."""
+
+    def __init__(self, origin: float) -> None:
+        super().__init__()
+        self.origin = origin
+        self.events: list[tuple[str, float, float]] = []
+
+    @contextmanager
+    def __call__(self, stage: str):
+        start = time.perf_counter()
+        try:
+            with StageTimer.__call__(self, stage):
+                yield
+        finally:
+            self.events.append((stage, start - self.origin, time.perf_counter() - self.origin))
+
+
+class _CommState:
+    """What the communication hook needs: the scale of this rank's gradient (``1 / p``, or its
+    share of the mini-batch's response tokens for ``token-mean``) and the intervals it records."""
+
+    def __init__(self, world_size: int, origin: float) -> None:
+        self.world_size, self.origin = world_size, origin
+        self.scale = 1.0 / world_size
+        self.events: list[tuple[str, float, float]] = []
+
+
+def _scaled_all_reduce(state: _CommState, bucket):
+    """DDP communication hook: scale the bucket by ``state.scale``, sum it over the ranks, and
+    record the interval from launch to completion."""
+    start = time.perf_counter()
+    buffer = bucket.buffer().mul_(state.scale)
+    future = dist.all_reduce(buffer, async_op=True).get_future()
+
+    def done(fut):
+        state.events.append(("communication", start - state.origin,
+                             time.perf_counter() - state.origin))
+        return fut.value()[0]
+
+    return future.then(done)
+
+
+class DataParallelPolicy(DistributedDataParallel):
+    """The policy under DDP, still usable wherever the trainer uses a :class:`TinyGPT`:
+    attributes (``config``, ``ln_f``, ...) come from the wrapped model, and forwards without
+    gradient (generation, scoring, evaluation) skip DDP. A training forward with
+    ``token_mean`` all-reduces the mini-batch's response-token count and sets this rank's
+    gradient scale to its share (``prompt_len`` tells where responses start)."""
+
+    def __init__(self, module, state: _CommState, token_mean: bool, **kwargs) -> None:
+        super().__init__(module, **kwargs)
+        self.comm_state, self.token_mean, self.prompt_len = state, token_mean, None
+        self.register_comm_hook(state, _scaled_all_reduce)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":
+                raise
+            return getattr(self.module, name)
+
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return self.module(*args, **kwargs)
+        if self.token_mean:
+            if self.prompt_len is None:
+                raise ValueError("DataParallelPolicy: set prompt_len before a training forward "
+                                 "with token-mean aggregation.")
+            mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+            mine = mask[:, self.prompt_len:].sum().to(torch.float64).reshape(1)
+            total = mine.clone()
+            start = time.perf_counter()
+            dist.all_reduce(total)
+            self.comm_state.events.append(("communication", start - self.comm_state.origin,
+                                           time.perf_counter() - self.comm_state.origin))
+            self.comm_state.scale = (mine / total.clamp(min=1.0)).item()
+        return super().forward(*args, **kwargs)
+
+
+class DistributedRLTrainer(RLTrainer):
+    """:class:`~rlm_course.rl.trainer.RLTrainer` on one rank of a data-parallel group (the default
+    process group): ``config`` describes the whole run; this rank trains on
+    ``config.prompts_per_step / world_size`` of its prompts (see the module docstring).
+
+    Args:
+        policy, task, tokenizer, config, eval_problems: as for :class:`RLTrainer`.
+        origin: ``time.perf_counter()`` at a barrier, the zero of the timeline.
+        bucket_cap_mb: DDP's gradient bucket size (None: DDP's default, 25 MB).
+        weigh_tokens: weigh each rank's gradient by its share of the response tokens under
+            ``token-mean`` (False shows what goes wrong without: a plain mean over ranks).
+
+    Raises:
+        ValueError: see :func:`check_data_parallel`.
+    """
+
+    def __init__(self, policy, task, tokenizer, config: RLConfig, eval_problems, origin: float,
+                 bucket_cap_mb: float | None = None, weigh_tokens: bool = True) -> None:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        check_data_parallel(config, world)
+        self.global_config, self.rank, self.world_size = config, rank, world
+        local = config if world == 1 else dataclasses.replace(
+            config, prompts_per_step=config.prompts_per_step // world,
+            seed=derived_seed(config.seed, 7919, rank))  # the rank's samples and mini-batch order
+        reference = copy.deepcopy(policy) if config.uses_reference else None
+        super().__init__(policy, ShardedTask(task, rank, world), tokenizer, local, eval_problems,
+                         reference)
+        self.timer = RecordingTimer(origin)
+        self.comm = _CommState(world, origin)
+        kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        self.policy = DataParallelPolicy(policy, self.comm,
+                                         weigh_tokens and config.loss_agg == "token-mean", **kwargs)
+
+    @property
+    def model(self):
+        """The plain policy (what checkpoints hold)."""
+        return self.policy.module
+
+    def rollout_and_reward(self, step: int, round_: int = 0):
+        extra = (round_,) if round_ else ()
+        # the single-process step's prompts; the rank's own seed for sampling
+        self.task.seed = derived_seed(self.global_config.seed, step, 1, *extra)
+        return super().rollout_and_reward(step, round_)
+
+    def _train(self, step, rollout, *args, **kwargs):
+        self.policy.prompt_len = rollout.prompt_len
+        return super()._train(step, rollout, *args, **kwargs)
+
+    def evaluate(self) -> float:
+        """Held-out greedy accuracy, each rank decoding its share of the problems."""
+        from rlm_course.rl.evaluate import evaluate
+
+        mine = self.eval_problems[self.rank::self.world_size]
+        result = evaluate(self.model, self.task.task, mine, self.tokenizer)
+        correct = torch.tensor([round(result.accuracy * len(mine))], dtype=torch.float64)
+        dist.all_reduce(correct)
+        return correct.item() / max(len(self.eval_problems), 1)
+
+    def take_events(self) -> list[tuple[str, float, float]]:
+        """This rank's stage and communication intervals since the last call."""
+        events = self.timer.events + self.comm.events
+        self.timer.events, self.comm.events = [], []
+        return sorted(events, key=lambda e: e[1])
+
+
+# ---------------------------------------------------------------------------- metrics and timeline
+SUMMED = ("tokens_generated", "responses_generated", "responses_trained", "groups_with_signal")
+
+
+def combine_metrics(rows: list[dict]) -> dict:
+    """One metrics row for the whole step from every rank's: counts summed, rates and losses
+    averaged over ranks (equal shares), stage seconds of the slowest rank (each rank's are kept in
+    ``rank_seconds``)."""
+    out = {}
+    for key, value in rows[0].items():
+        values = [r[key] for r in rows if key in r]
+        if key == "step" or not isinstance(value, (int, float)) or isinstance(value, bool):
+            out[key] = value
+        elif key in SUMMED:
+            out[key] = sum(values)
+        elif key.startswith("seconds_"):
+            out[key] = max(values)
+        elif key in ("prompt_columns", "response_columns", "sampling_rounds"):
+            out[key] = max(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def phase_seconds(events: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Seconds per phase of one rank's events; overlapping communication intervals count once."""
+    from rlm_course.distributed.comm import union_seconds
+
+    out = {phase: 0.0 for phase in PHASES}
+    for phase, start, end in events:
+        if phase != "communication":
+            out[phase] += end - start
+    out["communication"] = union_seconds([(s, e) for p, s, e in events if p == "communication"])
+    return out
+
+
+def plot_timeline(ranks: list[list], path=None, title: str = "data-parallel GRPO: time per rank"):
+    """Gantt chart of each rank's stages (a full bar) and its communication (a thin black bar on
+    top: gradient all-reduces and token counts, waiting for slower ranks included).
+
+    Args:
+        ranks: per rank, its ``(phase, start, end)`` events (seconds on the shared clock).
+    """
+    from rlm_course.tools.plots import STAGE_COLORS, _finish, plt
+
+    fig, ax = plt.subplots(figsize=(10, 0.7 * len(ranks) + 1.3))
+    seen = set()
+    for r, events in enumerate(ranks):
+        for phase, start, end in events:
+            if phase == "communication":
+                ax.barh(r - 0.3, end - start, left=start, height=0.18, color="black",
+                        label=None if phase in seen else "communication")
+            else:
+                ax.barh(r, end - start, left=start, height=0.5, color=STAGE_COLORS[phase],
+                        edgecolor="white", label=None if phase in seen else phase)
+            seen.add(phase)
+    ax.set(yticks=range(len(ranks)), yticklabels=[f"rank {r}" for r in range(len(ranks))],
+           xlabel="seconds", title=title)
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _finish(fig, path)
+
+
+# ---------------------------------------------------------------------------- the job
+def grpo_job_worker(ctx: RankContext, task, config: RLConfig, run_dir: str, sft_checkpoint: str,
+                    checkpoint_every: int = 10, progress: bool = True,
+                    bucket_cap_mb: float | None = None) -> dict | None:
+    """One rank of :func:`run_rl_distributed`: load the warm start, train ``config.steps`` steps,
+    and (rank 0) write ``metrics.jsonl``, ``timeline.json``, checkpoints and the summary.
+
+    Returns:
+        The summary dict on rank 0, None on the others.
+    """
+    from tqdm.auto import tqdm
+
+    from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
+    from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.tasks.eval_sets import load_eval_set
+    from rlm_course.utils import atomic_write_json, seed_everything
+
+    if ctx.device.type != "cpu":
+        raise ValueError(f"data-parallel GRPO runs the course's RL loop on CPU tensors; this rank "
+                         f"was given {ctx.device} ({ctx.backend}): run it with gloo "
+                         "(--device cpu under torchrun; launch(..., device='cpu')).")
+    run_dir = Path(run_dir)
+    tokenizer = CharTokenizer()
+    eval_problems = load_eval_set(task)
+    policy = load_checkpoint(sft_checkpoint)["model"]
+    seed_everything(config.seed)
+    dist.barrier()
+    origin = time.perf_counter()
+    trainer = DistributedRLTrainer(policy, task, tokenizer, config, eval_problems, origin)
+    accuracy_before = trainer.evaluate()
+    metrics_path, timeline_path = run_dir / "metrics.jsonl", run_dir / "timeline.json"
+    if ctx.is_main:
+        metrics_path.write_text("")
+    timeline: list[list] = [[] for _ in range(ctx.world_size)]
+    totals = {"wall_seconds": 0.0, **{s: 0.0 for s in PHASES}}
+    rows = []
+    sft_info = {"checkpoint": str(sft_checkpoint)}
+
+    def save() -> None:
+        if ctx.is_main:
+            save_checkpoint(run_dir / "checkpoint.pt", trainer.model, task=task.key,
+                            algorithm=config.algorithm, config=dataclasses.asdict(config),
+                            trainer=trainer.state_dict(), totals=dict(totals), sft=sft_info,
+                            accuracy_before=accuracy_before, world_size=ctx.world_size)
+        dist.barrier()
+
+    bar = tqdm(total=config.steps, desc=f"{config.algorithm.upper()} {task.key} x{ctx.world_size}",
+               disable=not (progress and ctx.is_main))
+    while trainer.step_count < config.steps:
+        start = time.perf_counter()
+        row = trainer.step()
+        wall = time.perf_counter() - start
+        events = trainer.take_events()
+        gathered: list = [None] * ctx.world_size
+        dist.all_gather_object(gathered, (row, events, wall))
+        if ctx.is_main:
+            combined = combine_metrics([g[0] for g in gathered])
+            combined["rank_seconds"] = [phase_seconds(g[1]) for g in gathered]
+            rows.append(combined)
+            totals["wall_seconds"] += max(g[2] for g in gathered)
+            for phase in PHASES:
+                totals[phase] += max(s[phase] for s in combined["rank_seconds"])
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(combined) + "\n")
+            for r, g in enumerate(gathered):
+                timeline[r].extend(g[1])
+            bar.set_postfix({"reward": f"{combined['reward_mean']:.2f}"})
+            bar.update(1)
+        if trainer.step_count % checkpoint_every == 0 or trainer.step_count == config.steps:
+            save()
+    bar.close()
+    accuracy_after = trainer.evaluate()
+    if not ctx.is_main:
+        return None
+    atomic_write_json(timeline_path, {"phases": list(PHASES), "ranks": timeline})
+    summary = {
+        "task": task.key, "algorithm": config.algorithm, "seed": config.seed,
+        "steps": config.steps, "world_size": ctx.world_size,
+        "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
+        "accuracy_gain_points": round(100 * (accuracy_after - accuracy_before), 1),
+        "wall_seconds": round(totals["wall_seconds"], 2),
+        "stage_seconds": {s: round(totals[s], 2) for s in PHASES},
+        "config": dataclasses.asdict(config), "sft": sft_info,
+        "model_parameters": trainer.model.num_parameters(),
+    }
+    atomic_write_json(run_dir / "summary.json", summary)
+    from rlm_course.tools.plots import plot_learning_curve
+
+    plot_learning_curve(rows, run_dir / "learning_curve.png", accuracy_before=accuracy_before,
+                        title=f"{config.algorithm.upper()} on {task.key}, {ctx.world_size} ranks")
+    last = min(3, len(rows))
+    t0 = _step_start(timeline, len(rows) - last)
+    plot_timeline([[e for e in events if e[1] >= t0] for events in timeline],
+                  run_dir / "timeline.png", title=f"data-parallel {config.algorithm.upper()}: "
+                  f"the last {last} steps on {ctx.world_size} ranks")
+    return summary
+
+
+def _step_start(timeline: list[list], step_index: int) -> float:
+    """Start of step ``step_index`` (0-based) on the shared clock: its first generation interval
+    on any rank."""
+    starts = []
+    for events in timeline:
+        generation = [e[1] for e in events if e[0] == "generation"]
+        if len(generation) > step_index:
+            starts.append(generation[step_index])
+    return min(starts) if starts else 0.0
+
+
+def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,
+                out_dir: str | Path = "runs", overwrite: bool = False,
+                sft_checkpoint: str | Path | None = None, progress: bool = True,
+                log=print) -> tuple[str, str]:
+    """Everything a data-parallel run checks and makes before its ranks start: the configuration
+    (:func:`check_data_parallel`), the run folder, the task's held-out set and problem space, the
+    warm start (made if the default checkpoint is missing) and its fit to the task.
+
+    Returns:
+        ``(run_dir, sft_checkpoint_path)`` as strings.
+
+    Raises:
+        ValueError: naming what does not fit and how to fix it.
+    """
+    import shutil
+
+    from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.rl.runs import (check_model_for_task, default_sft_checkpoint, load_sft_policy,
+                                    run_folder)
+    from rlm_course.tasks.eval_sets import load_eval_set
+    from rlm_course.utils import ensure_writable_folder
+
+    check_data_parallel(config, nproc)
+    run_dir = run_folder(out_dir, name if name is not None
+                         else f"{config.algorithm}-{task.key}-seed{config.seed}-dp{nproc}")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
+        raise ValueError(f"run folder {run_dir} already holds files; pass --overwrite to replace "
+                         "them, or --name for a new run.")
+    eval_problems = load_eval_set(task)
+    task.check_problem_space(len(eval_problems) + config.prompts_per_step,
+                             "the held-out set plus one step's prompts")
+    tokenizer = CharTokenizer()
+    policy, _ = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log)  # made if missing
+    path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
+    check_model_for_task(policy.config, tokenizer, task,
+                         task.max_response_len + config.overlong_buffer, f"checkpoint {path}",
+                         config.overlong_buffer)
+    if run_dir.exists() and overwrite:
+        shutil.rmtree(run_dir)
+    ensure_writable_folder(run_dir, "--out")
+    return str(run_dir), str(path)
+
+
+def run_rl_distributed(task, config: RLConfig, nproc: int, name: str | None = None,
+                       out_dir: str | Path = "runs", overwrite: bool = False,
+                       sft_checkpoint: str | Path | None = None, checkpoint_every: int = 10,
+                       progress: bool = True, log=print, **launch_options) -> dict:
+    """The main job (``run_rl``) on ``nproc`` data-parallel processes: the same warm start and
+    run files in ``runs/<name>/`` (default ``<variant>-<task>-seed<seed>-dp<nproc>``), plus
+    ``timeline.json`` / ``timeline.png``. ``launch_options`` go to
+    :func:`rlm_course.distributed.launch.launch` (e.g. ``timeout``).
+
+    Raises:
+        ValueError: see :func:`prepare_run`.
+        DistributedError: a rank failed (the message names it).
+    """
+    from rlm_course.distributed.launch import launch
+
+    run_dir, path = prepare_run(task, config, nproc, name, out_dir, overwrite, sft_checkpoint,
+                                progress, log)
+    log(f"{config.algorithm.upper()} on {nproc} data-parallel processes (1 thread each); "
+        f"{config.prompts_per_step // nproc} prompts x {config.group_size} responses per rank "
+        "per step.")
+    summary = launch(grpo_job_worker, nproc, kwargs=dict(
+        task=task, config=config, run_dir=run_dir, sft_checkpoint=path,
+        checkpoint_every=checkpoint_every, progress=progress), **launch_options)[0]
+    s = summary["stage_seconds"]
+    log(f"Held-out greedy accuracy: {summary['accuracy_before']:.1%} -> "
+        f"{summary['accuracy_after']:.1%} ({summary['accuracy_gain_points']:+.1f} points) in "
+        f"{summary['wall_seconds']:.1f} s on {nproc} processes (slowest rank per step: "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in s.items()) + f"). Run files: {run_dir}/")
+    return summary
+
+
+# ---------------------------------------------------------------------------- one update, checked
+class _FixedBatchTrainer(RLTrainer):
+    """A trainer whose step trains on a given batch instead of generating one."""
+
+    fixed: dict
+
+    def collect(self, step: int) -> dict:
+        return self.fixed
+
+
+class _FixedBatchDistributed(DistributedRLTrainer):
+    fixed: dict
+
+    def collect(self, step: int) -> dict:
+        return self.fixed
+
+
+def shard_batch(batch: dict, rank: int, world_size: int, group_size: int) -> dict:
+    """Rank ``rank``'s groups of a collected batch (the whole groups of its slice of prompts)."""
+    rollout, n = batch["rollout"], len(batch["rewards"])
+    per = n // world_size
+    if n % world_size or per % group_size:
+        raise ValueError(f"a batch of {n} responses does not split into {world_size} shares of "
+                         f"whole groups of {group_size}.")
+    rows = torch.arange(rank * per, (rank + 1) * per)
+    return {**batch, "rollout": select_rollouts(rollout, rows),
+            "rewards": batch["rewards"][rows],
+            "verdicts": batch["verdicts"][rank * per:(rank + 1) * per],
+            "all_rewards": batch["rewards"][rows],
+            "all_verdicts": batch["verdicts"][rank * per:(rank + 1) * per],
+            "lengths": batch["lengths"][rows]}
+
+
+def update_equivalence_worker(ctx: RankContext, variants=("grpo", "dapo"), prompts_per_step: int = 8,
+                              group_size: int = 4, seed: int = 0,
+                              unweighted: tuple = ()) -> dict:
+    """For each preset of ``variants``: one update (one epoch, one mini-batch) from a fixed
+    rollout batch, data-parallel on every rank of the group and, on rank 0, in one process on the
+    whole batch, both in float64 from the addition warm start (DAPO without dynamic sampling:
+    its ``token-mean`` loss exercises the token weighting). The presets of ``unweighted`` run
+    once more without the token weighting (a plain mean over ranks), reported as
+    ``"<variant> unweighted"``: what goes wrong without it.
+
+    With several mini-batches per step each rank shuffles its own rows, so the ranks' k-th
+    mini-batches together form a random mini-batch of the whole batch: another draw than the
+    single process's, as valid, but not the same numbers; hence one mini-batch here.
+
+    Returns (rank 0; ``{}`` elsewhere) ``{variant: {"param_error", "ranks_differ", "tolerance",
+    "loss_agg", "updates"}}``: the largest absolute difference of a parameter from the
+    single-process update, the largest difference between ranks, and the bound of
+    :func:`rlm_course.numerics.adam_tolerance` for it.
+    """
+    from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.numerics import adam_tolerance
+    from rlm_course.rl.algorithms import preset
+    from rlm_course.rl.runs import load_sft_policy
+    from rlm_course.tasks import get_task
+
+    task, tokenizer = get_task("addition"), CharTokenizer()
+    for turn in (0, 1):  # rank 0 first: it makes the warm start if it is missing
+        if (ctx.rank == 0) == (turn == 0):
+            base, _ = load_sft_policy(task, tokenizer, progress=False, log=lambda *a: None)
+        dist.barrier()
+    base = base.double()
+    out = {}
+    runs = [(v, True) for v in variants] + [(v, False) for v in unweighted]
+    for variant, weigh_tokens in runs:
+        overrides = dict(prompts_per_step=prompts_per_step, group_size=group_size,
+                         minibatches=1, ppo_epochs=1, seed=seed, eval_every=10**6)
+        if variant == "dapo":
+            overrides["dynamic_sampling"] = False
+        config = preset(variant, **overrides)
+        # the fixed batch: the same on every rank (one process's generation, seeded)
+        generator = RLTrainer(copy.deepcopy(base), task, tokenizer, config, [])
+        batch = generator.collect(1)
+        dist.barrier()
+        trainer = _FixedBatchDistributed(copy.deepcopy(base), task, tokenizer, config, [],
+                                         time.perf_counter(), weigh_tokens=weigh_tokens)
+        trainer.fixed = shard_batch(batch, ctx.rank, ctx.world_size, group_size)
+        trainer.step()
+        params = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+        gathered = [torch.empty_like(params) for _ in range(ctx.world_size)]
+        dist.all_gather(gathered, params)
+        if ctx.is_main:
+            single = _FixedBatchTrainer(copy.deepcopy(base), task, tokenizer, config, [])
+            single.fixed = batch
+            single.step()
+            ref = torch.cat([p.detach().reshape(-1) for p in single.policy.parameters()])
+            seq = batch["rollout"].tokens.shape[1]
+            updates = config.ppo_epochs * config.minibatches
+            depth = 2 * (6 * base.config.n_layer + 1)
+            tolerance = adam_tolerance(torch.float64, len(batch["rewards"]) * seq,
+                                       config.lr_at(1), updates, depth=depth)
+            out[variant if weigh_tokens else f"{variant} unweighted"] = {"param_error": (params - ref).abs().max().item(),
+                            "ranks_differ": max((g - params).abs().max().item() for g in gathered),
+                            "tolerance": tolerance, "loss_agg": config.loss_agg,
+                            "updates": updates}
+        dist.barrier()
+    return out if ctx.is_main else {}

@@ -1,0 +1,325 @@
+"""Chapter 11 on real processes (gloo, one thread per rank): the launcher and its faults, the
+collective benchmark's fit, every strategy equal to one device with bytes = formulas, and
+data-parallel GRPO. Ranks start from a forkserver (started once per session), so each launch
+costs a fraction of a second; several checks share one launch where they can."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+
+from rlm_course.distributed import strategies as S
+from rlm_course.distributed.collectives import (
+    COLLECTIVES,
+    bus_factor,
+    collectives_worker,
+    fit_all,
+    fit_link,
+    predicted_seconds,
+    rows_with_model,
+)
+from rlm_course.distributed.comm import bytes_sent, union_seconds
+from rlm_course.distributed.demo import faulty, hello
+from rlm_course.distributed.launch import (
+    DistributedError,
+    OversubscriptionWarning,
+    cores,
+    launch,
+    start,
+)
+from rlm_course.parallel.world import Link, World
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------- the launcher
+def test_launch_returns_each_rank_result_in_rank_order():
+    results = launch(hello, 2)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["sum"] == 3.0 and r["threads"] == 1 and r["backend"] == "gloo" for r in results)
+    assert results[0]["pid"] != results[1]["pid"] != os.getpid()
+
+
+def _defined_in_a_notebook(ctx):
+    return ctx.rank
+
+
+def test_a_worker_defined_in_a_notebook_is_refused(monkeypatch):
+    monkeypatch.setattr(_defined_in_a_notebook, "__module__", "__main__")
+    with pytest.raises(ValueError, match="defined in the notebook or script itself"):
+        launch(_defined_in_a_notebook, 2)
+
+
+def test_missing_backend_and_device_are_clear_errors():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="backend='nccl' needs CUDA GPUs"):
+        launch(hello, 2, backend="nccl")
+    with pytest.raises(ValueError, match="device='cuda': torch sees no CUDA GPU"):
+        launch(hello, 2, device="cuda")
+    with pytest.raises(ValueError, match="nprocs=0"):
+        launch(hello, 0)
+
+
+def test_a_port_in_use_is_a_clear_error():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ValueError, match=f"port {port} is already in use"):
+            launch(hello, 2, port=port)
+
+
+def test_more_ranks_than_cores_warn_and_still_run():
+    n = cores() + 1
+    with pytest.warns(OversubscriptionWarning, match="oversubscribe"):
+        results = launch(hello, n)
+    assert [r["sum"] for r in results] == [n * (n + 1) / 2] * n
+
+
+@pytest.mark.parametrize("how,cause", [("raise", "ValueError: rank 1 fails on purpose"),
+                                       ("exit", "exited with code 3")])
+def test_a_failing_rank_is_named_with_every_rank_traceback(how, cause):
+    start_time = time.time()
+    with pytest.raises(DistributedError) as info:
+        launch(faulty, 2, kwargs=dict(how=how), grace=10.0)
+    err = info.value
+    assert err.first_rank == 1 and time.time() - start_time < 10.0
+    assert f"rank 1 of 2 failed first: {cause}" in str(err)
+    assert set(err.failures) == {0, 1}
+    assert "Traceback" in err.failures[0]  # rank 0 stopped on its own, with its traceback
+    assert "--- rank 0 ---" in str(err) and "--- rank 1 ---" in str(err)
+
+
+def test_a_rank_killed_by_pid_stops_the_others_within_the_grace(tmp_path):
+    job = start(faulty, 2, kwargs=dict(how="none", ready_file=str(tmp_path / "ready")), grace=10.0)
+    deadline = time.time() + 60
+    while not all((tmp_path / f"ready.{r}").exists() for r in range(2)):
+        assert time.time() < deadline, "the ranks never started"
+        time.sleep(0.02)
+    killed = time.time()
+    os.kill(job.pids[1], signal.SIGKILL)
+    with pytest.raises(DistributedError) as info:
+        job.join()
+    assert time.time() - killed < 10.0  # the peer's sockets close: rank 0 fails at once
+    assert info.value.first_rank == 1
+    assert "rank 1 of 2 failed first: killed by signal SIGKILL" in str(info.value)
+    assert "rank 0: RuntimeError" in str(info.value)
+
+
+def test_a_hung_rank_is_named_after_the_collective_timeout():
+    start_time = time.time()
+    with pytest.raises(DistributedError) as info:
+        launch(faulty, 2, kwargs=dict(how="hang"), timeout=2.0, grace=1.0)
+    elapsed = time.time() - start_time
+    assert elapsed < 2.0 + 1.0 + 5.0  # timeout, grace, stopping
+    assert "Timed out" in str(info.value)
+    assert "Rank(s) [1] never reached the collective" in str(info.value)
+    assert "rank 1: still running" in str(info.value)
+
+
+# ---------------------------------------------------------------------------- bytes and time
+def test_bytes_sent_follow_the_world_conventions():
+    p, m = 4, 4096
+    world = World(p)
+    world.all_reduce([torch.zeros(m // 4) for _ in range(p)])
+    assert bytes_sent("all_reduce", m, p) == (world.sent[0], world.received[0]) == (6144, 6144)
+    world = World(p)
+    world.all_gather([torch.zeros(m // 16) for _ in range(p)])
+    assert bytes_sent("all_gather", m, p)[0] == world.sent[0] == 3072
+    world = World(p)
+    world.broadcast(torch.zeros(m // 4), src=0)
+    assert [bytes_sent("broadcast", m, p, r)[0] for r in range(p)] == world.sent
+    assert bytes_sent("send", m, p) == (m, 0) and bytes_sent("recv", m, p) == (0, m)
+    assert bytes_sent("all_reduce", m, 1) == (0, 0)
+    assert union_seconds([(0, 2), (1, 3), (5, 6)]) == 4
+
+
+def test_bus_bandwidth_factors_are_nccl_tests():
+    assert bus_factor("all_reduce", 4) == 1.5
+    assert bus_factor("all_gather", 4) == bus_factor("reduce_scatter", 4) == 0.75
+    assert bus_factor("broadcast", 4) == bus_factor("send_recv", 4) == 1.0
+    with pytest.raises(ValueError, match="unknown collective"):
+        bus_factor("gossip", 2)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_the_alpha_beta_fit_recovers_known_parameters(p):
+    truth = Link(alpha=50e-6, beta=2e9)
+    sizes = [4 ** k for k in range(1, 14)]
+    g = torch.Generator().manual_seed(p)
+    for name in COLLECTIVES:
+        noise = 1 + 0.01 * torch.randn(len(sizes), generator=g, dtype=torch.float64)
+        times = [predicted_seconds(name, s, p, truth) * float(e) for s, e in zip(sizes, noise)]
+        fit = fit_link(name, sizes, times, p)
+        assert abs(fit.alpha / truth.alpha - 1) < 0.05, (name, fit)
+        assert abs(fit.beta / truth.beta - 1) < 0.05, (name, fit)
+    with pytest.raises(ValueError, match="at least two"):
+        fit_link("all_reduce", [4], [1e-4], p)
+
+
+def test_gradient_sync_on_catalog_links_follows_the_world():
+    from rlm_course.distributed.collectives import catalog_links, gradient_sync
+
+    links = catalog_links("H100-SXM-80GB")
+    assert links["intra-node"].beta == 450e9 and links["inter-node"].beta == 50e9
+    one = gradient_sync(25 * 2**20, 8, links["intra-node"])
+    assert one["buckets"] == 1
+    assert one["seconds"] == pytest.approx(predicted_seconds("all_reduce", 25 * 2**20, 8,
+                                                             links["intra-node"]), rel=1e-12)
+    sync = gradient_sync(100 * 2**20 + 1, 8, links["inter-node"], backward_seconds=1.0)
+    assert sync["buckets"] == 5 and sync["exposed_seconds"] < sync["seconds"]
+    with pytest.raises(ValueError, match="must be positive"):
+        gradient_sync(0, 8, links["intra-node"])
+
+
+def test_collectives_are_timed_on_real_ranks():
+    sizes = (4, 4096, 4 << 20)
+    table = launch(collectives_worker, 2, kwargs=dict(sizes=sizes, repeats=2, warmup=1))[0]
+    assert set(table) == set(COLLECTIVES)
+    assert all(len(rows) == 3 and all(r["seconds"] > 0 for r in rows) for rows in table.values())
+    rows = rows_with_model({2: table}, fit_all({2: table}))
+    assert all(r["predicted"] > 0 and r["busbw"] > 0 for r in rows)
+    big = next(r for r in table["all_reduce"] if r["bytes"] == 4 << 20)
+    assert big["ring"] == 4 << 20  # 2 (p - 1) / p of the message at p = 2
+    if big["wire"] is not None:  # Linux: the socket bytes of a ring, plus headers
+        assert 1.0 <= big["wire"] / big["ring"] < 1.05
+
+
+# ---------------------------------------------------------------------------- strategies
+def _assert_equal_and_counted(rows):
+    for r in rows:
+        assert r["ok"], (r["strategy"], r["loss_error"], r["grad_error"], r["param_error"],
+                         r["tolerance"])
+        assert r["bytes_ok"], (r["strategy"], r["sent"], r["predicted"])
+
+
+def test_every_strategy_equals_one_device_and_sends_the_formula_bytes_on_2_ranks():
+    setup = S.check_setup(2)
+    names = S.fitting(setup, 2)
+    assert names == list(S.STRATEGIES)
+    rows = S.check_equivalence(launch(S.equivalence_worker, 2, args=(names, setup)), setup)
+    _assert_equal_and_counted(rows)
+    tp = next(r for r in rows if r["strategy"] == "tp")
+    assert tp["calls"] == f"{4 * setup.n_layer} all_reduce"  # Megatron: 2 forward, 2 backward
+
+
+def test_strategies_on_4_ranks():
+    setup = S.check_setup(4)
+    names = ["ddp", "fsdp2", "tp_sp", "pp_interleaved"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OversubscriptionWarning)
+        per_rank = launch(S.equivalence_worker, 4, args=(names, setup))
+    _assert_equal_and_counted(S.check_equivalence(per_rank, setup))
+
+
+def test_strategies_that_do_not_fit_say_why():
+    with pytest.raises(ValueError, match="do not divide the 4 heads"):
+        S.Setup().check("tp", 3)
+    with pytest.raises(ValueError, match="do not split into 8 stages"):
+        S.Setup(n_layer=4).check("pp_interleaved", 4)
+    assert "tp" not in S.fitting(S.check_setup(8), 8)
+
+
+def test_head_major_qkv_is_the_same_attention():
+    torch.manual_seed(0)
+    model = S.make_model(S.Setup(dtype="float64"))
+    ready = S.tp_ready(model)
+    x = torch.randint(0, 24, (2, 16))
+    assert torch.allclose(model(x), ready(x), rtol=0, atol=1e-12)
+    name = "blocks.0.attn.qkv.weight"
+    back = S.from_head_major(name, dict(ready.named_parameters())[name].detach(), model.config)
+    assert torch.equal(back, dict(model.named_parameters())[name].detach())
+
+
+# ---------------------------------------------------------------------------- data-parallel GRPO
+def test_one_dp_grpo_update_equals_the_single_process_update():
+    from rlm_course.distributed.grpo import update_equivalence_worker
+
+    out = launch(update_equivalence_worker, 2, kwargs=dict(unweighted=("dapo",)))[0]
+    for variant in ("grpo", "dapo"):
+        assert out[variant]["param_error"] <= out[variant]["tolerance"], out[variant]
+        assert out[variant]["ranks_differ"] == 0.0
+    assert out["dapo"]["loss_agg"] == "token-mean"
+    # without weighing each rank by its share of the tokens, token-mean is not one process's
+    assert out["dapo unweighted"]["param_error"] > 100 * out["dapo unweighted"]["tolerance"]
+
+
+def test_data_parallel_refuses_what_it_cannot_run():
+    from rlm_course.distributed.grpo import check_data_parallel
+    from rlm_course.rl.algorithms import preset
+
+    with pytest.raises(ValueError, match="dynamic sampling"):
+        check_data_parallel(preset("dapo"), 2)
+    with pytest.raises(ValueError, match="normalises advantages over the whole batch"):
+        check_data_parallel(preset("ppo"), 2)
+    with pytest.raises(ValueError, match="normalises advantages over the whole batch"):
+        check_data_parallel(preset("reinforce_pp"), 2)
+    with pytest.raises(ValueError, match="does not split into 3 equal shares"):
+        check_data_parallel(preset("grpo", prompts_per_step=64), 3)
+    check_data_parallel(preset("dapo", dynamic_sampling=False), 2)
+    check_data_parallel(preset("dapo"), 1)  # one process runs everything
+
+
+def test_a_dp_grpo_run_writes_its_files_and_resumes_in_one_process(tmp_path):
+    from rlm_course.distributed.grpo import run_rl_distributed
+    from rlm_course.lm.checkpoint import load_checkpoint
+    from rlm_course.rl.algorithms import preset
+    from rlm_course.rl.runs import run_rl
+    from rlm_course.tasks import get_task
+
+    task = get_task("addition")
+    config = preset("grpo", steps=2, prompts_per_step=4, group_size=4, eval_every=10**6)
+    summary = run_rl_distributed(task, config, 2, name="dp", out_dir=tmp_path, progress=False,
+                                 log=lambda *a: None)
+    run = tmp_path / "dp"
+    assert summary["world_size"] == 2 and summary["steps"] == 2
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["responses_generated"] == 16 and len(rows[0]["rank_seconds"]) == 2
+    timeline = json.loads((run / "timeline.json").read_text())
+    assert len(timeline["ranks"]) == 2
+    assert {e[0] for e in timeline["ranks"][1]} >= {"generation", "scoring", "training",
+                                                    "communication"}
+    assert (run / "timeline.png").exists() and (run / "learning_curve.png").exists()
+    state = load_checkpoint(run / "checkpoint.pt")
+    assert state["trainer"]["step"] == 2 and state["config"]["prompts_per_step"] == 4
+    # the distributed run's checkpoint continues in one process
+    resumed = run_rl(task, preset("grpo", steps=3, prompts_per_step=4, group_size=4,
+                                  eval_every=10**6), name="dp", out_dir=tmp_path, resume=True,
+                     progress=False, log=lambda *a: None)
+    assert resumed["steps"] == 3
+
+
+def test_cli_nproc_refusals(capsys):
+    from rlm_course.cli import main
+
+    assert main(["grpo", "--task", "addition", "--variant", "dapo", "--nproc", "2",
+                 "--no-progress"]) == 2
+    assert "dynamic sampling" in capsys.readouterr().err
+    assert main(["grpo", "--task", "addition", "--nproc", "2", "--resume", "--no-progress"]) == 2
+    assert "--resume with --nproc" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- torchrun
+def test_the_single_node_torchrun_command_runs_the_same_worker():
+    from rlm_course.distributed.torchrun import torchrun_command
+
+    multi = torchrun_command("grpo", 8, ["--task", "addition"], nnodes=2, endpoint="host:29400")
+    assert "--nnodes=2" in multi and "--rdzv-backend=c10d" in multi
+    assert multi[-4:] == ["rlm_course.distributed", "grpo", "--task", "addition"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "rlm_course", "distributed", "hello", "--nproc",
+                           "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rank 1 of 2: pid" in done.stdout
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [r["sum"] for r in last["ranks"]] == [3.0, 3.0]
+    assert "torchrun --standalone --nproc-per-node=2 -m rlm_course.distributed hello" in done.stderr
