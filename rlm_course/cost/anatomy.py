@@ -31,6 +31,13 @@ no padding). :func:`generation_time_bounds` turns the depth of decoding into sec
 step's roofline time plus a per-step latency, times the longest response, against the work
 ``W / (p x peak)``.
 
+**Weight sync** (stage 4, :func:`weight_sync_seconds`): the trainer's new weights reach the
+rollout engine, by a bucketed broadcast over the network when the two are disaggregated
+(``B alpha + M / beta`` per tree round, Hockney's alpha-beta model; measured on real processes in
+chapter 12, :mod:`rlm_course.systems.weight_sync`), by a copy in device memory when they are
+colocated. :func:`iteration_report` adds it only when asked (``weight_sync=``), so the other
+stages' shares are unchanged otherwise.
+
 Activations use Korthikanti et al.'s per-layer count for 16-bit training,
 ``s b h (34 + 5 a s / h)`` bytes (``a`` heads), or ``2 s b h`` with full recomputation.
 """
@@ -436,6 +443,66 @@ def generation_time_bounds(spec: TransformerSpec, workload: Workload, device: De
                                   else math.inf)}
 
 
+SYNC_PLACEMENTS = ("disaggregated", "colocated")
+
+
+def sync_seconds(total_bytes: float, messages: int, alpha: float, beta: float,
+                 receivers: int = 1) -> float:
+    """Alpha-beta time of a bucketed broadcast of ``total_bytes`` in ``messages`` messages from
+    one sender to ``receivers`` receivers on a binomial tree:
+    ``ceil(log2(receivers + 1)) x (messages x alpha + total_bytes / beta)``.
+
+    Raises:
+        ValueError: for a negative size, fewer than one message or receiver, a negative alpha or
+            a non-positive beta.
+    """
+    if total_bytes < 0 or messages < 1 or receivers < 1 or alpha < 0 or not beta > 0:
+        raise ValueError(f"sync_seconds: total_bytes={total_bytes}, messages={messages}, "
+                         f"receivers={receivers}, alpha={alpha}, beta={beta}: need bytes >= 0, "
+                         "at least one message and receiver, alpha >= 0 and beta > 0.")
+    rounds = math.ceil(math.log2(receivers + 1))
+    return rounds * (messages * alpha + total_bytes / beta)
+
+
+def weight_sync_seconds(spec: TransformerSpec, device: Device, placement: str = "disaggregated",
+                        receivers: int = 1, bucket_bytes: float = 512 * 2**20,
+                        weight_bytes: int = 2, inter_node: bool = True) -> dict[str, float]:
+    """Stage 4, weight sync, of a policy ``spec`` at any scale.
+
+    * ``disaggregated``: one trainer rank broadcasts the ``weight_bytes x params`` bytes to
+      ``receivers`` rollout ranks in buckets of ``bucket_bytes`` (slime and veRL use about
+      512 MB): :func:`sync_seconds` over the catalog device's inter-node link (``inter_node``) or
+      its link inside a node (per-direction bandwidth, per-message latency);
+    * ``colocated``: the rollout engine loads the weights from the trainer's on the same device:
+      one read and one write of every byte at the memory bandwidth, no network.
+
+    Returns:
+        ``{"bytes": weight bytes, "network_bytes": bytes sent by the trainer rank (colocated:
+        0), "messages", "seconds"}``.
+
+    Raises:
+        ValueError: for an unknown placement, fewer than one receiver, a non-positive bucket, or
+            a device with no link of the chosen kind.
+    """
+    if placement not in SYNC_PLACEMENTS:
+        raise ValueError(f"placement={placement!r}: choose one of {SYNC_PLACEMENTS}.")
+    if not (isinstance(receivers, int) and receivers >= 1) or not bucket_bytes > 0:
+        raise ValueError(f"weight_sync_seconds: receivers={receivers!r} must be >= 1 and "
+                         f"bucket_bytes={bucket_bytes} > 0.")
+    total = spec.params() * weight_bytes
+    if placement == "colocated":
+        return {"bytes": total, "network_bytes": 0.0, "messages": 0,
+                "seconds": 2 * total / device.memory_bandwidth}
+    beta = device.inter_node_bandwidth if inter_node else device.intra_node_bandwidth
+    alpha = device.inter_node_latency if inter_node else device.intra_node_latency
+    if not beta > 0:
+        raise ValueError(f"{device.name} has no {'inter' if inter_node else 'intra'}-node link in "
+                         "the catalog; choose another device or link.")
+    messages = max(1, math.ceil(total / bucket_bytes))
+    return {"bytes": total, "network_bytes": total * math.ceil(math.log2(receivers + 1)),
+            "messages": messages, "seconds": sync_seconds(total, messages, alpha, beta, receivers)}
+
+
 def shares(values: dict[str, float]) -> dict[str, float]:
     """Each entry's fraction of the total."""
     total = sum(values.values())
@@ -541,10 +608,16 @@ def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute:
 
 
 def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device,
-                     devices: int = 1, generation_tp: int = 1) -> dict:
+                     devices: int = 1, generation_tp: int = 1,
+                     weight_sync: str | None = None) -> dict:
     """Everything the calculators show for one iteration: per-stage FLOPs, bytes, intensity,
     roofline seconds and shares; memory; and the work-depth summary of the iteration
     (:mod:`rlm_course.cost.workdepth`: W, D, W/D, and the same for generation alone).
+
+    ``weight_sync``: ``None`` (the default: stages 1-3 only, as chapters 05-06 show them),
+    ``"colocated"`` or ``"disaggregated"``: adds stage 4, ``"weight sync"``, to the stages'
+    seconds and shares (:func:`weight_sync_seconds`, one receiver per generation replica) and a
+    sync node to the work-depth DAG.
 
     Raises:
         ValueError: for an inconsistent setting (from the functions it calls).
@@ -555,6 +628,12 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
     seconds = stage_seconds(costs, device, devices, generation_tp)
     n_params = spec.params()
     passes = predict_passes(config)["scoring"]
+    sync = None
+    if weight_sync is not None:
+        replicas = max(1, devices // generation_tp)
+        sync = weight_sync_seconds(spec, device, weight_sync, receivers=replicas,
+                                   weight_bytes=workload.weight_bytes)
+        seconds = {**seconds, "weight sync": sync["seconds"]}
     if config.use_critic:
         dag = wd.ppo_iteration(spec, workload.responses, workload.prompt_len,
                                workload.response_len, n_params, config.ppo_epochs,
@@ -566,11 +645,19 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
                                 config.minibatches, reference=config.uses_reference,
                                 old_policy="policy" in passes,
                                 response_lengths=workload.response_lengths)
+    if sync is not None:
+        receivers = 0 if weight_sync == "colocated" else max(1, devices // generation_tp)
+        dag = wd.seq(dag.name, *dag.parts, wd.weight_sync(n_params, receivers, sync["messages"]))
     waves = costs["decode"].waves(device, devices, generation_tp) if "decode" in costs else 1
     generation = dag.parts[0]
+    stages = {s: {"flops": c.flops, "bytes": c.bytes, "intensity": c.intensity,
+                  "seconds": seconds[s]} for s, c in costs.items()}
+    if sync is not None:
+        stages["weight sync"] = {"flops": 0.0, "bytes": sync["bytes"], "intensity": 0.0,
+                                 "seconds": sync["seconds"],
+                                 "network_bytes": sync["network_bytes"]}
     return {
-        "stages": {s: {"flops": c.flops, "bytes": c.bytes, "intensity": c.intensity,
-                       "seconds": seconds[s]} for s, c in costs.items()},
+        "stages": stages,
         "time_shares": shares(seconds),
         "flop_shares": shares({s: c.flops for s, c in costs.items()}),
         "seconds": sum(seconds.values()),

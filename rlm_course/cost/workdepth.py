@@ -20,7 +20,9 @@ Parallel Algorithms", CACM 39(3), 1996; Brent, JACM 21(2), 1974).
   independent of each other), each elementwise operation one, each reduction a broadcast (depth 1),
   in reverse order;
 * the verifier and the data movement (embedding look-ups, reshapes, KV-cache writes) are not
-  counted: they are not arithmetic (chapter 05 counts their bytes).
+  counted: they are not arithmetic (chapter 05 counts their bytes); except stage 4, the weight
+  sync (:func:`weight_sync`), whose work is element moves (it has no arithmetic, and chapter 12
+  adds it to an iteration's DAG when asked).
 
 Build blocks with :func:`matmul`, :func:`elementwise`, :func:`reduction`, compose them with
 :func:`seq`, :func:`par` and :func:`repeat`, or use the ready blocks (:func:`attention`,
@@ -527,6 +529,27 @@ def gae_parallel(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: 
         shift *= 2
     acc = acc * mask
     return acc, (acc + values) * mask
+
+
+def weight_sync(n_params: int, receivers: int, messages: int = 1) -> Computation:
+    """Stage 4: the trainer's weights to the rollout engine. Moving a value is counted as one
+    operation (this node's work is element moves, not FLOPs). Disaggregated
+    (``receivers >= 1``): a binomial-tree broadcast to ``receivers`` ranks, ``n_params x
+    receivers`` moves; each of the ``messages`` buckets is one step per tree round
+    (``ceil(log2(receivers + 1))`` rounds), the buckets one after another: depth
+    ``messages x rounds``. Colocated (``receivers = 0``): one in-memory copy, ``n_params`` moves,
+    depth 1 (every element at once).
+
+    Raises:
+        ValueError: for non-positive ``n_params`` or ``messages``, or negative ``receivers``.
+    """
+    _positive(n_params=n_params, messages=messages)
+    if not (isinstance(receivers, int) and receivers >= 0):
+        raise ValueError(f"receivers={receivers!r} must be an integer >= 0 (0: colocated).")
+    if receivers == 0:
+        return Computation("weight sync (in place)", n_params, 1, "sync")
+    rounds = log2_depth(receivers + 1)
+    return Computation("weight sync (broadcast)", n_params * receivers, messages * rounds, "sync")
 
 
 def group_advantage(batch: int, group_size: int) -> Computation:

@@ -43,10 +43,15 @@ class SFTConfig:
             raise ValueError(f"SFTConfig: target_accuracy={self.target_accuracy} must be in (0, 1].")
 
 
-def default_model_config(tokenizer: CharTokenizer) -> ModelConfig:
-    """The course's tiny model: 4 layers, width 128, 4 heads, 32 positions (about 0.8M params)."""
-    return ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=4, n_head=4, d_model=128,
-                       max_seq_len=32)
+def default_model_config(tokenizer: CharTokenizer, task: Task | None = None) -> ModelConfig:
+    """The course's tiny model: 4 layers, width 128, 4 heads, 32 positions (about 0.8M params),
+    with the changes ``task`` needs (:meth:`rlm_course.tasks.base.Task.model_overrides`, e.g. more
+    positions for the long traces of the scratchpad task); the tasks that fit 32 positions keep
+    exactly this model, and their checkpoints."""
+    sizes = dict(n_layer=4, n_head=4, d_model=128, max_seq_len=32)
+    if task is not None:
+        sizes.update(task.model_overrides())
+    return ModelConfig(vocab_size=tokenizer.vocab_size, **sizes)
 
 
 def demonstration_batch(task: Task, tokenizer: CharTokenizer, problems) -> tuple[torch.Tensor, ...]:
@@ -84,7 +89,7 @@ def run_sft(task: Task, tokenizer: CharTokenizer, config: SFTConfig | None = Non
     """
     config = config or SFTConfig()
     seed_everything(config.seed)
-    model = TinyGPT(model_config or default_model_config(tokenizer))
+    model = TinyGPT(model_config or default_model_config(tokenizer, task))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     held_out = {p.prompt for p in load_eval_set(task)}
     validation = task.problems(config.n_validation, VALIDATION_SEED, exclude=held_out)

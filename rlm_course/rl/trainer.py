@@ -80,6 +80,11 @@ class RLTrainer:
         self.activations.exclude(policy, self.critic)
         self.responses = {"generated": 0, "trained": 0}
         self.peak_kv_cache_bytes = 0
+        #: Replaces the clipped loss when set: ``fn(log_probs, old_log_probs, advantages,
+        #: response_mask, rows) -> (loss, clipped)``, ``rows`` the mini-batch's indices into the
+        #: batch (e.g. the decoupled objective of asynchronous RL, which also weighs each token by
+        #: its behaviour policy: :mod:`rlm_course.systems.async_rl`). None: :func:`policy_loss`.
+        self.policy_loss_fn = None
 
     @property
     def max_new_tokens(self) -> int:
@@ -226,12 +231,18 @@ class RLTrainer:
         return masked_whiten(advantages, response_mask), returns
 
     # ------------------------------------------------------------------ one iteration
-    def step(self) -> dict:
-        """Run one iteration and return its metrics (see the module docstring)."""
+    def step(self, batch: dict | None = None) -> dict:
+        """Run one iteration and return its metrics (see the module docstring).
+
+        ``batch``: a batch in the format of :meth:`collect`, collected elsewhere (a rollout
+        worker of another process: chapters 12-13); None collects it here."""
         cfg, timer = self.config, self.timer
         self.step_count += 1
         step = self.step_count
-        batch = self.collect(step)
+        if batch is None:
+            batch = self.collect(step)
+        else:
+            self.responses["generated"] += len(batch["all_rewards"])
         rollout, rewards = batch["rollout"], batch["rewards"]
         stats = {"policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0,
                  "grad_norm": 0.0}
@@ -298,9 +309,13 @@ class RLTrainer:
                                                             plen, with_entropy=True,
                                                             temperature=cfg.temperature)
                     old = old_log_probs[idx] if old_log_probs is not None else log_probs.detach()
-                    loss, clipped = policy_loss(log_probs, old, advantages[idx], mask,
-                                                cfg.ratio_level, cfg.clip_eps, cfg.clip_high,
-                                                cfg.loss_agg, budget)
+                    if self.policy_loss_fn is None:
+                        loss, clipped = policy_loss(log_probs, old, advantages[idx], mask,
+                                                    cfg.ratio_level, cfg.clip_eps, cfg.clip_high,
+                                                    cfg.loss_agg, budget)
+                    else:
+                        loss, clipped = self.policy_loss_fn(log_probs, old, advantages[idx], mask,
+                                                            idx)
                     stats["policy_loss"] += loss.item()
                     if cfg.kl_mode == "loss" and ref_log_probs is not None:
                         kl = aggregate_loss(kl_estimate(log_probs, ref_log_probs[idx],

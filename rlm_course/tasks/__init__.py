@@ -1,5 +1,7 @@
 """Verifiable tasks (chapters 00-04 train on them; chapter 01 builds them): one module per task
-(:mod:`~rlm_course.tasks.addition`, :mod:`~rlm_course.tasks.countdown`), what they share
+(:mod:`~rlm_course.tasks.addition`, :mod:`~rlm_course.tasks.countdown`, and
+:mod:`~rlm_course.tasks.scratchpad`, whose column-by-column traces have the long-tailed lengths of
+chapters 12-13), what they share
 (:mod:`~rlm_course.tasks.base`: problems, verdicts, the reward) and their fixed held-out sets
 (:mod:`~rlm_course.tasks.eval_sets`). This module is the registry: ``get_task("addition",
 digits=3)``."""
@@ -9,8 +11,9 @@ from __future__ import annotations
 from rlm_course.tasks.addition import Addition
 from rlm_course.tasks.base import Task
 from rlm_course.tasks.countdown import Countdown
+from rlm_course.tasks.scratchpad import ScratchpadAddition
 
-TASKS = {"addition": Addition, "countdown": Countdown}
+TASKS = {"addition": Addition, "countdown": Countdown, "scratchpad": ScratchpadAddition}
 
 
 def get_task(name: str, **settings) -> Task:

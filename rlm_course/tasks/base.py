@@ -104,6 +104,12 @@ class Task:
         """Which command-line flags change the problem space (for error messages)."""
         return "the task's size flags"
 
+    def model_overrides(self) -> dict:
+        """Changes to the course's default model (:func:`rlm_course.rl.sft.default_model_config`)
+        that this task needs, e.g. more positions for long reasoning traces; ``{}`` for a task
+        that fits the default model."""
+        return {}
+
     def make_problem(self, rng: random.Random) -> Problem:
         raise NotImplementedError
 

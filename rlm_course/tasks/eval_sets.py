@@ -4,7 +4,6 @@ a fixed seed, committed, and never sampled for training."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 from rlm_course.tasks.base import Problem, Task

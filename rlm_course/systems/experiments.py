@@ -1,0 +1,339 @@
+"""The measured experiments of chapters 12-13, as command-line jobs whose results the notebooks
+plot: ``python -m rlm_course systems <experiment>`` writes
+``data/experiments/systems-<experiment>.json``, with the command that made it.
+
+* ``weight-sync``: the link's alpha and beta between two workers, then a bucketed broadcast of
+  models of three sizes at six bucket sizes (and one message per tensor), measured against
+  :func:`~rlm_course.systems.weight_sync.predict_sync_seconds`; the colocated hand-over of the
+  same models (:func:`weight_sync_experiment`).
+* ``reshard``: four workers move the course model from TP 4 to TP 2 x DP 2, naive and
+  HybridFlow, with bytes, memory, seconds and the identity check; the same predicted for the
+  course model and for 70B from TP 8 to TP 2 (:func:`reshard_experiment`).
+* ``async``: GRPO on the long-tailed scratchpad task, colocated synchronous on two devices, and
+  disaggregated (one trainer, one rollout worker) at ``eta`` = 0, 1, 2, 4 and with partial
+  rollouts, the same seed for all: throughput, held-out accuracy against wall time, staleness,
+  response lengths and the timelines (:func:`async_experiment`).
+* ``fusion``: experience preparation unfused against fused on two colocated workers
+  (:func:`rlm_course.systems.fusion.fusion_experiment`).
+
+Timings on a shared machine move with its load; every comparison is made inside one run, side by
+side, and the stored file says how many cores and threads it had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+EXPERIMENTS = ("weight-sync", "reshard", "async", "fusion")
+
+
+def experiment_path(name: str) -> Path:
+    from rlm_course.utils import data_dir
+
+    return data_dir() / "experiments" / f"systems-{name}.json"
+
+
+def load_experiment(name: str) -> dict:
+    """The stored results of experiment ``name`` (see the module docstring).
+
+    Raises:
+        ValueError: for an unknown name, or a missing or unreadable file (the message gives the
+            command that makes it).
+    """
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; choose one of {EXPERIMENTS}.")
+    path = experiment_path(name)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is missing or unreadable ({err}); make it with `python -m "
+                         f"rlm_course systems {name}`.") from None
+
+
+def _machine() -> dict:
+    import torch
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    return {"cores": cores, "load_average_at_start": load, "torch": torch.__version__}
+
+
+# ---------------------------------------------------------------------------------- weight sync
+BUCKETS = (None, 2**16, 2**18, 2**20, 2**22, 2**24)
+
+
+def weight_sync_experiment(controller, widths=(128, 256, 512), buckets=BUCKETS, repeats: int = 5,
+                           progress: bool = False) -> dict:
+    """See the module docstring. ``controller``: two workers, ``actor`` and ``rollout``
+    disaggregated (a ``sync`` group). Returns the link and one row per (model, bucket)."""
+    from tqdm.auto import tqdm
+
+    from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.systems.weight_sync import measure_link, predict_sync_seconds
+
+    actor, rollout = controller.role_workers("actor")[0], controller.role_workers("rollout")[0]
+    link, medians = measure_link(controller, [actor, rollout], repeats=repeats)
+    rows, handovers = [], []
+    cases = [(w, b) for w in widths for b in buckets]
+    bar = tqdm(total=len(cases), desc="weight sync", disable=not progress)
+    for width in widths:
+        config = dict(vocab_size=CharTokenizer().vocab_size, n_layer=4, n_head=4, d_model=width,
+                      max_seq_len=96)
+        controller.call([actor, rollout], "make_model", config,
+                        per_worker=[{"seed": 0}, {"seed": 1}])
+        for bucket in buckets:
+            controller.call([actor], "perturb_model", len(rows) + 1)
+            out = controller.call([actor, rollout], "timed_sync", bucket, "sync", actor.rank,
+                                  repeats)
+            seconds = statistics.median(max(t) for t in zip(*(o["seconds"] for o in out)))
+            sizes = out[0]["bucket_bytes"]
+            states = controller.call([actor, rollout], "model_state")
+            identical = all(states[0][k].equal(states[1][k]) for k in states[0])
+            predicted = predict_sync_seconds(sum(sizes), len(sizes), link)
+            rows.append({"d_model": width, "bytes": sum(sizes), "bucket_bytes": bucket,
+                         "messages": len(sizes), "seconds": seconds, "predicted": predicted,
+                         "ratio": seconds / predicted, "identical": identical})
+            bar.update(1)
+        hand = controller.call([actor], "timed_handover", repeats)[0]
+        handovers.append({"d_model": width, "bytes": hand["bytes"],
+                          "seconds": statistics.median(hand["seconds"]),
+                          "identical": hand["identical"]})
+    bar.close()
+    return {"link": {"alpha": link.alpha, "beta": link.beta},
+            "link_medians": {str(k): v for k, v in medians.items()}, "rows": rows,
+            "handover": handovers}
+
+
+# ---------------------------------------------------------------------------------- resharding
+def reshard_experiment(controller, tp: int = 4, tp_gen: int = 2, repeats: int = 3,
+                       seed: int = 0) -> dict:
+    """See the module docstring. ``controller``: ``tp`` workers of one role, with HybridFlow's
+    micro data-parallel groups named ``micro/<k>`` (:func:`reshard_controller_groups`)."""
+    import torch
+
+    from rlm_course.cost.architectures import SPECS
+    from rlm_course.cost.hardware import get_device
+    from rlm_course.lm.model import TinyGPT
+    from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.parallel.world import Link
+    from rlm_course.rl.sft import default_model_config
+    from rlm_course.systems.resharding import predict_transition, split_bytes
+
+    torch.manual_seed(seed)
+    full = TinyGPT(default_model_config(CharTokenizer())).state_dict()
+    d = tp // tp_gen
+    measured = {}
+    for scheme in ("naive", "hybridflow"):
+        per = [{"group": "world" if scheme == "naive" else f"micro/{r // d}"}
+               for r in range(tp)]
+        runs = [controller.call(controller.workers, "reshard", full, tp, tp_gen, scheme,
+                                per_worker=per, what=f"resharding ({scheme})")
+                for _ in range(repeats)]
+        last = runs[-1]
+        measured[scheme] = {
+            "received_bytes": [r["received_bytes"] for r in last],
+            "peak_bytes": [r["peak_bytes"] for r in last],
+            "redundant_bytes": [r["redundant_bytes"] for r in last],
+            "generation_bytes": [r["generation_bytes"] for r in last],
+            "seconds": statistics.median(max(r["seconds"] for r in run) for run in runs),
+            "identical": all(r["identical"] for run in runs for r in run)}
+    m = split_bytes(full)
+    replicated = sum(v.numel() * v.element_size() for v in full.values()) - m
+    h100 = get_device("H100-SXM-80GB")
+    nvlink = Link(alpha=h100.intra_node_latency, beta=h100.intra_node_bandwidth)
+    big = SPECS["llama-3-70b"]
+    return {"tp": tp, "tp_gen": tp_gen, "split_bytes": m, "replicated_bytes": replicated,
+            "measured": measured, "predicted": predict_transition(m, tp, tp_gen),
+            "at_scale": {"model": "llama-3-70b", "params": big.params(), "tp": 8, "tp_gen": 2,
+                         "device": h100.name,
+                         **predict_transition(2 * big.params(), 8, 2, link=nvlink)}}
+
+
+def reshard_controller_groups(tp: int, tp_gen: int) -> dict[str, list[int]]:
+    """The extra process groups a resharding run needs: HybridFlow's micro data-parallel groups,
+    named ``micro/<k>``."""
+    from rlm_course.systems.resharding import micro_dp_groups
+
+    return {f"micro/{k}": g for k, g in enumerate(micro_dp_groups(tp, tp_gen))}
+
+
+# ---------------------------------------------------------------------------------- async RL
+#: The runs of the async experiment: (name, placement, eta, partial rollouts).
+ASYNC_RUNS = (("colocated sync (2 devices)", "colocated", 0, False),
+              ("disaggregated sync (eta=0)", "disaggregated", 0, False),
+              ("one-step off (eta=1)", "disaggregated", 1, False),
+              ("eta=2", "disaggregated", 2, False),
+              ("eta=4", "disaggregated", 4, False),
+              ("eta=2 + partial rollouts", "disaggregated", 2, True))
+
+
+def async_config(steps: int = 60, seed: int = 0, **overrides):
+    """The GRPO configuration of chapter 13's runs on the scratchpad task: 16 prompts x 8
+    samples per step, lr 1e-4, no in-run evaluation (snapshots are evaluated after the run)."""
+    from rlm_course.rl.algorithms import preset
+
+    settings = dict(prompts_per_step=16, group_size=8, lr=1e-4, steps=steps, seed=seed,
+                    eval_every=10**9, warmup_steps=10)
+    settings.update(overrides)
+    return preset("grpo", **settings)
+
+
+def async_experiment(steps: int = 60, seed: int = 0, runs=ASYNC_RUNS, eval_every: int = 10,
+                     run_dir: str | Path = "runs/systems-async", progress: bool = False) -> dict:
+    """See the module docstring: every run of ``runs`` from the same SFT checkpoint and seed.
+    Returns ``{"runs": {name: PipelineResult as a dict}, "config", "task"}``."""
+    from rlm_course.rl.runs import default_sft_checkpoint
+    from rlm_course.systems.async_rl import PipelineConfig, run_pipeline
+    from rlm_course.systems.controller import Controller, DeviceMapping
+    from rlm_course.tasks import get_task
+
+    task = get_task("scratchpad")
+    config = async_config(steps, seed)
+    checkpoint = default_sft_checkpoint(task)
+    mappings = {"colocated": DeviceMapping(actor=[0, 1], rollout=[0, 1]),
+                "disaggregated": DeviceMapping(actor=[0], rollout=[1])}
+    out = {"task": task.key, "config": asdict(config), "runs": {}}
+    for placement in ("colocated", "disaggregated"):
+        chosen = [r for r in runs if r[1] == placement]
+        if not chosen:
+            continue
+        with Controller(mappings[placement]) as controller:
+            for name, _, eta, partial in chosen:
+                pipe = PipelineConfig(eta=eta, partial_rollout=partial, eval_every=eval_every,
+                                      checkpoint_every=max(steps, 1))
+                result = run_pipeline(controller, task, config, pipe, checkpoint,
+                                      run_dir=Path(run_dir) / name.replace(" ", "_"),
+                                      progress=progress)
+                out["runs"][name] = result.to_dict()
+    return out
+
+
+# ---------------------------------------------------------------------------------- the CLI
+def main(name: str, args) -> int:
+    """Run experiment ``name`` and store it (see the module docstring)."""
+    from rlm_course.systems.controller import Controller, DeviceMapping, start_ray, stop_ray
+
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; choose one of {EXPERIMENTS}.")
+    command = "python -m rlm_course systems " + name + "".join(
+        f" --{k.replace('_', '-')} {v}" for k, v in sorted(vars(args).items())
+        if k in ("steps", "repeats", "seed") and v is not None)
+    started = time.time()
+    machine = _machine()
+    start_ray()
+    try:
+        if name == "weight-sync":
+            with Controller(DeviceMapping(actor=[0], rollout=[1])) as c:
+                result = weight_sync_experiment(c, repeats=args.repeats or 5,
+                                                progress=not args.no_progress)
+        elif name == "reshard":
+            with Controller(DeviceMapping(actor=[0, 1, 2, 3]),
+                            groups=reshard_controller_groups(4, 2)) as c:
+                result = reshard_experiment(c, repeats=args.repeats or 3)
+        elif name == "async":
+            result = async_experiment(steps=args.steps or 60, seed=args.seed or 0,
+                                      progress=not args.no_progress)
+        else:
+            from rlm_course.rl.runs import default_sft_checkpoint
+            from rlm_course.systems.fusion import fusion_experiment
+            from rlm_course.tasks import get_task
+
+            task = get_task("scratchpad")
+            with Controller(DeviceMapping(actor=[0, 1], rollout=[0, 1])) as c:
+                result = fusion_experiment(c, task, async_config(seed=args.seed or 0),
+                                           default_sft_checkpoint(task),
+                                           steps=args.repeats or 5, progress=not args.no_progress)
+                result["events"] = [e.to_dict() for e in result["events"]]
+                result["windows"] = [list(w) for w in result["windows"]]
+    finally:
+        stop_ray()
+    from rlm_course.utils import atomic_write_json
+
+    result.update(command=command, machine=machine, seconds=round(time.time() - started, 1))
+    path = experiment_path(name)
+    atomic_write_json(path, result)
+    print(f"wrote {path} ({result['seconds']:.0f} s)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------- the bench
+def bench(repeats: int = 5, steps: int = 6) -> dict:
+    """``python -m rlm_course bench systems``: on two Ray workers (one trainer, one rollout),
+    trained tokens per second of synchronous RL, one-step off-policy and ``eta = 2`` on the
+    scratchpad task, ``repeats`` rounds of ``steps`` steps each, the three modes alternating
+    inside each round; and one weight sync of the course model in 1 MiB buckets against the
+    alpha-beta prediction from the link measured on the same workers. Targets: the asynchronous
+    runs at least 1.3x the synchronous one; the sync within 2x of its prediction."""
+    from rlm_course.rl.runs import default_sft_checkpoint
+    from rlm_course.systems.async_rl import PipelineConfig, run_pipeline
+    from rlm_course.systems.controller import Controller, DeviceMapping, start_ray
+    from rlm_course.systems.weight_sync import measure_link, predict_sync_seconds
+    from rlm_course.tasks import get_task
+    from rlm_course.utils import format_table
+
+    task = get_task("scratchpad")
+    checkpoint = default_sft_checkpoint(task)
+    config = async_config(steps=steps)
+    modes = {"sync": 0, "one_step_off": 1, "eta_2": 2}
+    start_ray()
+    machine = _machine()
+    throughput = {m: [] for m in modes}
+    with Controller(DeviceMapping(actor=[0], rollout=[1])) as c:
+        actor, rollout = c.role_workers("actor")[0], c.role_workers("rollout")[0]
+        link, _ = measure_link(c, [actor, rollout], repeats=repeats)
+        c.call([actor, rollout], "rl_setup", _bench_spec(task, config, checkpoint))
+        nbytes = c.call([actor, rollout], "make_model", _course_model(task),
+                        per_worker=[{"seed": 0}, {"seed": 1}])[0]
+        out = c.call([actor, rollout], "timed_sync", 2**20, "sync", actor.rank, repeats)
+        sync_seconds = statistics.median(max(t) for t in zip(*(o["seconds"] for o in out)))
+        sizes = out[0]["bucket_bytes"]
+        predicted = predict_sync_seconds(sum(sizes), len(sizes), link)
+        for _ in range(repeats):
+            for mode, eta in modes.items():
+                result = run_pipeline(c, task, config, PipelineConfig(eta=eta), checkpoint,
+                                      evaluate=False)
+                throughput[mode].append(result.tokens_per_second)
+    median = {m: statistics.median(v) for m, v in throughput.items()}
+    rows = [[m, f"{median[m]:,.0f}", f"{median[m] / median['sync']:.2f}x",
+             " ".join(f"{x:,.0f}" for x in throughput[m])] for m in modes]
+    print(f"async RL on the scratchpad task, {steps} steps x {repeats} rounds, one trainer and one "
+          f"rollout worker (1 thread each; {machine['cores']} cores, load "
+          f"{machine['load_average_at_start']})")
+    print(format_table(rows, ["mode", "trained tokens/s (median)", "vs sync", "each round"]))
+    print(f"weight sync of {nbytes / 1e6:.2f} MB in {len(sizes)} buckets of 1 MiB: "
+          f"{sync_seconds * 1e3:.2f} ms measured, {predicted * 1e3:.2f} ms predicted "
+          f"(alpha {link.alpha * 1e6:.1f} us, beta {link.beta / 1e9:.2f} GB/s): "
+          f"{sync_seconds / predicted:.2f}x")
+    speedups = {m: median[m] / median["sync"] for m in modes if m != "sync"}
+    return {"tokens_per_second": median, "tokens_per_second_rounds": throughput,
+            "speedup_one_step_off": speedups["one_step_off"], "speedup_eta_2": speedups["eta_2"],
+            "async_at_least_1_3x": min(speedups.values()) >= 1.3,
+            "sync_seconds": sync_seconds, "sync_predicted_seconds": predicted,
+            "sync_over_predicted": sync_seconds / predicted,
+            "sync_within_2x": 0.5 <= sync_seconds / predicted <= 2.0,
+            "link": {"alpha": link.alpha, "beta": link.beta}, "sync_bytes": sum(sizes),
+            "steps": steps, "rounds": repeats, "machine": machine}
+
+
+def _course_model(task) -> dict:
+    from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.rl.sft import default_model_config
+
+    return default_model_config(CharTokenizer(), task).to_dict()
+
+
+def _bench_spec(task, config, checkpoint) -> dict:
+    from rlm_course.systems.async_rl import PipelineConfig, _spec
+
+    return _spec(task, config, checkpoint, PipelineConfig())
