@@ -182,6 +182,94 @@ plot_rank_timeline([e for e in worlds["ZeRO-3"].events if e.end <= worlds["ZeRO-
                    title="ZeRO-3, one step: gather, gather, reduce-scatter");
 
 # %% [markdown]
+# ## 3. Seconds at scale: when does data parallelism stay compute-bound?
+#
+# The bytes above become seconds on real links. The hardware catalog
+# (`python -m rlm_course hardware`) gives each accelerator's links **per direction**: an H100
+# talks to the seven others of its node over NVLink at 450 GB/s and to other nodes through its
+# own 400 Gb/s NIC, 50 GB/s, with NCCL's latencies of 3.4 and 9.6 us per ring step
+# (`rlm_course.systems.comm.Fabric`). A data-parallel group that fits in a node uses the first;
+# any larger group is paced by the second.
+#
+# **Which RL stage uses data parallelism.** The updates (policy, critic) and the scoring forwards
+# of an RL iteration run in a *training* layout: DP with ZeRO/FSDP, or DP on top of tensor and
+# pipeline parallelism (chapters 08-09). Generation runs in independent *replicas* (chapter 08's
+# section 3): many copies of the model decoding different prompts, with no gradients to
+# synchronise at all.
+
+# %%
+import numpy as np
+
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.systems import comm
+
+h100 = get_device("H100-SXM-80GB")
+fabric = comm.Fabric.of(h100)
+spec = get_spec("llama-3-8b")
+rows = []
+for dp in (8, 64, 1024):
+    link = fabric.link(dp)
+    for stage in (0, 3):
+        step = comm.data_parallel_comm(spec.params(), dp, link, stage)
+        rows.append([spec.name, dp, "NVLink" if link is fabric.intra else "network",
+                     "DP" if stage == 0 else "ZeRO-3", f"{step.bytes / 1e9:.1f}",
+                     f"{step.seconds:.3f}"])
+print(format_table(rows, ["model", "devices", "link", "strategy", "GB sent / device / step",
+                          "seconds / step"]))
+dp64 = comm.data_parallel_comm(spec.params(), 64, fabric.link(64), 0)
+assert comm.data_parallel_comm(spec.params(), 64, fabric.link(64), 3).bytes == 1.5 * dp64.bytes
+
+# %% [markdown]
+# Sixteen gigabytes of bf16 gradients take a third of a second to all-reduce across nodes, on
+# every optimizer step, whatever the batch. The compute of the step grows with the batch: `6 N`
+# FLOPs per token. **The communication roofline** is where the two meet. With `B` tokens per
+# device, `k (p-1)/p x b N` bytes to move (`k = 2` for DP and ZeRO-1/2, 3 for ZeRO-3; `b = 2`
+# bytes per bf16 gradient) and a link of `beta` bytes/s:
+#
+#     6 N B / peak = k (p-1)/p x b N / beta    =>    B* = k (p-1)/p x b x peak / (6 beta)
+#
+# The model size cancels: `B* ~ 13,200` tokens per device for H100s across nodes, whatever the
+# model (the ratio `peak / beta`, about 19,800 FLOP per byte of network, does all the work).
+# Below `B*` a step is communication-bound. Above it, the communication can hide behind the
+# backward pass: DDP all-reduces gradient *buckets* as soon as their layers' backward is done,
+# FSDP *prefetches* the next layer's parameters during the current layer's compute, and only the
+# last bucket (or the first gather) stays exposed.
+
+# %%
+import matplotlib.pyplot as plt
+
+net = fabric.link(64)
+b_star = comm.min_tokens_per_device(h100.peak_flops, net.beta, 64)
+tokens = np.logspace(2.5, 5.5, 40)
+steps = {overlap: [comm.data_parallel_step(spec, h100, 64, b, net, overlap=overlap)
+                   for b in tokens] for overlap in (False, True)}
+plt.figure(figsize=(6, 3.4))
+plt.loglog(tokens, [s["compute"] for s in steps[True]], "--", label="compute (6N per token)")
+plt.loglog(tokens, [s["comm"] for s in steps[True]], ":", label="gradient all-reduce")
+plt.loglog(tokens, [s["step"] for s in steps[False]], label="step, no overlap")
+plt.loglog(tokens, [s["step"] for s in steps[True]], label="step, buckets overlapped")
+plt.axvline(b_star * spec.params() / spec.matmul_params(), color="grey", lw=0.8)
+plt.xlabel("tokens per device per step"); plt.ylabel("seconds")
+plt.title(f"{spec.name}, DP over 64 H100s across nodes"); plt.legend(fontsize=7);
+print(f"B* = {b_star:,.0f} tokens per device (plain DP, 64 devices, 50 GB/s)")
+at = comm.data_parallel_step(spec, h100, 64, b_star * spec.params() / spec.matmul_params(), net,
+                             overlap=False)
+# the ridge: compute = communication, up to the latency term 2 (p - 1) alpha (1.2 ms here) that
+# the bandwidth formula leaves out
+assert abs(at["compute"] / at["comm"] - 1) < 0.01
+assert round(comm.min_tokens_per_device(h100.peak_flops, net.beta, 10**6)) == 13192
+
+# %% [markdown]
+# (The vertical line sits at `B*` scaled by `params / matmul params`: the gradients are all of
+# the 8.0B parameters, embeddings included, while the `6N` compute counts only the matmul
+# weights.) An RL update of 512 prompts x 16 responses of 4,000 tokens has 33M tokens, 512,000 per
+# device on 64 GPUs, a sixteenth of it in each of 16 mini-batches: ~32,000 tokens per device
+# per optimizer step, above `B*`, so the gradient traffic of an RL update hides, if the framework
+# overlaps it. Cut the batch into 64 mini-batches or spread it over 256 GPUs and it no longer
+# does.
+
+# %% [markdown]
 # ## Questions
 #
 # * A 7.5B-parameter model with mixed-precision Adam on 64 GPUs: how many GB per GPU does each
@@ -189,6 +277,9 @@ plot_rank_timeline([e for e in worlds["ZeRO-3"].events if e.end <= worlds["ZeRO-
 #   31.4, 16.6 and 1.9.)
 # * Why does the ring all-reduce's time per rank stop growing with `p` for large messages, while
 #   the tree's keeps growing?
+# * A 70B model is trained with ZeRO-3 over 512 H100s across nodes, 16 optimizer steps per RL
+#   iteration of 8,192 responses of 2,000 tokens. Is each step compute-bound? What if the
+#   same batch were spread over 4,096 GPUs?
 #
 # <details><summary>Answers</summary>
 #
@@ -202,8 +293,20 @@ plot_rank_timeline([e for e in worlds["ZeRO-3"].events if e.end <= worlds["ZeRO-
 #   whole message `2 log2 p` times in a row: `2 log2 p (alpha + M/beta)`, growing with `log p` in
 #   both parts. For large messages the ring wins; for small ones (latency-bound) trees or
 #   hierarchical algorithms do.
+# * Tokens per device per step: `8,192 x 2,000 / 16 / 512 = 2,000`. ZeRO-3's roofline is
+#   `B* = 3 x (511/512) x 2 x 989.4e12 / (6 x 50e9) ~ 19,700` tokens (the next cell): the steps
+#   are communication-bound by a factor of ten, whatever the overlap. On 4,096 GPUs it is 250
+#   tokens per device, eighty times too few. The fixes: fewer, larger optimizer steps (fewer
+#   mini-batches), ZeRO-1/2 or tensor/pipeline parallelism inside nodes (chapters 08-09), which
+#   shrink the data-parallel group and put model parallelism on NVLink.
 #
 # </details>
+
+# %%
+per_device = 8192 * 2000 / 16 / 512
+roofline = comm.min_tokens_per_device(h100.peak_flops, 50e9, 512, zero_stage=3)
+print(f"{per_device:,.0f} tokens per device per step; ZeRO-3 roofline {roofline:,.0f}")
+assert round(roofline, -2) == 19700 and per_device < roofline / 9
 
 # %%
 from rlm_course.cost.anatomy import zero_model_state_bytes
@@ -223,6 +326,10 @@ assert [round(x, 1) for x in gb] == [120.0, 31.4, 16.6, 1.9]
 # >   ZeRO-1/2/3.
 # > * Distributed and single-device results agree up to rounding: exactly the same function in
 # >   float64 (1e-13 here), machine-dependent differences in float32.
+# > * The communication roofline: data parallelism stays compute-bound above
+# >   `B* = k (p-1)/p x b x peak / (6 beta)` tokens per device and optimizer step, about 13,200
+# >   for H100s across nodes (19,800 with ZeRO-3), independent of the model; overlap (DDP
+# >   buckets, FSDP prefetch) then hides the communication, below it nothing can.
 #
 # ## Further reading
 #
@@ -240,3 +347,6 @@ assert [round(x, 1) for x in gb] == [120.0, 31.4, 16.6, 1.9]
 # all-gather the parameters), in `exercises/ex07_zero.py`; check it with
 # `exercises/ex07_zero.ipynb` or `python -m rlm_course grade 07`. `DataParallel` runs the worked
 # version for stages 1 and 2 above.
+#
+# Chapter 14's exercise file (`exercises/ex14_plan_a_cluster.py`, `python -m rlm_course grade
+# 14`) has this chapter's roofline as its first exercise: write `min_tokens_per_device`.

@@ -112,6 +112,81 @@ from rlm_course.tools.plots import plot_rank_timeline
 plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block forward + backward");
 
 # %% [markdown]
+# ## 3. Seconds at scale: TP stays inside a node, and TP in generation
+#
+# A TP layer's collectives sit *between* the matmuls that need their result, so they add to
+# the step rather than hide behind it. Per token of a layer, the matmuls cost `2 x weights / tp`
+# FLOPs (forward) and the all-reduces move `2 x 2 (tp-1)/tp x d_model x 2` bytes (bf16). Both
+# grow with the tokens, so their ratio depends only on the shapes and the link: the
+# **communication roofline of TP**. For an MLP block with `m` matrices of `d x d_ff`,
+#
+#     compute-bound  <=>  d_ff / tp  >=  (tp-1)/tp x b x peak / (m beta)
+#
+# (`rlm_course.systems.comm.min_ffn_per_shard`): about 1,300 hidden units per shard over an
+# H100's NVLink at `tp = 8`, but 11,500 over the network. Llama-3-70B's 28,672 units give 3,584
+# per shard at `tp = 8`: comfortably compute-bound inside a node, communication-bound across
+# nodes.
+
+# %%
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.systems import comm
+
+h100 = get_device("H100-SXM-80GB")
+fabric = comm.Fabric.of(h100)
+spec70 = get_spec("llama-3-70b")
+rows = []
+for tp, where, link in ((8, "one node: NVLink", fabric.link(8)),
+                        (8, "8 nodes: network", fabric.link(8, stride=8)),
+                        (16, "2 nodes: network", fabric.link(16))):
+    layer = comm.tensor_parallel_layer(spec70, h100, tp, 8192, link, mfu=0.5)
+    rows.append([tp, where, f"{layer['compute'] * 1e3:.2f}", f"{layer['comm'] * 1e3:.2f}",
+                 f"{layer['comm'] / layer['step']:.0%}"])
+print(format_table(rows, ["tp", "group", "matmuls ms", "all-reduces ms", "communication share"]))
+for name, beta in (("NVLink", 450e9), ("network", 50e9)):
+    print(f"{name}: compute-bound above d_ff / tp = "
+          f"{comm.min_ffn_per_shard(h100.peak_flops, beta, 8):,.0f} (Llama-3-70B: "
+          f"{spec70.d_ff // 8:,})")
+assert comm.min_ffn_per_shard(h100.peak_flops, 450e9, 8) < spec70.d_ff / 8 < \
+    comm.min_ffn_per_shard(h100.peak_flops, 50e9, 8)
+
+# %% [markdown]
+# (One layer's forward and backward on 8,192 tokens at half of peak; the table's "8 nodes" row
+# puts each of the 8 TP ranks on its own node, as a mesh with TP as its slowest axis would.)
+#
+# **TP in generation.** An RL rollout splits the model into *replicas* of `tp` devices each.
+# Every decode step of a replica reads its whole share of the weights (chapter 05) and, under
+# TP, runs two all-reduces per layer on `batch x d_model` activations: 160 small collectives per
+# token for Llama-3-70B, each paying the link's latency. Wider TP splits the weight reads, but
+# pays more collectives and leaves fewer replicas.
+
+# %%
+from rlm_course.systems.layouts import choose_generation_tp, replica_decode_step_seconds
+
+rows = []
+for tp in (2, 4, 8):
+    for batch in (1, 64):
+        step = replica_decode_step_seconds(spec70, h100, tp, batch, 4096, fabric.link(tp), 0.7)
+        collectives = comm.decode_tp_comm(spec70, tp, batch, fabric.link(tp)).seconds
+        rows.append([tp, batch, f"{step * 1e3:.2f}", f"{collectives * 1e3:.2f}",
+                     f"{collectives / step:.0%}"])
+print(format_table(rows, ["tp", "sequences", "decode step ms", "of which all-reduces ms",
+                          "share"]))
+best, estimates = choose_generation_tp(spec70, h100, 64, 1024, 4096, fabric.link(8))
+print("rollout of 1,024 sequences of 4,096 tokens on 64 H100s, seconds by tp:",
+      {tp: round(s) for tp, s in estimates.items()}, "-> tp", best)
+assert 1 not in estimates  # 141 GB of weights do not fit one 80 GB device
+
+# %% [markdown]
+# At one sequence a step of a `tp = 8` replica spends about a third of its time in all-reduces:
+# that is the price of splitting the weights. Which TP is best for a rollout depends on the
+# batch per device: with few sequences per device, decode is memory-bound and splitting the
+# weight reads wins; with many, the KV caches and the compute dominate and the extra collectives
+# of a wide TP only cost (the estimate `choose_generation_tp` makes, chapter 14's second
+# exercise; RL frameworks' advice is "the smallest TP that fits, and more replicas", e.g. verl's
+# performance guide, because their rollouts are large).
+
+# %% [markdown]
 # ## Questions
 #
 # * The bytes per rank grow as `2(tp-1)/tp`: nearly flat in `tp`. Why, then, is tensor parallelism
@@ -119,6 +194,10 @@ plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block f
 #   every layer, twice per direction.)
 # * With sequence parallelism the layer-norm weights' gradients are partial sums over each rank's
 #   positions. What must happen to them before the optimizer step?
+#
+# * A rollout of 64 sequences of 4,096 tokens runs on 64 H100s. Which TP degree does
+#   `choose_generation_tp` pick for Llama-3-8B, and which for 65,536 sequences? Why do they
+#   differ?
 #
 # <details><summary>Answers</summary>
 #
@@ -134,8 +213,20 @@ plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block f
 #   gradients) before the optimizer step: each rank saw only its `1/tp` of the positions, and the
 #   weights are replicated, so every rank must apply the same full gradient (Megatron-LM does this
 #   for its sequence-parallel parameters).
+# * 64 sequences: tp 8. With one sequence per device, a decode step is memory-bound: the time is
+#   the weight reads, and eight devices read an eighth each. 65,536 sequences: tp 2. With a
+#   thousand sequences per device, the KV caches and the compute dominate and do not shrink with
+#   TP (the work per device is the same), while every extra TP rank adds collectives to every
+#   token; tp 2 still halves the weights and doubles the KV room per sequence (the next cell).
 #
 # </details>
+
+# %%
+spec8 = get_spec("llama-3-8b")
+few = choose_generation_tp(spec8, h100, 64, 64, 4096, fabric.link(8))[0]
+many = choose_generation_tp(spec8, h100, 64, 65536, 4096, fabric.link(8))[0]
+print(f"llama-3-8b: 64 sequences -> tp {few}; 65,536 sequences -> tp {many}")
+assert (few, many) == (8, 2)
 #
 # > **Key numbers and takeaways**
 # >
@@ -145,6 +236,10 @@ plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block f
 # > * Sequence parallelism: the same bytes as reduce-scatter + all-gather; norms, dropout and
 # >   residuals on `1/tp` of the positions, so all of a layer's activations divide by `tp`.
 # > * TP results equal one device's up to float32 rounding of sums in another order.
+# > * TP is compute-bound when `d_ff / tp >= (tp-1)/tp x b x peak / (m beta)`: about 1,300
+# >   hidden units per shard on H100 NVLink at `tp = 8`, 11,500 across nodes; keep TP in a node.
+# > * In generation, TP costs two all-reduces per layer per token (about a third of a `tp = 8`
+# >   Llama-3-70B decode step at one sequence): the right TP depends on sequences per device.
 #
 # ## Further reading
 #
@@ -155,3 +250,9 @@ plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block f
 #   https://huggingface.co/spaces/nanotron/ultrascale-playbook
 # * *How to Scale Your Model* (the JAX scaling book); https://jax-ml.github.io/scaling-book/
 # * Stanford CS336, lectures and assignment on parallelism; https://github.com/stanford-cs336
+#
+# ## Exercise
+#
+# Chapter 14's exercise file has this chapter's generation trade-off as its second exercise:
+# write `choose_generation_tp` in `exercises/ex14_plan_a_cluster.py` and check it with
+# `python -m rlm_course grade 14`.

@@ -133,11 +133,107 @@ print(f"largest relative gradient error, interleaved 1F1B on 2 devices x 2 chunk
 assert error <= reorder_tolerance(torch.float32, terms=16, depth=16)
 
 # %% [markdown]
+# ## 4. Three dimensions at once: DP x PP x TP on a mesh
+#
+# Large models combine the strategies: tensor parallelism inside a node, pipeline stages across
+# nodes, data parallelism over whatever is left (Narayanan et al. 2021, arXiv:2104.04473). The
+# ranks form a mesh with one axis per strategy (`rlm_course.parallel.world.Mesh`); every group
+# along an axis is a world of its own (`SubWorld`), so the TP block of chapter 08 and the
+# schedules of this chapter run on it unchanged. Here the tiny transformer trains on 8 ranks,
+# `dp = 2, pp = 2, tp = 2`, in float64, and the gradients gathered from all the shards must be
+# one device's.
+
+# %%
+import torch.nn.functional as F
+
+from rlm_course.lm.model import ModelConfig, TinyGPT
+from rlm_course.parallel.mesh_parallel import MeshParallelGPT, bytes_per_axis
+from rlm_course.parallel.world import World
+
+torch.manual_seed(0)
+config = ModelConfig(vocab_size=16, n_layer=4, n_head=4, d_model=32, max_seq_len=16)
+gpt = TinyGPT(config).double()
+tokens = torch.randint(0, 16, (8, 13))
+logits = gpt(tokens[:, :-1])
+F.cross_entropy(logits.reshape(-1, 16), tokens[:, 1:].reshape(-1)).backward()
+reference = {name: p.grad for name, p in gpt.named_parameters()}
+world = World(8)
+mesh_gpt = MeshParallelGPT(gpt, world, dp=2, pp=2, tp=2)
+mesh_gpt.step(tokens, micro_batches=2)
+grads = mesh_gpt.gathered_grads()
+error = max(relative_error(grads[n], reference[n]) for n in reference)
+print(f"largest relative gradient error over {len(reference)} parameters: {error:.1e}")
+assert error <= reorder_tolerance(torch.float64, terms=96, depth=16)
+measured = mesh_gpt.bytes_by_axis()
+formula = bytes_per_axis(config, 2, 2, 2, batch=8, seq=12, micro_batches=2,
+                         numel_per_rank=mesh_gpt.numel_per_rank(), bytes_per_element=8)
+assert measured == formula
+print(format_table([[r, *(measured[a][r] for a in ("dp", "pp", "tp"))] for r in range(8)],
+                   ["rank", "dp bytes sent", "pp bytes sent", "tp bytes sent"]))
+
+# %% [markdown]
+# Each axis sends what its closed form says (`bytes_per_axis`, asserted): TP four
+# all-reduce-sized exchanges per block and micro-batch, PP one activation forward and one
+# gradient back per micro-batch and boundary (stage 0 only forward, stage 1 only back), DP one
+# all-reduce of the rank's own gradients. The kinds of traffic differ as much as the amounts: TP
+# is on the critical path of every layer (NVLink), PP is point-to-point between neighbours (any
+# link), DP is one large collective per step that can hide behind the backward (chapter 07).
+#
+# ## 5. Seconds and memory at scale
+#
+# What a layout costs per device for a real model (`rlm_course.systems.layouts`): the model
+# states sharded by TP, PP and ZeRO, the activations of the micro-batches in flight (one
+# micro-batch of all layers under 1F1B, chapter 05's count divided by `tp`), and the fp32 logits
+# of a micro-batch. Llama-3-70B on 64 H100s, 8,192-token micro-batches:
+
+# %%
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.systems.layouts import Layout, training_memory
+from rlm_course.tools.plots import plot_memory_per_rank
+
+spec70, h100 = get_spec("llama-3-70b"), get_device("H100-SXM-80GB")
+layouts = {"DP 64, ZeRO-1": Layout(dp=64, zero=1), "FSDP 64": Layout(dp=64, zero=3),
+           "FSDP 64, recompute": Layout(dp=64, zero=3, recompute=True),
+           "TP 8 x DP 8, ZeRO-1": Layout(dp=8, tp=8, zero=1),
+           "TP 8 x PP 4 x DP 2, ZeRO-1": Layout(dp=2, tp=8, pp=4, zero=1)}
+memory = {name: training_memory(spec70, lay, 8192) for name, lay in layouts.items()}
+plot_memory_per_rank(memory, title="Llama-3-70B on 64 H100s: bytes per device")
+total = {name: sum(parts.values()) / 1e9 for name, parts in memory.items()}
+for name, gb in total.items():
+    print(f"{name:28s} {gb:7.1f} GB per device")
+assert total["DP 64, ZeRO-1"] > total["FSDP 64"] > 80 > total["TP 8 x DP 8, ZeRO-1"]
+assert total["FSDP 64, recompute"] < total["TP 8 x PP 4 x DP 2, ZeRO-1"] < 80
+
+# %% [markdown]
+# Sharding the model states is not enough: an 8,192-token micro-batch keeps 182 GB of
+# activations (`34 s h` bytes per layer, 80 layers) unless TP splits them or recomputation drops
+# them. The layouts that fit an 80 GB device differ in seconds too: FSDP moves 1.5x the
+# gradient bytes over the network every step (chapter 07's roofline), TP keeps its traffic on
+# NVLink but splits each matmul, PP adds its bubble. For a pipeline of `p` stages with `m`
+# micro-batches per optimizer step, the training stage of an RL iteration takes
+# `compute / (1 - (p-1)/(m+p-1))`, plus the activations' hops; the number of micro-batches is
+# what an RL trainer controls (its mini-batches).
+
+# %%
+from rlm_course.systems import comm
+
+link = comm.Fabric.of(h100).link(4, stride=16)  # stages on different nodes
+hop = comm.pipeline_comm(spec70, 8192, link, backward=False)
+print(f"one micro-batch of 8,192 tokens crosses a stage boundary in {hop.seconds * 1e3:.1f} ms "
+      f"({hop.bytes / 1e6:.0f} MB of bf16 activations)")
+for m in (4, 16, 64):
+    print(f"p = 4, m = {m:2d}: bubble {bubble_formula('1f1b', 4, m):.1%} of the step")
+
+# %% [markdown]
 # ## Questions
 #
 # * In an RL step, the policy update runs many micro-batches; the rollout decodes token by token.
 #   Which of the two suffers more from a pipeline's bubble, and why?
 # * Interleaving with `v = 2` halves the bubble's ratio to the ideal time. What does it cost?
+#
+# * In the mesh of section 4, which axis would you put inside a node, and which across nodes,
+#   if each node had 2 devices? Why?
 #
 # <details><summary>Answers</summary>
 #
@@ -154,6 +250,12 @@ assert error <= reorder_tolerance(torch.float32, terms=16, depth=16)
 #   (the table's last column: 11 chunks of half a micro-batch on device 0, 5.5 micro-batches'
 #   worth, against 4 for 1F1B), and a more intricate schedule. The table shows the gain: the
 #   fraction falls from 0.273 to 0.158 at `p = 4, m = 8`.
+# * TP inside the node: its collectives run between the matmuls of every layer, forward and
+#   backward, and cannot hide, so they need the fastest link (chapter 08). PP next: its traffic
+#   is a point-to-point hop per micro-batch and boundary, small and overlappable. DP across
+#   nodes: one all-reduce per optimizer step, which overlap hides above the communication
+#   roofline (chapter 07). That is the order of the mesh's axes, `dp, pp, tp` from slowest to
+#   fastest, and Megatron's default.
 #
 # </details>
 #
@@ -166,6 +268,9 @@ assert error <= reorder_tolerance(torch.float32, terms=16, depth=16)
 # >   instead of `m`.
 # > * More micro-batches shrink the bubble; in RL the policy update has them, the token-by-token
 # >   rollout does not.
+# > * DP x PP x TP on 8 simulated ranks gives one device's gradients (float64, asserted) and each
+# >   axis sends its closed form; at scale only the sharded layouts fit Llama-3-70B on 80 GB
+# >   devices.
 #
 # ## Further reading
 #

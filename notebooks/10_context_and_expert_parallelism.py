@@ -105,6 +105,98 @@ plt.xlabel("capacity factor"); plt.ylabel("share of pairs dropped");
 assert dropped == sorted(dropped, reverse=True)
 
 # %% [markdown]
+# ## 3. DeepSpeed-Ulysses: trade the sequence split for a head split
+#
+# Ring attention moves keys and values around and keeps each rank's queries. DeepSpeed-Ulysses
+# (Jacobs et al. 2023, arXiv:2309.14509) moves the *work* instead: an all-to-all turns each
+# rank's sequence shard of `q, k, v` (all heads) into all positions of `H/p` heads; every rank
+# runs ordinary attention on its heads, which need nothing from each other; a second all-to-all
+# turns the output back into sequence shards. No merging, so the result is one device's up to
+# rounding, like the others.
+
+# %%
+from rlm_course.parallel.ulysses import ulysses_attention, ulysses_bytes_per_rank
+
+q, k, v = (torch.randn(2, 8, 64, 16) for _ in range(3))
+reference = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+rows = []
+for p in (2, 4, 8):
+    world = World(p)
+    out = ulysses_attention(world, q, k, v)
+    error = relative_error(out, reference)
+    assert error <= reorder_tolerance(torch.float32, terms=64, depth=2)
+    assert world.sent[0] == ulysses_bytes_per_rank(2, 8, 64, 16, p)
+    rows.append([p, f"{error:.1e}", world.sent[0]])
+print(format_table(rows, ["degree", "rel. error", "bytes sent / rank"]))
+
+# %% [markdown]
+# What each sends per layer, as the sequence and the degree grow together (`s = 16 p`): ring
+# attention sends `(p-1)/p` of the whole sequence's keys and values, which grows with `s`;
+# Ulysses sends `(p-1)/p` of each rank's own shard, four times (`q, k, v` and the output), which
+# stays flat. The catch: the degree must divide the heads, and with grouped-query attention the
+# *key/value* heads (8 for Llama-3): Ulysses stops there, ring attention does not, and the two
+# combine (Ulysses inside a node, a ring across nodes).
+
+# %%
+import matplotlib.pyplot as plt
+
+degrees = [2, 4, 8]
+ring_bytes, ulysses_bytes = [], []
+for p in degrees:
+    x = torch.randn(1, 8, 16 * p, 4)
+    w1, w2 = World(p), World(p)
+    ring_attention(w1, x, x, x, causal=True, load_balanced=True)
+    ulysses_attention(w2, x, x, x)
+    ring_bytes.append(w1.sent[0])
+    ulysses_bytes.append(w2.sent[0])
+plt.figure(figsize=(5, 3))
+plt.plot(degrees, ring_bytes, "o-", label="ring attention (K/V around the ring)")
+plt.plot(degrees, ulysses_bytes, "s-", label="Ulysses (4 all-to-alls)")
+plt.xlabel("degree p (sequence 16 p)"); plt.ylabel("bytes sent per rank"); plt.legend(fontsize=7);
+assert ring_bytes[-1] > 6 * ring_bytes[0] and ulysses_bytes[-1] < 2 * ulysses_bytes[0]
+
+# %% [markdown]
+# ## 4. Seconds at scale
+#
+# The same closed forms over the catalog's links (`rlm_course.systems.comm`): a 128k-token
+# sequence of Llama-3-8B scored or trained with context parallelism over 8 H100s of a node,
+# and the expert all-to-alls of an MoE layer (DeepSeek-V3's 256 experts, 8 per token) inside a
+# node and across nodes.
+
+# %%
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.systems import comm
+
+h100 = get_device("H100-SXM-80GB")
+fabric = comm.Fabric.of(h100)
+spec8, moe = get_spec("llama-3-8b"), get_spec("deepseek-v3")
+rows = []
+for name, cost in (("ring attention, cp 8", comm.context_parallel_comm(spec8, 8, 131072,
+                                                                         fabric.link(8))),
+                   ("Ulysses, sp 8", comm.ulysses_comm(spec8, 8, 131072, fabric.link(8)))):
+    rows.append([name, "llama-3-8b, 128k tokens", f"{cost.bytes / 1e9:.2f}",
+                 f"{cost.seconds * 1e3:.1f}"])
+for ep, link in ((8, fabric.link(8)), (64, fabric.link(64))):
+    cost = comm.expert_parallel_comm(moe, ep, 8192, link)
+    rows.append([f"expert all-to-alls, ep {ep}", "deepseek-v3, 8k tokens / device",
+                 f"{cost.bytes / 1e9:.2f}", f"{cost.seconds * 1e3:.1f}"])
+print(format_table(rows, ["strategy", "workload (forward + backward, all layers)",
+                          "GB sent / device", "ms"]))
+flops = 3 * 2 * spec8.matmul_params() * 131072 / 8  # the matmuls alone, per device
+print(f"for scale: the matmuls of that 128k sequence take {flops / (0.5 * h100.peak_flops) * 1e3:.0f} "
+      "ms per device at half of peak, before attention's s^2 term")
+
+# %% [markdown]
+# Context parallelism's traffic for a 128k-token sequence is about a tenth of a second of NVLink
+# (half that with Ulysses), next to 1.5 s of matmuls and more of attention: it hides behind the
+# compute it splits. Expert parallelism's all-to-alls, by contrast, sit between the router and
+# the experts of every MoE layer, and across nodes they slow to the network's 50 GB/s, ten times
+# the in-node time here: that is why MoE systems keep EP inside a node
+# (or a fast domain) where they can, and why RL frameworks for MoE models lean on fast all-to-all
+# kernels (DeepEP in slime).
+
+# %% [markdown]
 # ## Questions
 #
 # * Ring attention sends `p - 1` key/value blocks per rank per layer. How does that compare with
@@ -112,6 +204,9 @@ assert dropped == sorted(dropped, reverse=True)
 #   compute?
 # * A router that sends most tokens to a few experts: what happens to the load per rank, the
 #   dropped tokens and the all-to-all time?
+#
+# * Llama-3-8B has 32 query heads and 8 key/value heads. Up to which degree can Ulysses split
+#   its attention, and what do you use beyond it?
 #
 # <details><summary>Answers</summary>
 #
@@ -129,6 +224,11 @@ assert dropped == sorted(dropped, reverse=True)
 #   as its busiest rank's transfer, so its time grows with the imbalance while the other ranks
 #   wait. Hence the auxiliary load-balancing losses of GShard and Switch Transformer, and capacity
 #   factors above 1.
+# * Up to 8: each rank must hold whole key/value heads after the all-to-all (the degree divides
+#   the 8 KV heads; replicating KV heads would lift that at the cost of memory and bytes).
+#   Beyond it, ring attention, which splits the sequence of any number of heads; in practice
+#   both together, Ulysses over the fast link inside a node and a ring across nodes (the
+#   "hybrid" or 2-D context parallelism of Megatron-Core and others).
 #
 # </details>
 #
@@ -140,6 +240,12 @@ assert dropped == sorted(dropped, reverse=True)
 # > * Expert parallelism: two all-to-alls per MoE layer forward (dispatch and combine), two
 # >   backward; the busiest rank sets their time.
 # > * A lower capacity factor drops more (token, expert) pairs (the plot: monotone, asserted).
+# > * Ulysses: two all-to-alls per attention (four tensors), one device's result; its bytes per
+# >   rank stay flat when sequence and degree grow together, ring attention's grow; it stops at
+# >   the key/value heads.
+# > * At scale, EP's all-to-alls are on the critical path of every MoE layer; across nodes they
+# >   take about ten times longer than inside one (DeepSeek-V3, 8k tokens per device: 0.45 s
+# >   against 4.7 s per forward and backward).
 #
 # ## Further reading
 #

@@ -225,6 +225,39 @@ SPECS: dict[str, TransformerSpec] = {
                                     experts_per_token=2,
                                     source="Mixtral of Experts, Jiang et al. 2024, arXiv:2401.04088, "
                                            "Table 1; config.json of mistralai/Mixtral-8x7B-v0.1"),
+    # the models of the published RL runs that chapter 14 plans and validates against
+    "r1-distill-qwen-1.5b": TransformerSpec(
+        "r1-distill-qwen-1.5b", n_layer=28, d_model=1536, n_head=12, n_kv_head=2, d_ff=8960,
+        vocab_size=151936, qkv_bias=True,
+        source="config.json of deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B (Qwen2.5-Math-1.5B "
+               "architecture, untied output head): 1.78B parameters"),
+    "qwen2.5-32b": TransformerSpec(
+        "qwen2.5-32b", n_layer=64, d_model=5120, n_head=40, n_kv_head=8, d_ff=27648,
+        vocab_size=152064, qkv_bias=True,
+        source="config.json of Qwen/Qwen2.5-32B (64 layers, 40 query and 8 KV heads, SwiGLU "
+               "27,648, untied head): 32.8B parameters"),
+    "qwen3-30b-a3b": TransformerSpec(
+        "qwen3-30b-a3b", n_layer=48, d_model=2048, n_head=32, n_kv_head=4, d_head=128, d_ff=768,
+        vocab_size=151936, n_experts=128, experts_per_token=8,
+        norm_params_per_layer=2 * 2048 + 2 * 128,  # two RMSNorms plus QK-norm
+        source="config.json of Qwen/Qwen3-30B-A3B (48 layers, 128 experts of 768, 8 active, "
+               "QK-norm): 30.5B parameters, 3.3B active"),
+    "qwen3-235b-a22b": TransformerSpec(
+        "qwen3-235b-a22b", n_layer=94, d_model=4096, n_head=64, n_kv_head=4, d_head=128,
+        d_ff=1536, vocab_size=151936, n_experts=128, experts_per_token=8,
+        norm_params_per_layer=2 * 4096 + 2 * 128,
+        source="config.json of Qwen/Qwen3-235B-A22B (94 layers, 128 experts of 1536, 8 active, "
+               "QK-norm): 235B parameters, 22B active"),
+    "deepseek-v3": TransformerSpec(
+        "deepseek-v3", n_layer=61, d_model=7168, n_head=128, n_kv_head=2, d_head=144, d_ff=2048,
+        vocab_size=129280, n_experts=256, experts_per_token=8, n_shared_experts=1,
+        source="DeepSeek-V3 technical report, arXiv:2412.19437, and config.json of "
+               "deepseek-ai/DeepSeek-V3 (61 layers, width 7168, 256 routed experts of 2048 + 1 "
+               "shared, 8 active; 671B parameters, 37B active), as a uniform spec: every layer "
+               "MoE (the real first 3 are dense) and multi-head latent attention's compressed "
+               "cache (512 + 64 values per layer) as 2 KV heads of 144, the same bytes per "
+               "token; its low-rank projections are not expressible, so the spec counts 709B "
+               "parameters (+5.6%) and 42.5B active (+15%)"),
 }
 
 

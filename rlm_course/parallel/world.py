@@ -297,3 +297,83 @@ class Mesh:
             key = tuple(c[a] for a in self.axes if a != axis)
             groups.setdefault(key, []).append(rank)
         return list(groups.values())
+
+    def group_of(self, axis: str, rank: int) -> list[int]:
+        """The group along ``axis`` that holds ``rank`` (its ranks in coordinate order).
+
+        Raises:
+            ValueError: for an unknown axis or a rank outside the world.
+        """
+        if not 0 <= rank < self.world.size:
+            raise ValueError(f"rank={rank} is not in 0..{self.world.size - 1}.")
+        return next(g for g in self.groups(axis) if rank in g)
+
+    def subworld(self, axis: str, rank: int) -> "SubWorld":
+        """The group along ``axis`` that holds ``rank``, as a world of its own
+        (:class:`SubWorld`), its collectives named ``"<axis>: ..."``."""
+        return SubWorld(self.world, self.group_of(axis, rank), axis)
+
+
+class SubWorld:
+    """Some ranks of a :class:`World` seen as a world of their own: local rank ``i`` is global
+    rank ``ranks[i]``. Its collectives run on the parent (whose clocks, byte counters and timeline
+    record them, under the name ``"<label>: <name>"``), and it keeps byte counters of its own, so
+    that the traffic of each axis of a :class:`Mesh` can be told apart. Code written for a
+    ``World`` (e.g. :class:`~rlm_course.parallel.tensor_parallel.TensorParallelBlock`) runs on a
+    ``SubWorld`` unchanged.
+
+    Raises:
+        ValueError: for an empty group or ranks that are not distinct ranks of the parent.
+    """
+
+    def __init__(self, parent: World, ranks, label: str = "group") -> None:
+        self.parent, self.ranks, self.label = parent, parent._ranks(ranks), label
+        self.size = len(self.ranks)
+        self.link, self.algorithm = parent.link, parent.algorithm
+        self.sent = [0] * self.size
+        self.received = [0] * self.size
+
+    def _global(self, ranks) -> list[int]:
+        local = list(range(self.size)) if ranks is None else list(ranks)
+        if not local or not all(0 <= r < self.size for r in local):
+            raise ValueError(f"ranks {local}: need local ranks in 0..{self.size - 1}.")
+        return [self.ranks[r] for r in local]
+
+    def _run(self, method: str, args: tuple, ranks, name: str, **kwargs):
+        before = list(self.parent.sent), list(self.parent.received)
+        out = getattr(self.parent, method)(*args, ranks=self._global(ranks),
+                                           name=f"{self.label}: {name}", **kwargs)
+        for i, g in enumerate(self.ranks):
+            self.sent[i] += self.parent.sent[g] - before[0][g]
+            self.received[i] += self.parent.received[g] - before[1][g]
+        return out
+
+    def all_reduce(self, tensors, ranks=None, name: str = "all-reduce"):
+        return self._run("all_reduce", (tensors,), ranks, name)
+
+    def reduce_scatter(self, tensors, ranks=None, name: str = "reduce-scatter"):
+        return self._run("reduce_scatter", (tensors,), ranks, name)
+
+    def all_gather(self, shards, ranks=None, name: str = "all-gather"):
+        return self._run("all_gather", (shards,), ranks, name)
+
+    def all_to_all(self, chunks, ranks=None, name: str = "all-to-all"):
+        return self._run("all_to_all", (chunks,), ranks, name)
+
+    def ring_shift(self, tensors, ranks=None, name: str = "ring shift"):
+        return self._run("ring_shift", (tensors,), ranks, name)
+
+    def broadcast(self, tensor, src: int, ranks=None, name: str = "broadcast"):
+        return self._run("broadcast", (tensor, self._global([src])[0]), ranks, name)
+
+    def send(self, tensor, src: int, dst: int, name: str = "send/recv"):
+        before = list(self.parent.sent), list(self.parent.received)
+        g_src, g_dst = self._global([src, dst])
+        out = self.parent.send(tensor, g_src, g_dst, name=f"{self.label}: {name}")
+        for i, g in enumerate(self.ranks):
+            self.sent[i] += self.parent.sent[g] - before[0][g]
+            self.received[i] += self.parent.received[g] - before[1][g]
+        return out
+
+    def compute(self, rank: int, name: str, seconds: float) -> None:
+        self.parent.compute(self._global([rank])[0], name, seconds)

@@ -1,0 +1,403 @@
+"""Communication in seconds at cluster scale: collectives over the catalog's links, what each
+parallelism strategy sends for a named model, and the **communication roofline**.
+
+**Links.** A :class:`Fabric` holds two alpha-beta links (:class:`~rlm_course.parallel.world.Link`)
+built from a catalog device (:mod:`rlm_course.cost.hardware`): inside a node (NVLink: latency
+``intra_node_latency``, bandwidth ``intra_node_bandwidth`` **per direction**) and between nodes (one
+NIC per device: ``inter_node_latency``, ``inter_node_bandwidth``). A group of ranks that fits in one
+node talks over the first, any other over the second (the slowest link of a ring sets its pace).
+Measured links (chapter 11 fits alpha and beta on real process groups) can replace either.
+
+**Collectives** (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), ``M`` bytes, ``p``
+ranks, the same closed forms as the simulated :class:`~rlm_course.parallel.world.World`:
+
+* ring all-reduce ``2 (p - 1) (alpha + M / (p beta))``; tree (binomial reduce + broadcast)
+  ``2 ceil(log2 p) (alpha + M / beta)``; ``auto`` takes the faster, as NCCL's tuner does (trees
+  for small latency-bound messages, rings for large ones);
+* ring reduce-scatter and all-gather ``(p - 1) (alpha + M / (p beta))`` (``M``: the whole tensor);
+* all-to-all ``(p - 1) alpha + (p - 1) / p x M / beta`` (``M``: what one rank holds);
+* broadcast: binomial ``ceil(log2 p) (alpha + M / beta)``, or pipelined in chunks
+  ``M / beta + ceil(log2 p) alpha`` (how NCCL broadcasts large weights);
+* point-to-point ``alpha + M / beta``.
+
+**Per strategy**, bf16 (2 bytes) unless told otherwise, per device:
+
+* DP / ZeRO-1/2: one all-reduce of the gradients per optimizer step (ZeRO-1/2: reduce-scatter plus
+  all-gather, the same bytes); ZeRO-3 / FSDP: one more all-gather of the parameters, 1.5x
+  (Rajbhandari et al. 2019, arXiv:1910.02054, section 7);
+* TP: two all-reduces of the ``tokens x d_model`` activations per layer forward, two backward
+  (Shoeybi et al. 2019, arXiv:1909.08053); in decoding, two per layer **per generated token**;
+* PP: the ``tokens x d_model`` activations per stage boundary, forward and back;
+* CP (ring attention): ``(p - 1) / p`` of each layer's keys and values; Ulysses: four all-to-alls
+  of ``(p - 1) / p`` of a rank's shard per layer (Jacobs et al. 2023, arXiv:2309.14509);
+* EP: a dispatch and a combine all-to-all of ``tokens x k x d_model`` per MoE layer forward, two
+  more backward (Lepikhin et al. 2020, arXiv:2006.16668).
+
+**The communication roofline.** A data-parallel step computes ``6 N B`` FLOPs on ``B`` tokens per
+device and sends ``k (p - 1) / p x b N`` bytes (``k = 2`` for DP and ZeRO-1/2, 3 for ZeRO-3; ``b``
+bytes per gradient element): the compute grows with the batch, the communication does not. They
+take equally long at
+
+    B* = k (p - 1) / p x b x peak / (6 beta)      tokens per device,
+
+independent of the model size: below ``B*`` the step is communication-bound, above it
+compute-bound (and with overlap, the communication hides entirely). For tensor parallelism the
+same balance, per token of an MLP block (``m`` = 2 or 3 matrices of ``d x d_ff``), gives a
+minimum hidden width per shard, ``d_ff / tp >= (tp - 1) / tp x b x peak / (m beta)``: about 1,300
+on H100 NVLink at ``tp = 8`` but 11,500 across nodes, which is why TP stays inside a node (the
+scaling book's "How to Scale Your Model", chapter on training parallelism, derives the same
+ratios for TPUs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rlm_course.cost.architectures import TransformerSpec
+from rlm_course.cost.hardware import Device
+from rlm_course.parallel.world import Link
+
+ALGORITHMS = ("ring", "tree", "auto")
+BF16 = 2
+
+
+# ---------------------------------------------------------------------- links
+@dataclass(frozen=True)
+class Fabric:
+    """The links of a cluster: ``intra`` inside a node of ``devices_per_node`` devices, ``inter``
+    between nodes.
+
+    Raises:
+        ValueError: for ``devices_per_node < 1``.
+    """
+
+    intra: Link | None
+    inter: Link | None
+    devices_per_node: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.devices_per_node, int) and self.devices_per_node >= 1):
+            raise ValueError(f"devices_per_node={self.devices_per_node!r} must be a positive integer.")
+
+    @classmethod
+    def of(cls, device: Device, intra: Link | None = None, inter: Link | None = None) -> "Fabric":
+        """The catalog device's links (per-direction bandwidth, NCCL's per-step latency), or the
+        measured ``intra`` / ``inter`` links given instead."""
+        if intra is None and device.intra_node_bandwidth > 0:
+            intra = Link(device.intra_node_latency, device.intra_node_bandwidth)
+        if inter is None and device.inter_node_bandwidth > 0:
+            inter = Link(device.inter_node_latency, device.inter_node_bandwidth)
+        return cls(intra, inter, device.devices_per_node)
+
+    def link(self, size: int, stride: int = 1) -> Link:
+        """The link a group of ``size`` ranks, ``stride`` apart in rank order, talks over: intra-node
+        if the group spans at most one node (``size x stride <= devices_per_node``), else the
+        network.
+
+        Raises:
+            ValueError: if the device has no such link (e.g. a machine measured alone).
+        """
+        inside = size * stride <= self.devices_per_node
+        link = self.intra if inside else self.inter
+        if link is None:
+            kind = "intra-node" if inside else "inter-node"
+            raise ValueError(f"a group of {size} ranks (stride {stride}) needs an {kind} link, "
+                             "which this device has none of; give a measured Link (Rates.intra_link "
+                             "/ inter_link) or use a catalog accelerator.")
+        return link
+
+
+# ---------------------------------------------------------------------- collectives
+def _check(nbytes: float, p: int) -> None:
+    if nbytes < 0 or not (isinstance(p, int) and p >= 1):
+        raise ValueError(f"collective of {nbytes} bytes over p={p!r} ranks: need bytes >= 0 and "
+                         "a positive integer number of ranks.")
+
+
+def ring_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
+    """``2 (p - 1) (alpha + M / (p beta))``; 0 for one rank."""
+    _check(nbytes, p)
+    return 2 * (p - 1) * link.seconds(nbytes / p) if p > 1 else 0.0
+
+
+def tree_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
+    """``2 ceil(log2 p) (alpha + M / beta)``; 0 for one rank."""
+    _check(nbytes, p)
+    return 2 * math.ceil(math.log2(p)) * link.seconds(nbytes) if p > 1 else 0.0
+
+
+def all_reduce_seconds(nbytes: float, p: int, link: Link, algorithm: str = "auto") -> float:
+    """An all-reduce of ``nbytes`` over ``p`` ranks: ``ring``, ``tree``, or ``auto`` (the faster).
+
+    Raises:
+        ValueError: for an unknown algorithm or negative sizes.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r}: choose one of {ALGORITHMS}.")
+    ring = ring_all_reduce_seconds(nbytes, p, link)
+    if algorithm == "ring":
+        return ring
+    tree = tree_all_reduce_seconds(nbytes, p, link)
+    return tree if algorithm == "tree" else min(ring, tree)
+
+
+def reduce_scatter_seconds(nbytes: float, p: int, link: Link) -> float:
+    """Ring reduce-scatter of an ``nbytes`` tensor: ``(p - 1) (alpha + M / (p beta))``."""
+    _check(nbytes, p)
+    return (p - 1) * link.seconds(nbytes / p) if p > 1 else 0.0
+
+
+def all_gather_seconds(nbytes: float, p: int, link: Link) -> float:
+    """Ring all-gather into an ``nbytes`` tensor (``nbytes / p`` per rank): same as the
+    reduce-scatter."""
+    return reduce_scatter_seconds(nbytes, p, link)
+
+
+def all_to_all_seconds(nbytes: float, p: int, link: Link) -> float:
+    """All-to-all where each rank holds ``nbytes`` and keeps ``1/p`` of it:
+    ``(p - 1) alpha + (p - 1) / p x M / beta``."""
+    _check(nbytes, p)
+    return (p - 1) * link.alpha + (p - 1) / p * nbytes / link.beta if p > 1 else 0.0
+
+
+def broadcast_seconds(nbytes: float, p: int, link: Link, pipelined: bool = False) -> float:
+    """Broadcast to ``p`` ranks: a binomial tree ``ceil(log2 p) (alpha + M / beta)``, or
+    ``pipelined`` in small chunks, ``M / beta + ceil(log2 p) alpha``."""
+    _check(nbytes, p)
+    if p == 1:
+        return 0.0
+    rounds = math.ceil(math.log2(p))
+    return nbytes / link.beta + rounds * link.alpha if pipelined else rounds * link.seconds(nbytes)
+
+
+def p2p_seconds(nbytes: float, link: Link) -> float:
+    """One message: ``alpha + M / beta``."""
+    _check(nbytes, 1)
+    return link.seconds(nbytes)
+
+
+# ---------------------------------------------------------------------- per strategy
+@dataclass(frozen=True)
+class CommCost:
+    """What one device sends (bytes) and how long its collectives take (seconds) for one step of
+    a strategy; ``collectives`` counts the operations (each pays its latency)."""
+
+    bytes: float
+    seconds: float
+    collectives: int
+
+    def __add__(self, other: "CommCost") -> "CommCost":
+        return CommCost(self.bytes + other.bytes, self.seconds + other.seconds,
+                        self.collectives + other.collectives)
+
+    def __mul__(self, k: float) -> "CommCost":
+        return CommCost(self.bytes * k, self.seconds * k, int(self.collectives * k))
+
+
+NONE = CommCost(0.0, 0.0, 0)
+
+
+def data_parallel_comm(params: float, dp: int, link: Link, zero_stage: int = 0,
+                       grad_bytes: int = BF16, param_bytes: int = BF16) -> CommCost:
+    """One optimizer step's traffic of data parallelism over ``dp`` devices holding ``params``
+    parameters each (their share after TP/PP): DP all-reduces the gradients; ZeRO-1/2
+    reduce-scatter them and all-gather the updated ``param_bytes`` parameters; ZeRO-3 / FSDP
+    all-gathers the parameters twice (forward and backward) and reduce-scatters the gradients.
+
+    Raises:
+        ValueError: for an unknown stage or non-positive sizes.
+    """
+    if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
+        raise ValueError(f"ZeRO stage={zero_stage!r}: choose 0 (plain DP), 1, 2 or 3.")
+    if params < 0:
+        raise ValueError(f"params={params} must be >= 0.")
+    if dp == 1:
+        return NONE
+    g, w = params * grad_bytes, params * param_bytes
+    share = (dp - 1) / dp
+    if zero_stage == 0:
+        return CommCost(2 * share * g, ring_all_reduce_seconds(g, dp, link), 1)
+    gather = CommCost(share * w, all_gather_seconds(w, dp, link), 1)
+    scatter = CommCost(share * g, reduce_scatter_seconds(g, dp, link), 1)
+    return scatter + gather * (2 if zero_stage == 3 else 1)
+
+
+def tensor_parallel_comm(spec: TransformerSpec, tp: int, tokens: float, link: Link,
+                         backward: bool = True, act_bytes: int = BF16,
+                         layers: int | None = None) -> CommCost:
+    """Megatron TP over ``tp`` devices on ``tokens`` tokens through ``layers`` layers (default
+    all): two all-reduces of ``tokens x d_model`` activations per layer forward, two more
+    backward (ring)."""
+    if tp == 1:
+        return NONE
+    layers = spec.n_layer if layers is None else layers
+    m = tokens * spec.d_model * act_bytes
+    count = layers * (4 if backward else 2)
+    one = CommCost(2 * (tp - 1) / tp * m, ring_all_reduce_seconds(m, tp, link), 1)
+    return one * count
+
+
+def decode_tp_comm(spec: TransformerSpec, tp: int, sequences: int, link: Link,
+                   act_bytes: int = BF16) -> CommCost:
+    """One decode step of a ``tp``-way replica with ``sequences`` sequences: two all-reduces of
+    ``sequences x d_model`` activations per layer, on the critical path of every generated token;
+    small messages, so latency-bound (the faster of ring and tree)."""
+    if tp == 1:
+        return NONE
+    m = sequences * spec.d_model * act_bytes
+    one = CommCost(2 * (tp - 1) / tp * m, all_reduce_seconds(m, tp, link, "auto"), 1)
+    return one * (2 * spec.n_layer)
+
+
+def pipeline_comm(spec: TransformerSpec, tokens: float, link: Link, backward: bool = True,
+                  act_bytes: int = BF16) -> CommCost:
+    """One stage boundary for ``tokens`` tokens: the activations forward (and their gradient
+    back)."""
+    m = tokens * spec.d_model * act_bytes
+    one = CommCost(m, p2p_seconds(m, link), 1)
+    return one * (2 if backward else 1)
+
+
+def context_parallel_comm(spec: TransformerSpec, cp: int, tokens: float, link: Link,
+                          backward: bool = True, kv_bytes: int = BF16) -> CommCost:
+    """Ring attention over ``cp`` devices for a sequence (or packed batch) of ``tokens`` tokens,
+    every layer: ``cp - 1`` ring steps, each passing a ``tokens / cp`` shard of keys and values
+    (``2 x kv_heads x d_head`` values per token); the backward pass sends the keys and values
+    and their gradients again (2x)."""
+    if cp == 1:
+        return NONE
+    shard = 2 * tokens / cp * spec.kv_heads * spec.head_dim * kv_bytes
+    steps = (cp - 1) * spec.n_layer * (3 if backward else 1)
+    return CommCost(shard * steps, p2p_seconds(shard, link) * steps, steps)
+
+
+def ulysses_comm(spec: TransformerSpec, sp: int, tokens: float, link: Link,
+                 backward: bool = True, act_bytes: int = BF16) -> CommCost:
+    """DeepSpeed-Ulysses over ``sp`` devices on ``tokens`` tokens: per layer, all-to-alls of the
+    queries, keys, values and output, each rank holding ``tokens / sp`` positions of
+    ``heads x d_head`` (or ``kv_heads x d_head``) values, twice as many with the backward.
+
+    Raises:
+        ValueError: if ``sp`` does not divide the key/value heads.
+    """
+    if sp == 1:
+        return NONE
+    if spec.kv_heads % sp:
+        raise ValueError(f"Ulysses degree {sp} does not divide {spec.name}'s {spec.kv_heads} "
+                         "key/value heads; use ring attention (context_parallel_comm) instead.")
+    local = tokens / sp * spec.head_dim * act_bytes
+    parts = [spec.n_head, spec.kv_heads, spec.kv_heads, spec.n_head]  # q, k, v, output
+    one = sum((CommCost((sp - 1) / sp * local * h, all_to_all_seconds(local * h, sp, link), 1)
+               for h in parts), NONE)
+    return one * (spec.n_layer * (2 if backward else 1))
+
+
+def expert_parallel_comm(spec: TransformerSpec, ep: int, tokens: float, link: Link,
+                         backward: bool = True, act_bytes: int = BF16) -> CommCost:
+    """Expert parallelism over ``ep`` devices, ``tokens`` tokens per device: per MoE layer a
+    dispatch and a combine all-to-all of ``tokens x k x d_model`` (two more backward)."""
+    if ep == 1 or not spec.is_moe:
+        return NONE
+    m = tokens * spec.experts_per_token * spec.d_model * act_bytes
+    one = CommCost((ep - 1) / ep * m, all_to_all_seconds(m, ep, link), 1)
+    return one * (spec.n_layer * (4 if backward else 2))
+
+
+# ---------------------------------------------------------------------- the roofline
+def min_tokens_per_device(peak_flops: float, beta: float, dp: int, zero_stage: int = 0,
+                          grad_bytes: int = 2, mfu: float = 1.0) -> float:
+    """The communication roofline of data parallelism: the tokens per device and optimizer step
+    at which a step's compute (``6 N B`` FLOPs at ``mfu x peak_flops``) takes as long as its
+    gradient traffic over a link of ``beta`` bytes/s (``k (dp - 1) / dp x grad_bytes x N`` bytes,
+    ``k = 2`` for DP and ZeRO-1/2, 3 for ZeRO-3):
+
+        B* = k (dp - 1) / dp x grad_bytes x mfu x peak_flops / (6 beta)
+
+    The model size ``N`` cancels. Below ``B*`` the step is communication-bound; above it,
+    compute-bound. E.g. H100s across nodes (989 TFLOP/s, 50 GB/s), plain DP, many devices:
+    about 13,200 tokens per device.
+
+    Raises:
+        ValueError: for non-positive rates, ``dp < 1`` or an unknown ZeRO stage.
+    """
+    if not (peak_flops > 0 and beta > 0 and 0 < mfu <= 1):
+        raise ValueError(f"peak_flops={peak_flops}, beta={beta} must be positive and mfu={mfu} "
+                         "in (0, 1].")
+    if not (isinstance(dp, int) and dp >= 1) or zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"dp={dp!r} must be a positive integer and zero_stage={zero_stage!r} "
+                         "one of 0, 1, 2, 3.")
+    # BEGIN SOLUTION: equate compute 6 N B / (mfu peak) with traffic k (dp-1)/dp grad_bytes N / beta (k = 3 for ZeRO-3, else 2) and solve for B
+    k = 3 if zero_stage == 3 else 2
+    return k * (dp - 1) / dp * grad_bytes * mfu * peak_flops / (6 * beta)
+    # END SOLUTION
+
+
+def min_ffn_per_shard(peak_flops: float, beta: float, tp: int, glu: bool = True,
+                      act_bytes: int = BF16, mfu: float = 1.0) -> float:
+    """The communication roofline of tensor parallelism for an MLP block: the hidden width per
+    shard ``d_ff / tp`` at which its matmuls (``2 m d d_ff / tp`` FLOPs per token, ``m = 3``
+    matrices for SwiGLU, 2 for GELU) take as long as its all-reduce
+    (``2 (tp - 1) / tp x d x act_bytes`` per token):
+
+        d_ff / tp = (tp - 1) / tp x act_bytes x mfu x peak_flops / (m beta)
+
+    The width ``d`` cancels. Wider shards are compute-bound.
+
+    Raises:
+        ValueError: for non-positive rates or ``tp < 1``.
+    """
+    if not (peak_flops > 0 and beta > 0 and 0 < mfu <= 1 and isinstance(tp, int) and tp >= 1):
+        raise ValueError(f"peak_flops={peak_flops}, beta={beta} must be positive, mfu={mfu} in "
+                         f"(0, 1] and tp={tp!r} a positive integer.")
+    m = 3 if glu else 2
+    return (tp - 1) / tp * act_bytes * mfu * peak_flops / (m * beta)
+
+
+def exposed(comm: float, overlappable: float, pieces: int, overlap: bool) -> float:
+    """Communication time left on the critical path: all of it without ``overlap``; with it,
+    what the ``overlappable`` compute cannot hide, and at least one of the ``pieces`` (DDP's last
+    gradient bucket, FSDP's first parameter gather), which has nothing to hide behind."""
+    if comm <= 0:
+        return 0.0
+    if not overlap:
+        return comm
+    return max(comm / max(pieces, 1), comm - overlappable)
+
+
+def data_parallel_step(spec: TransformerSpec, device: Device, dp: int, tokens_per_device: float,
+                       link: Link, zero_stage: int = 0, overlap: bool = True, mfu: float = 1.0,
+                       buckets: int = 25) -> dict[str, float]:
+    """Seconds of one data-parallel (or ZeRO / FSDP) training step of ``spec`` on ``dp``
+    devices, ``tokens_per_device`` tokens each: ``compute`` (``6 N B`` FLOPs at ``mfu x peak``),
+    ``comm`` (:func:`data_parallel_comm`), ``exposed`` (:func:`exposed`: DDP overlaps the
+    gradient buckets with the backward, two thirds of the compute, leaving the last of
+    ``buckets``; FSDP prefetches each layer's parameters during the previous layer's compute,
+    leaving the first of ``n_layer`` gathers) and ``step = compute + exposed``.
+
+    Raises:
+        ValueError: for non-positive sizes.
+    """
+    if tokens_per_device <= 0:
+        raise ValueError(f"tokens_per_device={tokens_per_device} must be positive.")
+    compute = 6 * spec.matmul_params() * tokens_per_device / (mfu * device.peak_flops)
+    comm = data_parallel_comm(spec.params(), dp, link, zero_stage).seconds
+    if zero_stage == 3:
+        hidden = exposed(comm, compute, spec.n_layer, overlap)
+    else:
+        hidden = exposed(comm, compute * 2 / 3, buckets, overlap)
+    return {"compute": compute, "comm": comm, "exposed": hidden, "step": compute + hidden}
+
+
+def tensor_parallel_layer(spec: TransformerSpec, device: Device, tp: int, tokens: float,
+                          link: Link, mfu: float = 1.0, backward: bool = True) -> dict[str, float]:
+    """Seconds of one transformer layer under TP on ``tokens`` tokens: ``compute`` (the layer's
+    matmuls, ``2 x`` its weights per token forward, ``3 x`` that with the backward, split ``tp``
+    ways) and ``comm`` (:func:`tensor_parallel_comm` for one layer), which sits between the
+    matmuls that need its result, so ``step = compute + comm``."""
+    weights = spec.attention_params(weights_only=True) + (
+        (spec.experts_per_token + spec.n_shared_experts) * spec.mlp_params(weights_only=True))
+    flops = 2 * weights * tokens * (3 if backward else 1)
+    compute = flops / (tp * mfu * device.peak_flops)
+    comm = tensor_parallel_comm(spec, tp, tokens, link, backward, layers=1).seconds
+    return {"compute": compute, "comm": comm, "step": compute + comm}

@@ -1,0 +1,336 @@
+"""How each role's model is laid out on devices, and what that costs in memory per device.
+
+A :class:`Layout` gives the degrees of data (``dp``), tensor (``tp``), pipeline (``pp``), context
+(``cp``) and expert (``ep``) parallelism of one role, its ZeRO stage, micro-batch, activation
+recomputation and optimizer offload. Its devices are ``dp x tp x pp x cp``; expert parallelism
+takes its ``ep`` ranks from the ``tp x cp x dp`` ranks of a pipeline stage, the experts
+themselves not split by TP (Megatron-Core's expert parallelism with expert-tensor-parallel size
+1; the ranks that hold the same experts form the expert-data-parallel group). On a mesh the axes
+are ordered ``pp, dp, cp, tp`` from slowest to fastest, so a TP group sits inside a node
+(:func:`axis_strides`).
+
+**Which RL stage uses what.** Training (policy and critic updates, and the scoring forwards that
+run in the training layout) uses FSDP/ZeRO or Megatron 3-D (DP x TP x PP, plus CP for long
+sequences and EP for MoE); generation uses tensor-parallel *replicas* (``tp`` devices each, as
+many replicas as fit) because decode reads every weight at every token: the fewer devices a
+replica spans, the fewer all-reduces per token, and the more replicas decode side by side.
+
+**Memory per device** (bytes), training role (:func:`training_memory`):
+
+* model states: weights, gradients and Adam states, 2 + 2 + 12 bytes per parameter of the device's
+  share, sharded by ZeRO over the data-parallel degree (:func:`rlm_course.cost.anatomy.zero_model_state_bytes`;
+  Rajbhandari et al. 2019); the share is the dense weights ``/ (tp x pp)`` plus the experts
+  ``/ (ep x pp)`` (``/ (tp x pp)`` without EP); ``offload`` keeps the optimizer states in host
+  memory (the CPU-Adam of DeepSpeed, slime, verl); the experts' states are sharded over the
+  expert-data-parallel degree ``tp x cp x dp / ep``;
+* activations of the micro-batches in flight: one micro-batch of all layers under 1F1B
+  (stage 0 holds ``pp`` micro-batches of ``n_layer / pp`` layers), counted by
+  :func:`rlm_course.cost.anatomy.activation_bytes` for its tokens (``micro_batch`` sequences of
+  the longest length, or the packed token budget ``micro_batch_tokens``; FlashAttention keeps
+  them linear in the tokens) and divided by ``tp x cp`` (with sequence parallelism);
+* the fp32 logits of a micro-batch, ``tokens x vocab x 4 / tp``, the RL-specific peak of
+  computing log-probs and entropy (chunking removes it; not assumed);
+
+generation role (:func:`generation_memory`): the weights ``/ tp`` (bf16) and, in the rest of the
+device's usable memory, the KV cache, whose per-token bytes split over ``min(tp, kv_heads)``
+devices. A replica admits as many sequences as their KV caches fit (a paged cache holds what each
+sequence has written: prompt plus mean response), at most ``max_batch``.
+
+A layout that does not fit raises :class:`DoesNotFit` with what does not fit and how to fix it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from rlm_course.cost.anatomy import activation_bytes, zero_model_state_bytes
+from rlm_course.cost.architectures import TransformerSpec
+from rlm_course.cost.hardware import Device
+
+GB = 1e9
+ADAM_STATE_BYTES = 12  # fp32 master weights, momentum, variance
+
+
+class DoesNotFit(ValueError):
+    """A layout needs more memory per device than the device has; the message says what."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One role's parallel layout.
+
+    Attributes:
+        dp, tp, pp, cp, ep: degrees (``ep`` divides ``tp x cp x dp``).
+        zero: ZeRO stage 0-3 of the data-parallel ranks (3 = FSDP).
+        micro_batch: sequences per micro-batch per data-parallel rank.
+        micro_batch_tokens: instead, a token budget per micro-batch (dynamic batching with
+            sequence packing: verl's ``ppo_max_token_len_per_gpu``, NeMo-RL's
+            ``train_mb_tokens``); 0: use ``micro_batch``.
+        recompute: full activation recomputation.
+        offload: optimizer states in host memory.
+        overlap: overlap gradient communication with the backward (DDP buckets, FSDP prefetch).
+
+    Raises:
+        ValueError: for non-positive degrees, an unknown ZeRO stage or an ``ep`` that does not
+            divide ``tp x cp x dp``.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0
+    micro_batch: int = 1
+    micro_batch_tokens: int = 0
+    recompute: bool = False
+    offload: bool = False
+    overlap: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Layout.{name}={value!r} must be a positive integer.")
+        if not (isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0):
+            raise ValueError(f"Layout.micro_batch_tokens={self.micro_batch_tokens!r} must be an "
+                             "integer >= 0 (0: micro-batches of micro_batch sequences).")
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise ValueError(f"Layout.zero={self.zero!r}: choose ZeRO stage 0, 1, 2 or 3.")
+        if (self.tp * self.cp * self.dp) % self.ep:
+            raise ValueError(f"Layout: ep={self.ep} must divide tp x cp x dp = "
+                             f"{self.tp * self.cp * self.dp} (the expert-parallel ranks come from "
+                             "a pipeline stage's ranks).")
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def check(self, spec: TransformerSpec) -> None:
+        """Raise ``ValueError`` if the degrees do not fit the architecture: ``tp`` must divide the
+        query heads, ``pp`` be at most the layers, ``ep`` divide the experts (and be 1 for a
+        dense model)."""
+        if spec.n_head % self.tp:
+            raise ValueError(f"tp={self.tp} does not divide {spec.name}'s {spec.n_head} attention "
+                             "heads; choose a divisor.")
+        if self.pp > spec.n_layer:
+            raise ValueError(f"pp={self.pp} exceeds {spec.name}'s {spec.n_layer} layers.")
+        if self.ep > 1 and (not spec.is_moe or spec.n_experts % self.ep):
+            raise ValueError(f"ep={self.ep}: {spec.name} has {spec.n_experts} expert(s); expert "
+                             "parallelism needs an MoE model and a degree dividing its experts.")
+
+    def describe(self) -> str:
+        parts = [f"dp{self.dp}"] + [f"{a}{getattr(self, a)}" for a in ("tp", "pp", "cp", "ep")
+                                    if getattr(self, a) > 1]
+        if self.zero:
+            parts.append("fsdp" if self.zero == 3 else f"zero{self.zero}")
+        if self.recompute:
+            parts.append("recompute")
+        if self.offload:
+            parts.append("offload")
+        return " ".join(parts)
+
+    def micro_tokens(self, seq_len: int) -> int:
+        """Tokens in one micro-batch: the token budget, or ``micro_batch`` sequences of
+        ``seq_len``; a sequence is never split across micro-batches (only across ``cp``)."""
+        if self.micro_batch_tokens:
+            return max(self.micro_batch_tokens, seq_len)
+        return self.micro_batch * seq_len
+
+
+def axis_strides(layout: Layout) -> dict[str, tuple[int, int]]:
+    """``{axis: (degree, stride)}`` on the mesh ``pp, dp, cp, tp`` (``tp`` fastest): the
+    ranks of a group along an axis are ``stride`` apart. An expert-parallel group is ``ep``
+    consecutive ranks of a stage; the expert-data-parallel group (``edp``) the ranks ``ep``
+    apart that hold the same experts."""
+    t, c, d = layout.tp, layout.cp, layout.dp
+    return {"tp": (t, 1), "cp": (c, t), "ep": (layout.ep, 1), "dp": (d, t * c),
+            "edp": (t * c * d // layout.ep, layout.ep), "pp": (layout.pp, t * c * d)}
+
+
+def expert_params(spec: TransformerSpec) -> int:
+    """The routed experts' parameters (all layers), the part expert parallelism shards."""
+    return spec.n_layer * spec.n_experts * spec.mlp_params() if spec.is_moe else 0
+
+
+def params_per_device(spec: TransformerSpec, layout: Layout) -> tuple[float, float]:
+    """``(dense, expert)`` parameters one device holds before ZeRO: the dense part
+    ``/ (tp x pp)``, the experts ``/ (ep x pp)`` (``/ (tp x pp)`` without EP)."""
+    experts = expert_params(spec)
+    dense = spec.params() - experts
+    split = layout.ep * layout.pp if layout.ep > 1 else layout.tp * layout.pp
+    return dense / (layout.tp * layout.pp), experts / split
+
+
+def _states(params: float, dp: int, zero: int, offload: bool) -> dict[str, float]:
+    """Weights, gradients and (device-resident) optimizer states of ``params`` parameters under
+    ZeRO ``zero`` over ``dp`` ranks, from :func:`zero_model_state_bytes`."""
+    if params <= 0:
+        return {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0}
+    n = int(params)
+    total = zero_model_state_bytes(n, dp, zero, ADAM_STATE_BYTES)
+    no_optimizer = zero_model_state_bytes(n, dp, zero, 0)
+    weights = 2 * n / dp if zero == 3 else 2.0 * n
+    return {"weights": weights, "gradients": no_optimizer - weights,
+            "optimizer": 0.0 if offload else total - no_optimizer}
+
+
+def training_memory(spec: TransformerSpec, layout: Layout, seq_len: int,
+                    trained: bool = True) -> dict[str, float]:
+    """Bytes per device of one role in its training layout: ``weights``, ``gradients``,
+    ``optimizer`` (trained roles; see the module docstring), ``activations`` and ``logits`` of
+    the micro-batches in flight (trained roles), or the bf16 weights alone (frozen roles such as
+    the reference, sharded like the trainer; ZeRO-3 shards them over the data-parallel ranks
+    too).
+
+    Raises:
+        ValueError: for a layout that does not fit the architecture.
+    """
+    layout.check(spec)
+    dense, experts = params_per_device(spec, layout)
+    dp_dense = layout.dp * layout.cp
+    dp_expert = layout.tp * dp_dense // layout.ep if layout.ep > 1 else dp_dense
+    if not trained:
+        shard = (lambda p, n: p / n) if layout.zero == 3 else (lambda p, n: p)
+        return {"weights": 2 * (shard(dense, dp_dense) + shard(experts, dp_expert))}
+    out = {}
+    for part, n in ((dense, dp_dense), (experts, dp_expert)):
+        for k, v in _states(part, n, layout.zero, layout.offload).items():
+            out[k] = out.get(k, 0.0) + v
+    tokens = layout.micro_tokens(seq_len)  # packed: one sequence of this many tokens
+    acts = activation_bytes(spec, 1, tokens, layout.recompute)
+    out["activations"] = acts / (layout.tp * layout.cp)
+    out["logits"] = 4.0 * tokens / layout.cp * spec.vocab_size / layout.tp
+    return out
+
+
+def generation_memory(spec: TransformerSpec, tp: int, weight_bytes: int = 2) -> dict[str, float]:
+    """Per device of a generation replica of ``tp`` devices: ``weights`` (all parameters at
+    ``weight_bytes``, split ``tp`` ways) and ``kv_per_token``, the KV-cache bytes of one token
+    on one device (split over ``min(tp, kv_heads)``: past the KV heads, TP replicates them).
+
+    Raises:
+        ValueError: if ``tp`` does not divide the heads.
+    """
+    if spec.n_head % tp:
+        raise ValueError(f"generation tp={tp} does not divide {spec.name}'s {spec.n_head} heads; "
+                         "choose a divisor.")
+    return {"weights": spec.params() * weight_bytes / tp,
+            "kv_per_token": spec.kv_cache_bytes_per_token() / min(tp, spec.kv_heads)}
+
+
+def usable(device: Device, memory_fraction: float) -> float:
+    """Bytes of a device that allocations may use (the rest: CUDA context, fragmentation,
+    workspaces)."""
+    return device.memory_bytes * memory_fraction
+
+
+def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence: float,
+             memory_fraction: float = 0.9, resident: float = 0.0, max_batch: int = 1024) -> int:
+    """Sequences one generation replica of ``tp`` devices can decode at once: the KV caches of
+    ``tokens_per_sequence`` tokens each that fit beside the weights and ``resident`` bytes of
+    other state per device (e.g. a colocated trainer's), at most ``max_batch``.
+
+    Raises:
+        DoesNotFit: if not even one sequence fits.
+    """
+    mem = generation_memory(spec, tp)
+    room = usable(device, memory_fraction) - mem["weights"] - resident
+    per_sequence = mem["kv_per_token"] * tokens_per_sequence
+    if room < per_sequence:
+        raise DoesNotFit(
+            f"a generation replica of {spec.name} with tp={tp} on {device.name} needs "
+            f"{mem['weights'] / GB:,.1f} GB of weights"
+            + (f" + {resident / GB:,.1f} GB of resident trainer state" if resident else "")
+            + f" + {per_sequence / GB:,.2f} GB of KV cache for one sequence per device, but a device "
+              f"has {usable(device, memory_fraction) / GB:,.1f} GB usable; raise the generation tp"
+            + (", or offload the trainer's states during generation" if resident else "") + ".")
+    return int(min(max_batch, room // per_sequence))
+
+
+def check_training(spec: TransformerSpec, layout: Layout, device: Device, seq_len: int,
+                   memory_fraction: float = 0.9, role: str = "policy",
+                   extra: dict[str, float] | None = None) -> dict[str, float]:
+    """The training memory per device of ``role`` (plus ``extra`` bytes such as a frozen
+    reference's weights); returns it.
+
+    Raises:
+        DoesNotFit: naming the layout, the bytes of each part and the usable memory, with fixes.
+    """
+    memory = dict(training_memory(spec, layout, seq_len))
+    for k, v in (extra or {}).items():
+        memory[k] = memory.get(k, 0.0) + v
+    total, room = sum(memory.values()), usable(device, memory_fraction)
+    if total > room:
+        parts = ", ".join(f"{k} {v / GB:,.1f}" for k, v in memory.items() if v)
+        fixes = []
+        if layout.zero < 3:
+            fixes.append("shard with ZeRO-3/FSDP (zero=3)")
+        fixes.append("raise tp or pp")
+        if not layout.offload:
+            fixes.append("offload the optimizer")
+        if not layout.recompute:
+            fixes.append("recompute activations")
+        raise DoesNotFit(f"{role} layout {layout.describe()} of {spec.name} needs "
+                         f"{total / GB:,.1f} GB per {device.name} ({parts} GB) but a device has "
+                         f"{room / GB:,.1f} GB usable ({memory_fraction:.0%} of "
+                         f"{device.memory_bytes / GB:,.0f} GB): {', or '.join(fixes)}.")
+    return memory
+
+
+def replica_decode_step_seconds(spec: TransformerSpec, device: Device, tp: int, sequences: int,
+                                context: int, link, bandwidth_efficiency: float = 1.0) -> float:
+    """Roofline seconds of one decode step of a ``tp``-way replica with ``sequences`` sequences
+    at ``context`` tokens: ``max(FLOPs / (tp peak), bytes / (tp x bandwidth x efficiency))``
+    (:func:`rlm_course.cost.anatomy.decode_step_seconds`) plus its two all-reduces per layer
+    (:func:`rlm_course.systems.comm.decode_tp_comm`; ``link`` may be None for ``tp = 1``)."""
+    from rlm_course.cost.anatomy import decode_step_seconds
+    from rlm_course.systems.comm import decode_tp_comm
+
+    scaled = replace(device, memory_bandwidth=device.memory_bandwidth * bandwidth_efficiency)
+    roofline = decode_step_seconds(spec, scaled, tp, sequences, context)
+    return roofline + (decode_tp_comm(spec, tp, sequences, link).seconds if tp > 1 else 0.0)
+
+
+def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, sequences: int,
+                         tokens_per_sequence: int, link, candidates=(1, 2, 4, 8),
+                         memory_fraction: float = 0.9,
+                         bandwidth_efficiency: float = 0.7) -> tuple[int, dict[int, float]]:
+    """The tensor-parallel degree for generation replicas on ``gpus`` devices decoding
+    ``sequences`` sequences of ``tokens_per_sequence`` tokens: among ``candidates`` that divide
+    ``gpus`` and the heads, the one whose rollout takes least time, estimated as
+
+        waves x steps x step_seconds(sequences per wave, at mid-sequence context)
+
+    with ``replicas = gpus / tp``, ``per_replica = ceil(sequences / replicas)``,
+    ``waves = ceil(per_replica / kv_slots)`` (:func:`kv_slots`), ``steps = tokens_per_sequence``
+    and :func:`replica_decode_step_seconds`. A ``tp`` whose weights do not fit is skipped; ties
+    go to the smaller ``tp`` (more replicas, fewer collectives).
+
+    Returns:
+        ``(best tp, {tp: estimated seconds})`` over the candidates that fit.
+
+    Raises:
+        DoesNotFit: if no candidate fits.
+    """
+    estimates: dict[int, float] = {}
+    # BEGIN SOLUTION: for each candidate tp (skip those not dividing gpus or the heads): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest
+    for tp in candidates:
+        if gpus % tp or spec.n_head % tp:
+            continue
+        try:
+            slots = kv_slots(spec, tp, device, tokens_per_sequence, memory_fraction)
+        except DoesNotFit:
+            continue
+        per_replica = -(-sequences // (gpus // tp))
+        waves = -(-per_replica // slots)
+        batch = min(per_replica, slots)
+        step = replica_decode_step_seconds(spec, device, tp, batch, tokens_per_sequence // 2, link,
+                                           bandwidth_efficiency)
+        estimates[tp] = waves * tokens_per_sequence * step
+    # END SOLUTION
+    if not estimates:
+        raise DoesNotFit(f"no generation tp in {tuple(candidates)} fits {spec.name} on {gpus} x "
+                         f"{device.name}; use more devices per replica or a larger device.")
+    best = min(estimates, key=lambda tp: (estimates[tp], tp))
+    return best, estimates

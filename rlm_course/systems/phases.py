@@ -1,0 +1,434 @@
+"""Seconds of each phase of an RL iteration on a cluster: a generation replica's decode steps and
+prefills, the trainer's scoring and update passes, weight synchronisation and offloading.
+
+FLOPs and bytes come from :mod:`rlm_course.cost` (:func:`~rlm_course.cost.architectures.teacher_forced_flops`
+for every teacher-forced pass, :meth:`~rlm_course.cost.architectures.TransformerSpec.forward_flops_per_token`
+for a decode step, :func:`~rlm_course.cost.anatomy.weight_bytes` for the weights a step reads,
+:func:`~rlm_course.cost.accounting.predict_passes` for which models run which passes);
+communication from :mod:`rlm_course.systems.comm`. They become seconds through **rates**
+(:class:`Rates`): the fraction of the peak FLOP/s and of the memory bandwidth each kind of pass
+reaches, a fixed latency per decode step, measured links. The defaults are named assumptions,
+typical of published runs; a measured run replaces them (chapter 14 measures this machine's).
+
+**A decode step** of a replica of ``tp`` devices with ``a`` sequences whose contexts sum to
+``C`` takes
+
+    max(F / (tp x peak x decode_mfu), B / (tp x bandwidth x decode_bandwidth)) + latency + TP comm
+
+with ``F = a 2 N + 4 L H d_h C`` (:meth:`forward_flops_per_token` summed over the sequences),
+``B`` = the weights the ``a`` tokens touch plus ``C + a`` tokens of KV cache (read, and one
+written per sequence), and two all-reduces per layer (:func:`~rlm_course.systems.comm.decode_tp_comm`).
+Over ``s`` steps with the same sequences, ``C`` grows by ``a`` per step, so both terms are linear
+in the step and their sum has a closed form (:meth:`DecodeCost.seconds`), which the simulator
+inverts when a weight update interrupts a replica (:meth:`DecodeCost.steps_within`).
+
+**A trainer pass** over a batch of sequences on a :class:`~rlm_course.systems.layouts.Layout`
+takes its FLOPs at ``train_mfu`` (updates) or ``forward_mfu`` (scoring) on all the layout's
+devices, divided by ``1 - bubble`` for a pipeline (``(pp - 1) / (m + pp - 1)``, ``m``
+micro-batches per optimizer step), plus the communication that cannot hide: TP and EP
+collectives (on the critical path of every layer), the fill and drain hops of the pipeline, what
+the compute cannot hide of the data-parallel gradient traffic (:func:`~rlm_course.systems.comm.exposed`;
+ZeRO-3 gathers the weights for every micro-batch) and of ring attention.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from rlm_course.cost.accounting import predict_passes
+from rlm_course.cost.anatomy import Workload, weight_bytes
+from rlm_course.cost.architectures import TransformerSpec, teacher_forced_flops
+from rlm_course.cost.hardware import Device
+from rlm_course.parallel.world import Link
+from rlm_course.rl.algorithms import RLConfig
+from rlm_course.systems import comm
+from rlm_course.systems.layouts import Layout, axis_strides, params_per_device
+
+
+@dataclass(frozen=True)
+class Rates:
+    """How fast the hardware really runs each kind of work: the inputs that turn FLOPs and bytes
+    into seconds. Measured on a real run where one exists; otherwise the defaults, each a named
+    assumption.
+
+    Attributes:
+        train_mfu: fraction of peak FLOP/s reached by training passes (forward + backward);
+            default 0.40 (Megatron-LM reports 0.52 on 3,072 A100s, arXiv:2104.04473; verl's
+            Qwen3-30B-A3B recipe 0.31-0.40).
+        forward_mfu: the same for teacher-forced forwards (scoring, prefill); default 0.45.
+        decode_mfu: for a decode step when it is compute-bound; default 0.5.
+        decode_bandwidth: fraction of the memory bandwidth a memory-bound decode step reaches;
+            default 0.7.
+        decode_step_latency: seconds added to every decode step (kernel launches, sampling,
+            the scheduler); default 0.
+        reward_seconds: verifier seconds per response (on CPUs, serial per trainer); default 0.
+        iteration_overhead: fixed seconds per iteration on the trainer (controller, data
+            movement, logging); default 0.
+        host_bandwidth: bytes/s between a device and host memory, for offloading; default
+            25e9 (PCIe Gen4 x16 in practice).
+        weight_sync_bandwidth: bytes/s of trainer-to-rollout weight transfer; default: the
+            fabric's inter-node link.
+        intra_link, inter_link: measured links replacing the catalog's.
+        memory_fraction: usable share of device memory; default 0.9.
+        max_batch: most sequences a generation replica decodes at once; default 1024 (verl's
+            rollout ``max_num_seqs``).
+        static_batching: the engine decodes a batch in lockstep until its longest sequence ends,
+            finished rows still computed, and admits new sequences only then (Hugging Face
+            ``generate``, this course's sampler); default False: continuous batching, a finished
+            sequence's slot goes to the next one at once (vLLM, SGLang; Yu et al. 2022, Orca).
+
+    Raises:
+        ValueError: for an efficiency outside (0, 1] or a negative time.
+    """
+
+    train_mfu: float = 0.40
+    forward_mfu: float = 0.45
+    decode_mfu: float = 0.50
+    decode_bandwidth: float = 0.70
+    decode_step_latency: float = 0.0
+    reward_seconds: float = 0.0
+    iteration_overhead: float = 0.0
+    host_bandwidth: float = 25e9
+    weight_sync_bandwidth: float | None = None
+    intra_link: Link | None = None
+    inter_link: Link | None = None
+    memory_fraction: float = 0.9
+    max_batch: int = 1024
+    static_batching: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("train_mfu", "forward_mfu", "decode_mfu", "decode_bandwidth",
+                     "memory_fraction"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ValueError(f"Rates.{name}={value} must be a fraction in (0, 1].")
+        for name in ("decode_step_latency", "reward_seconds", "iteration_overhead"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"Rates.{name}={getattr(self, name)} must be >= 0 seconds.")
+        if not self.host_bandwidth > 0 or (self.weight_sync_bandwidth is not None
+                                           and not self.weight_sync_bandwidth > 0):
+            raise ValueError("Rates: host_bandwidth and weight_sync_bandwidth must be positive.")
+        if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
+            raise ValueError(f"Rates.max_batch={self.max_batch!r} must be a positive integer.")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``gpus`` devices of a catalog type.
+
+    Raises:
+        ValueError: for ``gpus < 1``.
+    """
+
+    device: Device
+    gpus: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.gpus, int) and not isinstance(self.gpus, bool) and self.gpus >= 1):
+            raise ValueError(f"Cluster.gpus={self.gpus!r} must be a positive integer.")
+
+    def fabric(self, rates: Rates) -> comm.Fabric:
+        return comm.Fabric.of(self.device, rates.intra_link, rates.inter_link)
+
+
+# ---------------------------------------------------------------------- generation
+@dataclass
+class DecodeCost:
+    """Seconds of a generation replica's work: ``tp`` devices of ``device`` holding ``spec``.
+
+    Attributes:
+        flops: FLOPs counted so far by :meth:`seconds` and :meth:`prefill_seconds` (for MFU).
+    """
+
+    spec: TransformerSpec
+    device: Device
+    tp: int
+    rates: Rates
+    fabric: comm.Fabric | None = None
+    workload: Workload = field(default_factory=lambda: Workload(1, 1, 1, 1))
+    flops: float = 0.0
+
+    def __post_init__(self) -> None:
+        s, r, tp = self.spec, self.rates, self.tp
+        self.per_token = 2 * s.matmul_params()            # FLOPs of one token's matmuls
+        self.attention = 4 * s.n_layer * s.n_head * s.head_dim  # FLOPs per key attended
+        self.kv = s.kv_cache_bytes_per_token(self.workload.kv_bytes)
+        self.flop_rate = tp * self.device.peak_flops * r.decode_mfu
+        self.byte_rate = tp * self.device.memory_bandwidth * r.decode_bandwidth
+        self.prefill_rate = tp * self.device.peak_flops * r.forward_mfu
+        self.link = self.fabric.link(tp) if tp > 1 and self.fabric is not None else None
+        if tp > 1 and self.link is None:
+            raise ValueError(f"a tp={tp} replica needs links; give the cluster's fabric.")
+        self._fixed: dict[int, float] = {}
+        self._weights: dict[int, float] = {}
+
+    def _constant(self, active: int) -> float:
+        """Per-step seconds that do not depend on the context: latency and the TP all-reduces."""
+        if active not in self._fixed:
+            tp_comm = (comm.decode_tp_comm(self.spec, self.tp, active, self.link).seconds
+                       if self.tp > 1 else 0.0)
+            self._fixed[active] = self.rates.decode_step_latency + tp_comm
+        return self._fixed[active]
+
+    def _weight_bytes(self, active: int) -> float:
+        if active not in self._weights:
+            self._weights[active] = weight_bytes(self.spec, self.workload, active)
+        return self._weights[active]
+
+    def _terms(self, active: int, context_sum: float) -> tuple[float, float, float, float]:
+        """``(f0, f1, b0, b1)``: compute and memory seconds of step ``t`` are ``f0 + f1 t`` and
+        ``b0 + b1 t``."""
+        a = active
+        f0 = (a * self.per_token + self.attention * context_sum) / self.flop_rate
+        f1 = self.attention * a / self.flop_rate
+        b0 = (self._weight_bytes(a) + self.kv * (context_sum + a)) / self.byte_rate
+        b1 = self.kv * a / self.byte_rate
+        return f0, f1, b0, b1
+
+    def seconds(self, steps: int, active: int, context_sum: float, count: bool = False) -> float:
+        """Seconds of ``steps`` decode steps of ``active`` sequences whose contexts sum to
+        ``context_sum`` at the first step (each step adds ``active`` to it); ``count`` adds their
+        FLOPs to :attr:`flops`."""
+        if steps <= 0 or active <= 0:
+            return 0.0
+        f0, f1, b0, b1 = self._terms(active, context_sum)
+
+        def linear(c0, c1, lo, hi):  # sum of c0 + c1 t over t = lo .. hi - 1
+            n = hi - lo
+            return n * c0 + c1 * (lo + hi - 1) * n / 2 if n > 0 else 0.0
+
+        d0, d1 = f0 - b0, f1 - b1  # compute-bound where d0 + d1 t >= 0
+        if d1 == 0:
+            split, compute_first = steps, d0 >= 0
+        elif d1 > 0:  # memory-bound until the lines cross, compute-bound after
+            split, compute_first = min(steps, max(0, math.ceil(-d0 / d1))), False
+        else:  # compute-bound until they cross
+            split, compute_first = min(steps, max(0, math.floor(-d0 / d1) + 1)), True
+        first, second = ((f0, f1), (b0, b1)) if compute_first else ((b0, b1), (f0, f1))
+        head = linear(*first, 0, split)
+        tail = linear(*second, split, steps)
+        if count:
+            self.count(steps, active, context_sum)
+        return head + tail + steps * self._constant(active)
+
+    def count(self, steps: int, active: int, context_sum: float) -> None:
+        """Add the FLOPs of ``steps`` decode steps (as :meth:`seconds` times them) to
+        :attr:`flops`."""
+        self.flops += steps * active * self.per_token + self.attention * (
+            steps * context_sum + active * steps * (steps - 1) / 2)
+
+    def steps_within(self, elapsed: float, active: int, context_sum: float, limit: int) -> int:
+        """The most whole steps (at most ``limit``) that fit in ``elapsed`` seconds."""
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.seconds(mid, active, context_sum) <= elapsed:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def prefill_seconds(self, contexts: dict[int, int]) -> float:
+        """Seconds to prefill ``{context length: sequences}`` (compute-bound roofline, weights
+        read once, their keys and values written); counts their FLOPs."""
+        if not contexts:
+            return 0.0
+        flops = sum(teacher_forced_flops(self.spec, c, n) for c, n in contexts.items())
+        tokens = sum(c * n for c, n in contexts.items())
+        self.flops += flops
+        return max(flops / self.prefill_rate,
+                   (self._weight_bytes(sum(contexts.values())) + self.kv * tokens) / self.byte_rate)
+
+
+# ---------------------------------------------------------------------- training
+def pass_flops(spec: TransformerSpec, config: RLConfig, prompt_len: int, lengths,
+               recompute: bool = False, engine_log_probs: bool = False) -> dict[str, float]:
+    """FLOPs of the trainer's stages for sequences of ``prompt_len + length`` tokens: ``scoring``
+    (the forwards :func:`~rlm_course.cost.accounting.predict_passes` prescribes: old policy,
+    reference, critic values), ``policy update`` and ``critic update`` (epochs x forward +
+    backward, ``3x`` a forward, ``4x`` with recomputation), as
+    :func:`rlm_course.cost.anatomy.stage_costs` counts them. With ``engine_log_probs`` the
+    rollout engine's log-probs stand for ``pi_old`` and the old policy's forward is skipped
+    (verl's ``use_rollout_log_probs``, at the price of the engine/trainer mismatch that
+    importance sampling corrects). Stages the algorithm does not run are absent."""
+    passes = predict_passes(config)
+    if engine_log_probs:
+        passes["scoring"].pop("policy", None)
+    counts = Counter(lengths)
+
+    def forward(critic: bool) -> float:
+        return sum(teacher_forced_flops(spec, prompt_len + t, n, t if critic else None)
+                   for t, n in counts.items())
+
+    out = {}
+    scoring = sum(c["forward"] * forward(model == "critic") for model, c in passes["scoring"].items())
+    if scoring:
+        out["scoring"] = scoring
+    factor = 4 if recompute else 3
+    for model, stage in (("policy", "policy update"), ("critic", "critic update")):
+        if model in passes["training"]:
+            out[stage] = passes["training"][model]["forward"] * factor * forward(model == "critic")
+    return out
+
+
+@dataclass
+class TrainerCost:
+    """Seconds of the trainer's stages on ``layout`` (the policy's; a critic and a reference use
+    the same layout)."""
+
+    spec: TransformerSpec
+    config: RLConfig
+    layout: Layout
+    device: Device
+    rates: Rates
+    fabric: comm.Fabric | None
+    prompt_len: int
+    engine_log_probs: bool = False
+
+    def __post_init__(self) -> None:
+        self.layout.check(self.spec)
+        if self.layout.devices > 1 and self.fabric is None:
+            raise ValueError("a trainer on several devices needs the cluster's fabric.")
+        strides = axis_strides(self.layout)
+        self.links = {axis: (self.fabric.link(size, stride) if size > 1 else None)
+                      for axis, (size, stride) in strides.items()}
+
+    def seconds(self, lengths, optimizer_steps: int | None = None) -> dict[str, float]:
+        """``{stage: seconds}`` for a batch of responses of ``lengths`` tokens (each after a
+        ``prompt_len``-token prompt), ``optimizer_steps`` gradient steps per update epoch
+        (default the configuration's ``minibatches``).
+
+        The compute of a stage is that of its **busiest data-parallel replica**, step by step:
+        each optimizer step's sequences (a deterministic shuffle of the batch cut into
+        mini-batches) go to the ``dp`` replicas longest first, each to the least loaded one
+        (the LPT rule; verl and AReaL balance their ranks the same way, with Karmarkar-Karp),
+        and the step lasts as long as the replica with the most FLOPs. With equal lengths that
+        is ``FLOPs / (devices x peak x mfu)``; with a long tail, a replica holding one of the
+        longest sequences can outlast the average by far, and adding replicas no longer helps."""
+        lay, spec, dev, r = self.layout, self.spec, self.device, self.rates
+        lengths = list(lengths)
+        if not lengths:
+            return {}
+        steps = self.config.minibatches if optimizer_steps is None else optimizer_steps
+        sequences = len(lengths)
+        tokens = sum(self.prompt_len + t for t in lengths)
+        mean_seq = tokens / sequences
+        per_sequence = {t: pass_flops(spec, self.config, self.prompt_len, [t], lay.recompute,
+                                      self.engine_log_probs) for t in set(lengths)}
+        order = list(range(sequences))
+        random.Random(0).shuffle(order)
+        out = {}
+        for stage in per_sequence[lengths[0]]:
+            backward = stage != "scoring"
+            mfu = r.train_mfu if backward else r.forward_mfu
+            cut = max(1, min(steps, sequences)) if backward else 1
+            busiest = sum(_busiest([per_sequence[lengths[i]][stage] for i in order[k::cut]], lay.dp)
+                          for k in range(cut))
+            epochs = self.config.ppo_epochs if backward else 1  # (in the FLOPs already)
+            replica = lay.tp * lay.pp * lay.cp
+            compute = busiest / (replica * dev.peak_flops * mfu)
+            opt_steps = cut * epochs if backward else 1
+            per_rank = sequences / (lay.dp * cut)
+            mb_seq = lay.micro_tokens(round(mean_seq)) / mean_seq  # sequences per micro-batch
+            m = max(1, math.ceil(per_rank / mb_seq))
+            if lay.pp > 1:
+                compute /= 1 - (lay.pp - 1) / (m + lay.pp - 1)
+            micro = m * opt_steps  # micro-batches each device runs in this stage
+            mb_tokens = min(mb_seq, per_rank) * mean_seq / lay.cp
+            layers = spec.n_layer / lay.pp
+            total = compute
+            if lay.tp > 1:
+                total += micro * comm.tensor_parallel_comm(spec, lay.tp, mb_tokens, self.links["tp"],
+                                                           backward, layers=1).seconds * layers
+            if lay.ep > 1:
+                per_layer = comm.expert_parallel_comm(spec, lay.ep, mb_tokens, self.links["ep"],
+                                                      backward).seconds / spec.n_layer
+                total += micro * per_layer * layers
+            if lay.pp > 1:
+                hop = comm.pipeline_comm(spec, mb_tokens, self.links["pp"], backward).seconds
+                total += opt_steps * (lay.pp - 1) * hop
+            if lay.cp > 1:
+                ring = comm.context_parallel_comm(spec, lay.cp, mb_tokens * lay.cp,
+                                                  self.links["cp"], backward).seconds
+                total += comm.exposed(micro * ring * layers / spec.n_layer, compute, 1, True)
+            if lay.dp * lay.cp > 1 or lay.ep > 1:
+                total += self._data_parallel(compute, opt_steps, m, backward)
+            out[stage] = total
+        return out
+
+    def _data_parallel(self, compute: float, opt_steps: int, micro: int, backward: bool) -> float:
+        """Exposed data-parallel seconds of a stage: ZeRO-0/1/2 sync the gradients once per
+        optimizer step (the backward, 2/3 of the compute, hides them); ZeRO-3 gathers the weights
+        for every micro-batch (and reduce-scatters its gradients), hidden behind all of it. The
+        experts sync over their expert-data-parallel group."""
+        lay, spec = self.layout, self.spec
+        dense, experts = params_per_device(spec, lay)
+        strides = axis_strides(lay)
+        groups = [(dense, lay.dp * lay.cp, lay.tp)]
+        if experts:
+            edp, stride = strides["edp"] if lay.ep > 1 else (lay.dp * lay.cp, lay.tp)
+            groups.append((experts, edp, stride))
+        cost = comm.NONE
+        for params, n, stride in groups:
+            if n > 1:
+                cost = cost + comm.data_parallel_comm(params, n, self.fabric.link(n, stride), lay.zero)
+        if lay.zero == 3:
+            per_micro = cost if backward else cost * (1 / 3)  # a forward gathers the weights once
+            total = per_micro.seconds * micro * opt_steps
+            return comm.exposed(total, compute, spec.n_layer * micro * opt_steps, lay.overlap)
+        if not backward:
+            return 0.0
+        hidden = compute * 2 / 3 / opt_steps
+        return opt_steps * comm.exposed(cost.seconds, hidden, 25, lay.overlap)
+
+
+def _busiest(loads: list[float], replicas: int) -> float:
+    """The largest total when ``loads`` go, largest first, each to the least loaded of
+    ``replicas`` bins (Graham's LPT rule, within 4/3 of the best split)."""
+    if replicas <= 1 or len(loads) <= 1:
+        return sum(loads) if replicas <= 1 else max(loads, default=0.0)
+    if len(loads) <= replicas:
+        return max(loads)
+    bins = [0.0] * replicas
+    for load in sorted(loads, reverse=True):
+        heapq.heapreplace(bins, bins[0] + load)
+    return max(bins)
+
+
+# ---------------------------------------------------------------------- moving weights and state
+def weight_sync_seconds(spec: TransformerSpec, colocated: bool, generation_tp: int,
+                        fabric: comm.Fabric | None, rates: Rates, gpus: int,
+                        trainer_devices: int = 1, weight_bytes_per_param: int = 2) -> float:
+    """Seconds to bring the rollout engines the new weights after an update.
+
+    * colocated (hybrid engine): each device all-gathers its generation shard
+      (``params x 2 / generation_tp`` bytes) from the training shards on its node, over NVLink
+      (HybridFlow's 3D-HybridEngine, arXiv:2409.19256, section 5); nothing to do on one device;
+    * disaggregated: the bf16 weights cross the network, every trainer device sending its
+      share and every rollout device receiving its generation shard, in pipelined broadcasts
+      (NCCL): as long as the larger of ``W / trainer_devices`` and ``W / generation_tp`` takes
+      over one device's NIC, plus the broadcast's latency; or the full ``W`` at
+      ``rates.weight_sync_bandwidth`` when given (a single-source transfer, e.g. verl's rank-0
+      broadcast, or a measured rate).
+    """
+    full = spec.params() * weight_bytes_per_param
+    if colocated:
+        group = min(gpus, fabric.devices_per_node if fabric else 1)
+        if group <= 1:
+            return 0.0
+        return comm.all_gather_seconds(full / generation_tp, group, fabric.link(group))
+    if rates.weight_sync_bandwidth is not None:
+        return full / rates.weight_sync_bandwidth
+    replicas = max(1, (gpus - trainer_devices) // generation_tp)
+    per_device = max(full / trainer_devices, full / generation_tp)
+    return comm.broadcast_seconds(per_device, replicas + 1, fabric.link(fabric.devices_per_node + 1),
+                                  pipelined=True)
+
+
+def offload_seconds(nbytes: float, rates: Rates) -> float:
+    """Seconds to move ``nbytes`` per device to host memory and back (both ways)."""
+    return 2 * nbytes / rates.host_bandwidth

@@ -1,0 +1,89 @@
+"""The planner (:mod:`rlm_course.systems.planner`) in ipywidgets: choose a model, a device, a
+cluster size, an algorithm and a workload, press **Plan**, and read the best plans and why the
+others lose (the text ``python -m rlm_course plan`` prints).
+
+Every control can be set from code (``w.controls["gpus"].value = 128``) and :meth:`PlannerWidget.run`
+plans without the button; a setting that makes no sense (a GPU count no layout fits, a mean
+response longer than its budget) shows its error message, never a traceback. Planning a large
+cluster takes seconds to a minute, hence the button rather than a live update.
+"""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+
+from rlm_course.cost.anatomy import Workload
+from rlm_course.cost.architectures import SPECS, get_spec
+from rlm_course.cost.hardware import get_device, load_catalog
+from rlm_course.rl.algorithms import PRESETS
+from rlm_course.systems.planner import Plan, format_plan, plan
+from rlm_course.systems.simulator import algorithm
+
+
+class PlannerWidget:
+    """Controls, a **Plan** button and the planner's answer.
+
+    Attributes:
+        controls: ``{name: widget}``; ``widget``: the whole front-end; ``result``: the latest
+            :class:`~rlm_course.systems.planner.Plan` (None after an error); ``message``: the
+            error shown, or ``""``; ``output``: the HTML of the answer.
+    """
+
+    def __init__(self) -> None:
+        style = {"description_width": "9em"}
+        box = widgets.Layout(width="21em")
+
+        def dropdown(options, value, desc):
+            return widgets.Dropdown(options=options, value=value, description=desc, style=style,
+                                    layout=box)
+
+        def number(value, desc, kind=widgets.BoundedIntText, **kw):
+            return kind(value=value, description=desc, style=style, layout=box, **kw)
+
+        accelerators = [d for d in load_catalog() if d != "this-machine"]
+        self.controls = {
+            "model": dropdown(list(SPECS), "llama-3-70b", "model"),
+            "device": dropdown(accelerators, "H100-SXM-80GB", "device"),
+            "gpus": number(64, "GPUs", min=1, max=10**6),
+            "algorithm": dropdown(list(PRESETS), "grpo", "algorithm"),
+            "minibatches": number(16, "minibatches", min=1, max=4096),
+            "prompts": number(256, "prompts", min=1, max=10**6),
+            "group_size": number(16, "group size", min=1, max=1024),
+            "prompt_len": number(512, "prompt tokens", min=1, max=10**6),
+            "mean_response": number(4000.0, "mean response", widgets.BoundedFloatText, min=1,
+                                    max=10**6),
+            "sigma": number(0.8, "length sigma", widgets.BoundedFloatText, min=0, max=3),
+            "max_response": number(16384, "max response", min=1, max=10**7),
+            "top": number(4, "plans shown", min=1, max=50),
+        }
+        self.button = widgets.Button(description="Plan", button_style="primary")
+        self.button.on_click(lambda _: self.run())
+        self.html = widgets.HTML()
+        self.result: Plan | None = None
+        self.message = ""
+        self.output = ""
+        left = widgets.VBox([self.controls[k] for k in ("model", "device", "gpus", "algorithm",
+                                                        "minibatches", "top")])
+        right = widgets.VBox([self.controls[k] for k in ("prompts", "group_size", "prompt_len",
+                                                         "mean_response", "sigma", "max_response")])
+        self.widget = widgets.VBox([widgets.HBox([left, right]), self.button, self.html])
+
+    def run(self) -> Plan | None:
+        """Plan with the current settings; show the answer (or the error) and return it."""
+        v = {k: c.value for k, c in self.controls.items()}
+        try:
+            workload = Workload.long_tailed(v["prompts"], v["group_size"], v["prompt_len"],
+                                            v["mean_response"], v["sigma"], v["max_response"])
+            result = plan(get_spec(v["model"]),
+                          algorithm(v["algorithm"], minibatches=v["minibatches"]), workload,
+                          get_device(v["device"]), v["gpus"])
+        except ValueError as err:
+            self.result, self.message = None, str(err)
+            self.output = f"<p style='color:#b00'>{html.escape(self.message)}</p>"
+        else:
+            self.result, self.message = result, ""
+            self.output = f"<pre>{html.escape(format_plan(result, v['top']))}</pre>"
+        self.html.value = self.output
+        return self.result

@@ -1,0 +1,807 @@
+"""A discrete-event simulator of RL iterations on a cluster, built on SimPy (Matloff, "Introduction
+to Discrete-Event Simulation and the SimPy Language"; https://simpy.readthedocs.io).
+
+**What it models.** A :class:`Scenario` gives the policy (a
+:class:`~rlm_course.cost.architectures.TransformerSpec`), the algorithm (an
+:class:`~rlm_course.rl.algorithms.RLConfig` preset: which scoring passes and updates run), the
+workload (a :class:`~rlm_course.cost.anatomy.Workload`: prompts, group size, one length per
+response), the cluster (a catalog device and a count), the **placement** (``colocated``: every
+role time-shares all devices, as verl's hybrid engine; ``disaggregated``: a rollout pool and a
+trainer pool), each role's layout (generation replicas of ``generation_tp`` devices; the
+trainer's :class:`~rlm_course.systems.layouts.Layout`), the **execution mode** (:class:`Mode`) and
+the rates (:class:`~rlm_course.systems.phases.Rates`).
+
+**How.** Worker groups are SimPy processes, not GPUs or tokens:
+
+* each **generation replica** is a process that decodes the sequences it holds with continuous
+  batching: it admits queued sequences while its KV cache has room (a prefill each), decodes all
+  of them one step at a time until the next one finishes, lets it go, admits the next, and so
+  on. Between two such events every step costs the closed form of
+  :class:`~rlm_course.systems.phases.DecodeCost`, so a replica's whole rollout is one event per
+  finishing length, and a long-tailed batch keeps a replica busy with ever fewer sequences: the
+  tail;
+* a **controller** admits prompts to the replicas, round-robin, group by group, as far as the
+  staleness bound allows, and collects finished groups (all ``group_size`` samples) in a FIFO
+  buffer;
+* the **trainer** (a process) takes ``prompts`` finished groups, runs the reward, scoring and
+  update stages (:class:`~rlm_course.systems.phases.TrainerCost`), then publishes new weights:
+  it waits for the rollout to **drain** the sequences already given to it, queued or decoding,
+  while no new prompts are admitted (or, with partial rollouts, **pauses** them where they
+  are), transfers the weights
+  (:func:`~rlm_course.systems.phases.weight_sync_seconds`) and lets the rollout resume;
+* colocated, one process runs the phases of an iteration in turn on the shared devices:
+  (offload the trainer's states,) generate, (reload,) reward, score, update, reshard.
+
+**Execution modes** (:class:`Mode`), after the systems that introduced them:
+
+* ``staleness`` eta: prompts are admitted while ``admitted <= (version + 1 + eta) x prompts``
+  (:func:`rlm_course.systems.async_rl.rollout_capacity`, the gate chapter 13 runs on real
+  processes), so a sample is generated at most eta versions behind the weights that train on it
+  (AReaL's
+  ``max_head_offpolicyness``, arXiv:2505.24298; verl's ``staleness_threshold``, fractional).
+  eta = 0 is synchronous (generate, then train), eta = 1 one step off-policy (generation of batch
+  k + 1 overlaps training on batch k; verl's one-step-off recipe, NeMo-RL's ``max_trajectory_age_steps``);
+* ``streaming``: the trainer takes mini-batches as soon as their groups finish (verl's
+  fully-async streaming, StreamRL arXiv:2504.15930) instead of a whole batch;
+* ``partial_rollout``: a weight update pauses in-flight sequences and resumes them with the new
+  weights instead of waiting for them to finish (Kimi k1.5, arXiv:2501.12599; AReaL's
+  interruptible rollouts, which re-prefill the context, ``recompute_kv``; verl keeps it);
+  colocated, it ends a generation phase as soon as a batch of groups is done and carries the
+  unfinished ones over;
+* ``stage_fusion`` (colocated): when a fraction ``fusion_threshold`` of the batch's groups is
+  done, the tail migrates to a few replicas (``fusion_tail`` of the devices) and the others start
+  scoring the finished groups (RLHFuse's inter-stage fusion, arXiv:2409.13221).
+
+**Outputs** (:class:`SimResult`): per-worker timelines, the steady-state step time, throughput,
+the generation share of the step, MFU (all the iteration's model FLOPs over the cluster's peak)
+and the training MFU, memory per device of each role; a layout that does not fit memory is
+refused up front (:class:`~rlm_course.systems.layouts.DoesNotFit`).
+
+Closed forms the simulator reproduces (tests): a synchronous step is the sum of its stages; with
+eta >= 1 and disaggregated pools the steady-state step is the longer of generation and training
+(plus the weight sync); stage fusion saves ``min(T_score, ...)`` as its formula says.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import simpy
+
+from rlm_course.cost.anatomy import Workload
+from rlm_course.cost.architectures import TransformerSpec
+from rlm_course.rl.algorithms import RLConfig, preset
+from rlm_course.systems.async_rl import rollout_capacity
+from rlm_course.systems.layouts import (Layout, check_training, generation_memory,
+                                        kv_slots, training_memory, usable)
+from rlm_course.systems.phases import (Cluster, DecodeCost, Rates, TrainerCost, offload_seconds,
+                                       pass_flops, weight_sync_seconds)
+
+PLACEMENTS = ("colocated", "disaggregated")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How generation and training are ordered (see the module docstring).
+
+    Raises:
+        ValueError: for a negative staleness or a threshold outside (0, 1).
+    """
+
+    staleness: float = 0.0
+    streaming: bool = False
+    partial_rollout: bool = False
+    recompute_kv: bool = True
+    stage_fusion: bool = False
+    fusion_threshold: float = 0.9
+    fusion_tail: float = 0.125
+
+    def __post_init__(self) -> None:
+        if not (self.staleness >= 0 and math.isfinite(self.staleness)):
+            raise ValueError(f"Mode.staleness={self.staleness} must be a finite number >= 0 (0: "
+                             "synchronous, 1: one step off-policy).")
+        if not 0 < self.fusion_threshold < 1 or not 0 < self.fusion_tail < 1:
+            raise ValueError("Mode.fusion_threshold and fusion_tail must be fractions in (0, 1).")
+
+    @property
+    def name(self) -> str:
+        base = ("sync" if self.staleness == 0 else "one-step-off" if self.staleness == 1
+                else f"async eta={self.staleness:g}")
+        flags = [f for f, on in (("streaming", self.streaming), ("partial", self.partial_rollout),
+                                 ("fused", self.stage_fusion)) if on]
+        return " + ".join([base] + flags)
+
+
+#: Named modes: what the planner tries and the CLI accepts.
+MODES = {
+    "sync": Mode(),
+    "fused": Mode(stage_fusion=True),
+    "one-step-off": Mode(staleness=1),
+    "async": Mode(staleness=1, streaming=True, partial_rollout=True),
+    "async-eta2": Mode(staleness=2, streaming=True, partial_rollout=True),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything one simulation needs (see the module docstring).
+
+    Attributes:
+        rollout_gpus: disaggregated only: the rollout pool's devices (the rest train).
+        generation_tp: devices per generation replica.
+        trainer: the trainer's layout (default: plain data parallelism over the trainer's
+            devices); its devices must be the trainer pool's.
+        offload_trainer: colocated only: move the trainer's states to host memory while the
+            rollout generates (slime's and verl's offload), paying the transfer both ways.
+        engine_log_probs: take ``pi_old`` from the rollout engine and skip the old policy's
+            scoring forward (:func:`~rlm_course.systems.phases.pass_flops`).
+        oversample: prompts generated per prompt trained (DAPO's dynamic sampling generates a
+            larger batch and keeps the groups whose rewards differ, e.g. verl's
+            ``gen_batch_size`` 1536 for ``train_batch_size`` 512: 3); the extra groups are
+            generated, then dropped.
+
+    Raises:
+        ValueError: for an unknown placement, pools that do not add up, a ``generation_tp`` that
+            does not divide the rollout pool, or a mode the placement cannot run.
+    """
+
+    spec: TransformerSpec
+    config: RLConfig
+    workload: Workload
+    cluster: Cluster
+    placement: str = "colocated"
+    rollout_gpus: int | None = None
+    generation_tp: int = 1
+    trainer: Layout | None = None
+    mode: Mode = field(default_factory=Mode)
+    rates: Rates = field(default_factory=Rates)
+    offload_trainer: bool = False
+    engine_log_probs: bool = False
+    oversample: float = 1.0
+
+    def __post_init__(self) -> None:
+        g = self.cluster.gpus
+        if not (self.oversample >= 1 and math.isfinite(self.oversample)):
+            raise ValueError(f"oversample={self.oversample} must be >= 1 (prompts generated per "
+                             "prompt trained).")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement={self.placement!r}: choose one of {PLACEMENTS}.")
+        if self.placement == "disaggregated":
+            if not (isinstance(self.rollout_gpus, int) and 0 < self.rollout_gpus < g):
+                raise ValueError(f"disaggregated placement: rollout_gpus={self.rollout_gpus!r} must "
+                                 f"leave devices to both pools (1..{g - 1} of {g}).")
+            if self.mode.stage_fusion:
+                raise ValueError("stage fusion overlaps scoring with the decode tail on shared "
+                                 "devices: use the colocated placement.")
+            if self.offload_trainer:
+                raise ValueError("offload_trainer frees a colocated trainer's memory for generation; "
+                                 "disaggregated pools do not share memory.")
+        else:
+            if self.rollout_gpus not in (None, g):
+                raise ValueError(f"colocated placement: every role uses all {g} devices; drop "
+                                 f"rollout_gpus={self.rollout_gpus}.")
+            if self.mode.streaming:
+                raise ValueError("streaming trains while generating: it needs disaggregated pools.")
+        if not (isinstance(self.generation_tp, int) and self.generation_tp >= 1
+                and self.rollout_pool % self.generation_tp == 0):
+            raise ValueError(f"generation_tp={self.generation_tp!r} must divide the "
+                             f"{self.rollout_pool} rollout devices.")
+        if self.trainer_layout.devices != self.trainer_pool:
+            raise ValueError(f"the trainer layout {self.trainer_layout.describe()} uses "
+                             f"{self.trainer_layout.devices} devices, but the trainer pool has "
+                             f"{self.trainer_pool}; make dp x tp x pp x cp equal it.")
+
+    @property
+    def rollout_pool(self) -> int:
+        return self.cluster.gpus if self.placement == "colocated" else self.rollout_gpus
+
+    @property
+    def trainer_pool(self) -> int:
+        return self.cluster.gpus if self.placement == "colocated" else self.cluster.gpus - self.rollout_gpus
+
+    @property
+    def trainer_layout(self) -> Layout:
+        return self.trainer or Layout(dp=self.trainer_pool)
+
+    @property
+    def replicas(self) -> int:
+        return self.rollout_pool // self.generation_tp
+
+    def describe(self) -> str:
+        pools = ("colocated" if self.placement == "colocated" else
+                 f"disaggregated {self.rollout_gpus}:{self.trainer_pool}")
+        return (f"{pools}, generation tp{self.generation_tp} x {self.replicas}, trainer "
+                f"{self.trainer_layout.describe()}, {self.mode.name}"
+                + (", offload" if self.offload_trainer else ""))
+
+
+def algorithm(name: str, minibatches: int = 1, **overrides) -> RLConfig:
+    """The preset ``name`` of :data:`rlm_course.rl.algorithms.PRESETS` as the simulator uses it:
+    its parts (which scoring passes, which models train, epochs) and ``minibatches`` gradient
+    steps per epoch. The batch itself is the :class:`~rlm_course.cost.anatomy.Workload`'s, so the
+    configuration's own ``prompts_per_step`` is only set to satisfy its checks.
+
+    Raises:
+        ValueError: for an unknown preset or an inconsistent override.
+    """
+    return preset(name, minibatches=minibatches, prompts_per_step=minibatches, **overrides)
+
+
+# ---------------------------------------------------------------------- memory
+def memory_plan(s: Scenario) -> dict:
+    """Memory per device of each role, checked against the usable memory; the KV-cache slots of
+    a generation replica.
+
+    Returns:
+        ``{"trainer": {part: bytes}, "rollout": {part: bytes}, "slots": int, "usable": bytes}``.
+
+    Raises:
+        DoesNotFit: for the first role that does not fit, saying what does not fit.
+    """
+    spec, w, dev, r = s.spec, s.workload, s.cluster.device, s.rates
+    seq = w.prompt_len + w.max_response_len
+    lay = s.trainer_layout
+    extra = {}
+    if s.config.use_critic:
+        critic = training_memory(spec, lay, seq)
+        extra.update({f"critic {k}": v for k, v in critic.items() if k in ("weights", "gradients", "optimizer")})
+    if s.config.uses_reference:
+        extra["reference weights"] = training_memory(spec, lay, seq, trained=False)["weights"]
+    trainer = check_training(spec, lay, dev, seq, r.memory_fraction, "trainer", extra)
+    resident = 0.0
+    if s.placement == "colocated" and not s.offload_trainer:
+        resident = sum(v for k, v in trainer.items() if k not in ("activations", "logits"))
+    per_sequence = w.prompt_len + w.mean_response_len
+    slots = kv_slots(spec, s.generation_tp, dev, per_sequence, r.memory_fraction, resident,
+                     r.max_batch)
+    gen = generation_memory(spec, s.generation_tp)
+    rollout = {"weights": gen["weights"], "kv cache": slots * per_sequence * gen["kv_per_token"]}
+    if resident:
+        rollout["resident trainer state"] = resident
+    return {"trainer": trainer, "rollout": rollout, "slots": slots,
+            "usable": usable(dev, r.memory_fraction)}
+
+
+# ---------------------------------------------------------------------- results
+@dataclass
+class SimResult:
+    """What :func:`simulate` returns.
+
+    Attributes:
+        step_seconds: steady-state seconds per iteration (mean over the iterations after the
+            warm-up).
+        stages: mean seconds per iteration of each trainer stage (``reward``, ``scoring``,
+            ``policy update``, ``critic update``, ``weight sync``, ``offload``, ``overhead``) and of
+            ``generation`` (colocated: the generation phase; disaggregated: the trainer's wait for
+            samples, the part of generation on the critical path).
+        generation_share: ``stages["generation"] / step_seconds``.
+        tokens_per_second, responses_per_second: trained prompt + response tokens, and responses,
+            per second.
+        mfu: the iteration's model FLOPs (generation, scoring, updates) over
+            ``gpus x peak x step_seconds``; training_mfu: the updates' FLOPs over the trainer
+            pool's peak during the update stages.
+        memory: :func:`memory_plan`.
+        timeline: ``{worker: [(phase, start, end, iteration)]}`` for ``trainer``, ``rollout``
+            (busy while any replica decodes) and the first eight replicas.
+        replica_utilisation: per replica, the fraction of the measured window it decoded.
+        staleness: mean versions between a sample's admission and the update that trains on it
+            (after the warm-up).
+    """
+
+    scenario: Scenario
+    step_seconds: float
+    iteration_ends: list[float]
+    stages: dict[str, float]
+    generation_share: float
+    tokens_per_second: float
+    responses_per_second: float
+    mfu: float
+    training_mfu: float
+    memory: dict
+    timeline: dict[str, list[tuple]]
+    replica_utilisation: list[float]
+    staleness: float
+
+    def events(self, replicas: int = 4) -> list:
+        """The timeline as :class:`rlm_course.systems.timeline.Event` objects, the form real
+        runs record (chapters 12-13), so that :func:`rlm_course.tools.plots.plot_timelines`
+        draws simulated and measured runs alike: the trainer's stages, the rollout pool's
+        decoding and weight syncs, and the first ``replicas`` replicas; waiting is left out (the
+        gaps)."""
+        from rlm_course.systems.timeline import Event
+
+        stage = {"decoding": "generation", "scoring (fused)": "scoring",
+                 "policy update": "training", "critic update": "training", "weight sync": "sync"}
+        out = []
+        for worker, intervals in self.timeline.items():
+            if worker.startswith("replica") and int(worker.split()[1]) >= replicas:
+                continue
+            for phase, start, end, iteration in intervals:
+                if phase.startswith("wait"):
+                    continue
+                name = stage.get(phase, phase)
+                out.append(Event(worker, name, start, end, max(iteration, 0), max(iteration, 0) + 1))
+        return out
+
+    def summary(self) -> str:
+        parts = ", ".join(f"{k} {v:,.1f}" for k, v in self.stages.items() if v > 0)
+        return (f"{self.scenario.describe()}: step {self.step_seconds:,.1f} s ({parts}); "
+                f"generation {self.generation_share:.0%} of the step, MFU {self.mfu:.1%}, "
+                f"{self.tokens_per_second:,.0f} tokens/s")
+
+
+# ---------------------------------------------------------------------- the simulation
+class _Replica:
+    """One generation replica: a SimPy process decoding with continuous batching."""
+
+    def __init__(self, sim: "_Sim", index: int) -> None:
+        self.sim, self.index = sim, index
+        self.queue: deque = deque()
+        self.active: list = []  # heap of [finish_step, id, group, context, admit_step, length]
+        self.step = 0                   # decode steps this replica has run
+        self.base = 0                   # sum of (context at admission - admission step)
+        self.hold: str | None = None    # "drain" or "pause" requested by a weight update
+        self.parked = sim.env.event()   # succeeds when the replica has drained / paused
+        self.resume = sim.env.event()
+        self.wake = sim.env.event()
+        self.decoding = False
+        self.needs_recompute = False
+        self.rows = 0           # static batching: rows of the running batch, finished or not
+        self.rows_context = 0   # static batching: their contexts' sum at the batch's start step
+        self.busy: list[list[float]] = []
+        self.process = sim.env.process(self.run())
+
+    @property
+    def load(self) -> int:
+        return len(self.queue) + len(self.active)
+
+    def _busy(self, start: float, end: float) -> None:
+        if end <= start:
+            return
+        if self.busy and self.busy[-1][1] >= start - 1e-12:
+            self.busy[-1][1] = max(self.busy[-1][1], end)
+        else:
+            self.busy.append([start, end])
+
+    def notify(self) -> None:
+        """New work or a hold request: wake the replica, interrupting a decode only when it has
+        free slots for the new work or must stop at once (a pause)."""
+        if not self.wake.triggered:
+            self.wake.succeed()
+        if self.decoding and (self.hold == "pause" or
+                              (self.hold != "pause" and self.queue
+                               and len(self.active) < self.sim.slots)):
+            self.decoding = False  # one interrupt per decode
+            self.process.interrupt()
+
+    def run(self):
+        sim, env, cost = self.sim, self.sim.env, self.sim.decode
+        while True:
+            if self.hold == "pause" or (self.hold == "drain" and not self.active and not self.queue):
+                if not self.parked.triggered:
+                    self.parked.succeed()
+                yield self.resume
+                continue
+            if self.needs_recompute and self.active:
+                start = env.now
+                contexts = Counter(seq[3] + self.step - seq[4] for seq in self.active)
+                yield env.timeout(cost.prefill_seconds(contexts))
+                self._busy(start, env.now)
+                self.needs_recompute = False
+            admitted = Counter()
+            static = sim.s.rates.static_batching
+            if static and not self.active:
+                self.rows = self.rows_context = 0
+            while (self.hold != "pause" and self.queue and len(self.active) < sim.slots
+                   and not (static and self.rows)):
+                group, length, prompt = self.queue.popleft()
+                finish = self.step + max(0, length - 1)   # the prefill samples the first token
+                # the first decode step attends over the prompt and the token the prefill sampled
+                heapq.heappush(self.active, [finish, sim.next_id(), group, prompt + 1, self.step,
+                                             length])
+                self.base += prompt + 1 - self.step
+                admitted[prompt] += 1
+            if static and admitted:  # the batch runs in lockstep from here until it all ends
+                self.rows = sum(admitted.values())
+                self.rows_context = (sum((c + 1) * n for c, n in admitted.items())
+                                     - self.rows * self.step)
+            if admitted:
+                start = env.now
+                yield env.timeout(cost.prefill_seconds(admitted))
+                self._busy(start, env.now)
+            self._finish()
+            if not self.active:
+                if self.hold is not None or self.queue:
+                    continue
+                sim.idle(self)
+                yield self.wake
+                self.wake = env.event()
+                continue
+            steps = self.active[0][0] - self.step
+            if static:  # every row computes, finished or not
+                a, context_sum = self.rows, self.rows_context + self.rows * self.step
+            else:
+                a, context_sum = len(self.active), self.base + len(self.active) * self.step
+            duration = cost.seconds(steps, a, context_sum)
+            start = env.now
+            self.decoding = True
+            try:
+                yield env.timeout(duration)
+                done = steps
+            except simpy.Interrupt:
+                done = cost.steps_within(env.now - start, a, context_sum, steps)
+            self.decoding = False
+            cost.count(done, a, context_sum)
+            self.step += done
+            self._busy(start, env.now)
+            if self.wake.triggered:
+                self.wake = env.event()
+            self._finish()
+
+    def _finish(self) -> None:
+        while self.active and self.active[0][0] <= self.step:
+            finish, _, group, context, admit, length = heapq.heappop(self.active)
+            self.base -= context - admit
+            self.sim.sample_done(group, length)
+
+    def request(self, kind: str) -> simpy.Event:
+        self.hold = kind
+        self.parked = self.sim.env.event()
+        self.resume = self.sim.env.event()
+        self.notify()
+        return self.parked
+
+    def release(self, recompute: bool) -> None:
+        self.hold = None
+        self.needs_recompute = recompute and bool(self.active)
+        if not self.resume.triggered:
+            self.resume.succeed()
+        self.notify()
+
+
+class _Sim:
+    def __init__(self, s: Scenario, iterations: int, length_buckets: int | None) -> None:
+        self.s, self.iterations = s, iterations
+        self.env = simpy.Environment()
+        self.memory = memory_plan(s)
+        self.slots = self.memory["slots"]
+        w, r = s.workload, s.rates
+        fabric = s.cluster.fabric(r) if s.cluster.gpus > 1 else None
+        self.decode = DecodeCost(s.spec, s.cluster.device, s.generation_tp, r, fabric, w)
+        self.trainer_cost = TrainerCost(s.spec, s.config, s.trainer_layout, s.cluster.device, r,
+                                        fabric, w.prompt_len, s.engine_log_probs)
+        self.sync_seconds = weight_sync_seconds(s.spec, s.placement == "colocated",
+                                                s.generation_tp, fabric, r, s.cluster.gpus,
+                                                s.trainer_pool)
+        lengths = list(w.lengths)
+        if length_buckets:
+            q = max(1, math.ceil(w.response_len / length_buckets))
+            lengths = [max(1, min(w.response_len, q * round(t / q))) for t in lengths]
+        g = w.group_size
+        self.prompt_lengths = [lengths[i:i + g] for i in range(0, len(lengths), g)]
+        self.replicas = [_Replica(self, i) for i in range(s.replicas)]
+        self.cursor = 0
+        self.admitted = 0
+        self.dropped = 0.0
+        self.version = 0
+        self.groups: dict[int, list] = {}     # group -> [remaining samples, admit version]
+        self.buffer: deque = deque()           # finished groups: (group, admit version)
+        self.finished: list[int] = []           # lengths of the samples finished (this phase)
+        self.changed = self.env.event()
+        self.idle_count = 0
+        self.all_idle = self.env.event()
+        self._id = 0
+        self.timeline = {"trainer": [], "rollout": []}
+        self.ends: list[float] = []
+        self.flops_at_end: list[float] = []
+        self.trainer_flops: list[float] = []
+        self.update_flops: list[float] = []
+        self.update_seconds: list[float] = []
+        self.stage_log: list[dict[str, float]] = []
+        self.staleness: list[list[int]] = []
+        self.tokens: list[int] = []
+
+    # -- bookkeeping
+    def next_id(self) -> int:
+        self._id += 1
+        return self._id
+
+    def idle(self, replica: _Replica) -> None:
+        self.idle_count += 1
+        if all(not rep.active and not rep.queue for rep in self.replicas):
+            if not self.all_idle.triggered:
+                self.all_idle.succeed()
+
+    def sample_done(self, group: int, length: int) -> None:
+        self.finished.append(length)
+        entry = self.groups[group]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.buffer.append((group, entry[1]))
+            del self.groups[group]
+        if not self.changed.triggered:
+            self.changed.succeed()
+
+    def admit(self) -> None:
+        """Give the replicas every prompt the staleness bound allows, round-robin."""
+        s = self.s
+        per_version = s.workload.prompts * s.oversample
+        allowed = math.floor(rollout_capacity(self.version, s.mode.staleness, per_version,
+                                              self.admitted) + 1e-9)
+        horizon = math.ceil((self.iterations + math.ceil(s.mode.staleness) + 1) * per_version)
+        touched = set()
+        target = min(self.admitted + allowed, horizon)
+        while self.admitted < target:
+            prompt = self.admitted % s.workload.prompts
+            group = self.admitted
+            self.groups[group] = [s.workload.group_size, self.version]
+            rep = self.replicas[self.cursor]
+            self.cursor = (self.cursor + 1) % len(self.replicas)
+            for length in self.prompt_lengths[prompt]:
+                rep.queue.append((group, length, s.workload.prompt_len))
+            touched.add(rep.index)
+            self.admitted += 1
+        if touched:
+            self.all_idle = self.env.event()
+        for i in touched:
+            self.replicas[i].notify()
+
+    def wait_groups(self, n: int):
+        """Until ``n`` groups can be trained: ``n`` plus the groups dropped with them."""
+        need = n + math.floor(self.dropped + (self.s.oversample - 1) * n + 1e-9)
+        yield from self._wait(lambda: len(self.buffer) >= need)
+
+    def _wait(self, ready):
+        while not ready():
+            event = self.changed
+            yield event
+            if self.changed is event:
+                self.changed = self.env.event()
+
+    def take(self, n: int) -> list[int]:
+        """The lengths of the next ``n`` finished groups, for training; with oversampling, the
+        groups dropped for each one kept leave the buffer too."""
+        taken = [self.buffer.popleft() for _ in range(n)]
+        self.dropped += (self.s.oversample - 1) * n
+        while self.dropped >= 1 and self.buffer:
+            self.buffer.popleft()
+            self.dropped -= 1
+        self.staleness[-1] += [self.version - v for _, v in taken]
+        lengths = []
+        for group, _ in taken:
+            lengths += self.prompt_lengths[group % self.s.workload.prompts]
+        return lengths
+
+    def log(self, worker: str, phase: str, start: float, iteration: int) -> None:
+        if self.env.now > start:
+            self.timeline[worker].append((phase, start, self.env.now, iteration))
+
+    # -- trainer stages
+    def train(self, lengths: list[int], it: int, stages: dict, optimizer_steps=None,
+              skip_scoring: bool = False):
+        env, s = self.env, self.s
+        if s.rates.reward_seconds:
+            start = env.now
+            yield env.timeout(s.rates.reward_seconds * len(lengths))
+            self.log("trainer", "reward", start, it)
+            stages["reward"] = stages.get("reward", 0.0) + env.now - start
+        seconds = self.trainer_cost.seconds(lengths, optimizer_steps)
+        flops = pass_flops(s.spec, s.config, s.workload.prompt_len, lengths,
+                           s.trainer_layout.recompute, s.engine_log_probs)
+        for stage, t in seconds.items():
+            if stage == "scoring" and skip_scoring:
+                continue
+            start = env.now
+            yield env.timeout(t)
+            self.log("trainer", stage, start, it)
+            stages[stage] = stages.get(stage, 0.0) + t
+            if stage != "scoring":
+                self.update_seconds[-1] += t
+        self.trainer_flops[-1] += sum(flops.values())
+        self.update_flops[-1] += sum(v for k, v in flops.items() if k != "scoring")
+        self.tokens[-1] += sum(lengths) + len(lengths) * s.workload.prompt_len
+
+    def publish(self, it: int, stages: dict):
+        """New weights to the rollout: drain or pause the replicas, transfer, resume."""
+        env, s = self.env, self.s
+        start = env.now
+        kind = "pause" if s.mode.partial_rollout else "drain"
+        parked = [rep.request(kind) for rep in self.replicas]
+        yield simpy.AllOf(env, parked)
+        waited = env.now - start
+        if waited > 0:
+            self.log("trainer", "wait for rollout to drain", start, it)
+            stages["generation"] = stages.get("generation", 0.0) + waited
+        start = env.now
+        yield env.timeout(self.sync_seconds)
+        self.log("trainer", "weight sync", start, it)
+        self.log("rollout", "weight sync", start, it)
+        stages["weight sync"] = stages.get("weight sync", 0.0) + env.now - start
+        self.version = it + 1
+        recompute = s.mode.partial_rollout and s.mode.recompute_kv
+        for rep in self.replicas:
+            rep.release(recompute)
+        self.admit()
+
+    def _begin(self) -> dict:
+        self.trainer_flops.append(0.0)
+        self.staleness.append([])
+        self.update_flops.append(0.0)
+        self.update_seconds.append(0.0)
+        self.tokens.append(0)
+        return {}
+
+    def _end(self, it: int, stages: dict):
+        env = self.env
+        if self.s.rates.iteration_overhead:
+            start = env.now
+            yield env.timeout(self.s.rates.iteration_overhead)
+            self.log("trainer", "overhead", start, it)
+            stages["overhead"] = self.s.rates.iteration_overhead
+
+    def _record(self, stages: dict) -> None:
+        self.ends.append(self.env.now)
+        self.flops_at_end.append(self.decode.flops)
+        self.stage_log.append(stages)
+
+    # -- disaggregated
+    def trainer_loop(self):
+        env, s = self.env, self.s
+        prompts = s.workload.prompts
+        chunks = s.config.minibatches if s.mode.streaming else 1
+        sizes = [prompts // chunks + (1 if c < prompts % chunks else 0) for c in range(chunks)]
+        for it in range(self.iterations):
+            stages = self._begin()
+            for n in sizes:
+                start = env.now
+                yield from self.wait_groups(n)
+                self.log("trainer", "wait for samples", start, it)
+                stages["generation"] = stages.get("generation", 0.0) + env.now - start
+                lengths = self.take(n)
+                yield from self.train(lengths, it, stages, 1 if s.mode.streaming else None)
+            yield from self._end(it, stages)
+            yield from self.publish(it, stages)
+            self._record(stages)
+
+    # -- colocated
+    def colocated_loop(self):
+        env, s = self.env, self.s
+        prompts = s.workload.prompts
+        trainer_state = sum(v for k, v in self.memory["trainer"].items()
+                            if k not in ("activations", "logits"))
+        for it in range(self.iterations):
+            stages = self._begin()
+            if s.offload_trainer:  # the trainer's states to host memory, back after generation
+                start = env.now
+                yield env.timeout(offload_seconds(trainer_state, s.rates) / 2)
+                self.log("trainer", "offload", start, it)
+                stages["offload"] = env.now - start
+            start = env.now
+            self.finished = []
+            for rep in self.replicas:
+                rep.release(s.mode.partial_rollout and s.mode.recompute_kv and it > 0)
+            self.admit()
+            if s.mode.partial_rollout:
+                yield from self.wait_groups(prompts)
+                yield simpy.AllOf(env, [rep.request("pause") for rep in self.replicas])
+            elif s.mode.stage_fusion:
+                # RLHFuse: once most samples are done, the tail migrates to a few replicas and the
+                # other devices score the finished samples while it decodes
+                total = prompts * s.workload.group_size
+                yield from self._wait(
+                    lambda: len(self.finished) >= math.ceil(s.mode.fusion_threshold * total))
+                reached, head = env.now, list(self.finished)
+                fused_scoring = (self.trainer_cost.seconds(head).get("scoring", 0.0)
+                                 / (1 - s.mode.fusion_tail))
+                if not self.all_idle.triggered:
+                    yield self.all_idle
+            else:
+                if not self.all_idle.triggered:
+                    yield self.all_idle
+            self.log("rollout", "generation", start, it)
+            stages["generation"] = env.now - start
+            if s.mode.stage_fusion and reached + fused_scoring > env.now:
+                scored_from = env.now  # the part of the fused scoring that outlasts the tail
+                yield env.timeout(reached + fused_scoring - env.now)
+                self.log("trainer", "scoring (fused)", scored_from, it)
+                stages["scoring"] = env.now - scored_from
+            if s.offload_trainer:
+                start = env.now
+                yield env.timeout(offload_seconds(trainer_state, s.rates) / 2)
+                self.log("trainer", "reload", start, it)
+                stages["offload"] += env.now - start
+            if s.mode.stage_fusion:  # what the fused scoring left: the tail's samples
+                batch = self.take(prompts)
+                score = self.trainer_cost.seconds(batch).get("scoring", 0.0)
+                tail_scoring = max(0.0, score - self.trainer_cost.seconds(head).get("scoring", 0.0))
+                start = env.now
+                yield env.timeout(tail_scoring)
+                self.log("trainer", "scoring", start, it)
+                stages["scoring"] = stages.get("scoring", 0.0) + tail_scoring
+                yield from self.train(batch, it, stages, skip_scoring=True)
+            else:
+                yield from self.train(self.take(prompts), it, stages)
+            yield from self._end(it, stages)
+            start = env.now
+            yield env.timeout(self.sync_seconds)
+            self.log("trainer", "weight sync", start, it)
+            stages["weight sync"] = env.now - start
+            self.version = it + 1
+            self._record(stages)
+
+    def run(self) -> None:
+        if self.s.placement == "colocated":
+            for rep in self.replicas:
+                rep.request("pause")
+            driver = self.env.process(self.colocated_loop())
+        else:
+            self.admit()
+            driver = self.env.process(self.trainer_loop())
+        self.env.run(until=driver)
+
+
+def simulate(scenario: Scenario, iterations: int | None = None, warmup: int | None = None,
+             length_buckets: int | None = None) -> SimResult:
+    """Simulate ``iterations`` RL iterations of ``scenario`` and measure the steady state after
+    ``warmup`` of them (defaults: ``warmup + 2`` and ``1 + min(ceil(eta), 3)``: an eta-deep
+    pipeline fills within that many iterations, or never needs to when generation is the slower
+    side). ``length_buckets`` rounds the response lengths to that many
+    levels (fewer events, for large clusters; the default keeps every length).
+
+    Raises:
+        DoesNotFit: if a role's layout does not fit memory (checked before anything runs).
+        ValueError: for inconsistent settings.
+    """
+    eta = math.ceil(scenario.mode.staleness)
+    warmup = 1 + min(eta, 3) if warmup is None else warmup
+    iterations = warmup + 2 if iterations is None else iterations
+    if not (isinstance(iterations, int) and isinstance(warmup, int) and 0 <= warmup < iterations):
+        raise ValueError(f"iterations={iterations!r} must exceed warmup={warmup!r} >= 0.")
+    sim = _Sim(scenario, iterations, length_buckets)
+    sim.run()
+    return _result(sim, warmup)
+
+
+def _result(sim: _Sim, warmup: int) -> SimResult:
+    s = sim.s
+    ends = sim.ends
+    n = len(ends) - warmup
+    t0 = ends[warmup - 1] if warmup else 0.0
+    step = (ends[-1] - t0) / n
+    measured = sim.stage_log[warmup:]
+    keys = sorted({k for st in measured for k in st})
+    stages = {k: sum(st.get(k, 0.0) for st in measured) / n for k in keys}
+    gen_flops = sim.flops_at_end[-1] - (sim.flops_at_end[warmup - 1] if warmup else 0.0)
+    train_flops = sum(sim.trainer_flops[warmup:])
+    device = s.cluster.device
+    mfu = (gen_flops + train_flops) / (s.cluster.gpus * device.peak_flops * (ends[-1] - t0))
+    update_flops = sum(sim.update_flops[warmup:])
+    update_time = sum(sim.update_seconds[warmup:])
+    training_mfu = (update_flops / (s.trainer_pool * device.peak_flops * update_time)
+                    if update_time else 0.0)
+    tokens = sum(sim.tokens[warmup:]) / n
+    window = ends[-1] - t0
+    utilisation = [sum(max(0.0, min(e, ends[-1]) - max(b, t0)) for b, e in rep.busy) / window
+                   for rep in sim.replicas]
+    merged: list[list[float]] = []
+    for b, e in sorted(iv for rep in sim.replicas for iv in rep.busy):
+        if merged and b <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([b, e])
+    sim.timeline["rollout"] += [("decoding", b, e, -1) for b, e in merged]
+    sim.timeline["rollout"].sort(key=lambda x: x[1])
+    for rep in sim.replicas[:8]:
+        sim.timeline[f"replica {rep.index}"] = [("decoding", b, e, -1) for b, e in rep.busy]
+    return SimResult(
+        scenario=s, step_seconds=step, iteration_ends=list(ends), stages=stages,
+        generation_share=stages.get("generation", 0.0) / step,
+        tokens_per_second=tokens / step,
+        responses_per_second=s.workload.responses / step,
+        mfu=mfu, training_mfu=training_mfu, memory=sim.memory,
+        timeline=sim.timeline, replica_utilisation=utilisation,
+        staleness=(sum(sum(x) for x in sim.staleness[warmup:])
+                   / max(1, sum(len(x) for x in sim.staleness[warmup:]))))

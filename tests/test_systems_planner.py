@@ -1,0 +1,72 @@
+"""The planner: it ranks by simulated step time, keeps every refusal with its reason, refuses a
+cluster nothing fits with a clear error, and answers the same through the CLI and the widget."""
+
+import pytest
+
+from rlm_course.cli import main
+from rlm_course.cost.anatomy import Workload
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.systems.layouts import DoesNotFit
+from rlm_course.systems.planner import format_plan, plan, trainer_layouts
+from rlm_course.systems.planner_widget import PlannerWidget
+from rlm_course.systems.simulator import algorithm
+
+H100 = get_device("H100-SXM-80GB")
+WORKLOAD = Workload.long_tailed(64, 8, 256, 1000, 0.8, 4096, seed=0)
+
+
+def test_the_plan_is_the_fastest_simulated_candidate_and_says_why_others_lose():
+    result = plan(get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4), WORKLOAD, H100, 16)
+    steps = [c.step for c in result.ranked]
+    assert steps == sorted(steps) and result.best.step == min(steps)
+    assert {c.scenario.placement for c in result.ranked} == {"colocated", "disaggregated"}
+    text = format_plan(result, top=2)
+    assert text.startswith("1. ") and "why the others lose:" in text
+    assert "x slower" in text and "memory per device" in text
+
+
+def test_layouts_that_do_not_fit_are_refused_with_their_reason():
+    config = algorithm("grpo")
+    fits, refused = trainer_layouts(get_spec("llama-3-70b"), config, H100, 8, 4352, 8704)
+    assert fits and all(lay.devices == 8 for lay in fits)
+    assert any("needs" in r and "GB usable" in r for r in refused)
+    # 16 bytes of model state per parameter: 1.13 TB for 70.6B, more than 8 x 72 GB, so every
+    # layout that fits keeps its optimizer states in host memory
+    assert all(lay.offload for lay in fits)
+    fits64, _ = trainer_layouts(get_spec("llama-3-70b"), config, H100, 64, 4352, 8704)
+    assert not any(lay.offload for lay in fits64)
+
+
+def test_a_cluster_no_layout_fits_is_a_clear_error():
+    with pytest.raises(DoesNotFit, match=r"no layout of llama-3-70b fits 2 x H100-SXM-80GB .* Use "
+                                         r"more devices"):
+        plan(get_spec("llama-3-70b"), algorithm("grpo"), WORKLOAD, H100, 2)
+
+
+def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
+    assert main(["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--prompts", "32",
+                 "--group-size", "8", "--mean-response", "500", "--max-response", "2048",
+                 "--placement", "colocated", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen2.5-7b, grpo, 8 x H100-SXM-80GB" in out and "1. colocated" in out
+    assert main(["plan", "--model", "gpt-9", "--gpus", "8"]) == 2
+    assert "unknown architecture 'gpt-9'" in capsys.readouterr().err
+    assert main(["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"]) == 2
+    assert "unknown device 'TPU9'" in capsys.readouterr().err
+    assert main(["plan", "--model", "llama-3-70b", "--gpus", "1"]) == 2
+    assert "no layout of llama-3-70b fits 1 x H100-SXM-80GB" in capsys.readouterr().err
+
+
+def test_the_widget_answers_like_the_planner_and_shows_errors():
+    w = PlannerWidget()
+    for name, value in (("model", "qwen2.5-7b"), ("gpus", 8), ("prompts", 32), ("group_size", 8),
+                        ("mean_response", 500.0), ("max_response", 2048), ("top", 1)):
+        w.controls[name].value = value
+    result = w.run()
+    assert w.message == "" and result.best.step > 0 and "1. " in w.html.value
+    w.controls["model"].value = "llama-3-70b"
+    w.controls["gpus"].value = 1
+    assert w.run() is None and "no layout of llama-3-70b fits" in w.html.value
+    w.controls["mean_response"].value = 5000.0  # longer than its budget
+    assert w.run() is None and "mean_len" in w.message
