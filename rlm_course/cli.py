@@ -23,6 +23,8 @@ TASK_FLAGS = {  # task settings exposed as flags: name -> (type, help)
     "n_numbers": (int, "countdown: how many numbers are given"),
     "max_number": (int, "countdown: largest given number"),
     "max_target": (int, "countdown: largest target"),
+    "max_digits": (int, "scratchpad: most digits per operand"),
+    "decay": (float, "scratchpad: P(n digits) proportional to decay ** (n - 1)"),
 }
 TASK_SETTINGS = {name: tuple(f.name for f in dataclasses.fields(cls) if f.init and f.name in TASK_FLAGS)
                  for name, cls in TASKS.items()}
@@ -88,11 +90,10 @@ def _set_threads(args) -> None:
               "change).", file=sys.stderr)
 
 
-def _rl(args) -> int:
+def _rl_config(args):
+    """The RLConfig of a ``grpo``/``ppo`` command line: the preset with the flags' overrides."""
     from rlm_course.rl.algorithms import preset
-    from rlm_course.rl.runs import run_rl
 
-    task = _task_from_args(args)
     names = [n for n, _ in RL_FLAGS] + list(ALGORITHM_FLAGS)
     overrides = {n.replace("-", "_"): getattr(args, n.replace("-", "_")) for n in names
                  if getattr(args, n.replace("-", "_")) is not None}
@@ -101,6 +102,24 @@ def _rl(args) -> int:
     if ignored:
         raise ValueError("; ".join(f"--{k.replace('_', '-')} has no effect in this combination: {v}"
                                    for k, v in ignored.items()) + ". Drop it, or turn on what uses it.")
+    return config
+
+
+def _rl(args) -> int:
+    from rlm_course.rl.runs import run_rl
+
+    task = _task_from_args(args)
+    config = _rl_config(args)
+    if args.nproc != 1:  # data-parallel processes (chapter 11), one thread each by default
+        from rlm_course.distributed.grpo import run_rl_distributed
+
+        if args.resume:
+            raise ValueError("--resume with --nproc: a data-parallel run restarts from scratch; "
+                             "its checkpoint.pt loads in one process (resume it without --nproc).")
+        run_rl_distributed(task, config, args.nproc, name=args.name, out_dir=args.out,
+                           overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
+                           progress=not args.no_progress, threads=args.threads or 1)
+        return 0
     _set_threads(args)
     summary = run_rl(task, config, name=args.name, out_dir=args.out, resume=args.resume,
                      overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
@@ -152,6 +171,42 @@ def _bench(args) -> int:
     from rlm_course.tools import bench
 
     return bench.main(args.what, args)
+
+
+def _distributed(args) -> int:
+    from rlm_course.distributed.torchrun import run_torchrun
+
+    return run_torchrun(args.worker, args.nproc, args.rest)
+
+
+def _systems(args) -> int:
+    from rlm_course.systems.experiments import main as systems_main
+
+    return systems_main(args.experiment, args)
+
+
+def _plan(args) -> int:
+    from rlm_course.cost.anatomy import Workload
+    from rlm_course.cost.architectures import get_spec
+    from rlm_course.cost.hardware import get_device
+    from rlm_course.systems.planner import format_plan, plan
+    from rlm_course.systems.simulator import algorithm
+
+    spec, device = get_spec(args.model), get_device(args.device)  # clear errors for unknown names
+    if args.gpus < 1 or args.top < 1:
+        raise ValueError(f"--gpus {args.gpus} and --top {args.top} must be positive.")
+    workload = Workload.long_tailed(args.prompts, args.group_size, args.prompt_len,
+                                    args.mean_response, args.sigma, args.max_response, args.seed)
+    config = algorithm(args.algorithm, minibatches=args.minibatches)
+    placements = ("colocated", "disaggregated") if args.placement == "any" else (args.placement,)
+    result = plan(spec, config, workload, device, args.gpus, placements=placements,
+                  modes=args.modes)
+    print(f"{spec.name}, {args.algorithm}, {args.gpus} x {device.name}: {args.prompts} prompts x "
+          f"{args.group_size}, prompts of {args.prompt_len} tokens, responses log-normal (mean "
+          f"{args.mean_response:g}, sigma {args.sigma:g}, at most {args.max_response}); "
+          f"{len(result.ranked)} plans simulated, {len(result.refused)} refused")
+    print(format_plan(result, args.top))
+    return 0
 
 
 def _grade(args) -> int:
@@ -243,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
         p.add_argument("--threads", type=int, default=None,
                        help="CPU threads (default: the free cores; 1 when other work is running)")
+        p.add_argument("--nproc", type=int, default=1,
+                       help="data-parallel processes (gloo on CPU, NCCL on GPUs; --threads per "
+                            "process, default 1); runs/<name> gets -dp<nproc>")
         p.set_defaults(func=_rl)
 
     p = sub.add_parser("sft", help="make the supervised warm-start checkpoint")
@@ -262,10 +320,56 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks: sampling (KV cache), train (MFU), family "
                                      "(seconds per step and memory of every preset), parallel (simulated "
-                                     "strategies), memory (memory per step of every preset)")
-    p.add_argument("what", choices=["sampling", "train", "family", "parallel", "memory", "peer"])
+                                     "strategies), memory (memory per step of every preset), systems (async RL "
+                                     "throughput and weight sync on Ray workers), simulator (simulated "
+                                     "GPU-iterations per second at 64, 1,024 and 10,000 GPUs)")
+    p.add_argument("what", choices=["sampling", "train", "family", "parallel", "memory", "peer",
+                                    "collectives", "systems", "simulator"])
     p.add_argument("--repeats", type=int, default=5)
     p.set_defaults(func=_bench)
+
+    p = sub.add_parser("distributed", help="run a worker of rlm_course.distributed under torchrun "
+                                           "on this machine (hello, strategies, collectives, grpo)")
+    p.add_argument("worker", help="hello, strategies, collectives or grpo")
+    p.add_argument("--nproc", type=int, default=2, help="processes (torchrun --nproc-per-node)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of the worker")
+    p.set_defaults(func=_distributed)
+
+    from rlm_course.systems.experiments import EXPERIMENTS
+
+    p = sub.add_parser("systems", help="chapters 12-13's measured experiments on Ray workers "
+                                       "(weight-sync, reshard, async, fusion); stores "
+                                       "data/experiments/systems-<experiment>.json")
+    p.add_argument("experiment", choices=EXPERIMENTS)
+    p.add_argument("--steps", type=int, default=None, help="async: RL steps per run (default 60)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timing repeats (weight-sync 5, reshard 3); fusion: iterations (5)")
+    p.add_argument("--seed", type=int, default=None, help="async, fusion: the RL seed (0)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_systems)
+
+    from rlm_course.systems.simulator import MODES
+
+    p = sub.add_parser("plan", help="search placements, per-role layouts and execution modes of an "
+                                    "RL run on a cluster; print the best plans and why the others "
+                                    "lose")
+    p.add_argument("--model", required=True, help="an architecture of rlm_course.cost.architectures")
+    p.add_argument("--gpus", type=int, required=True, help="devices in the cluster")
+    p.add_argument("--device", default="H100-SXM-80GB", help="a device of the hardware catalog")
+    p.add_argument("--algorithm", choices=list(PRESETS), default="grpo")
+    p.add_argument("--minibatches", type=int, default=16, help="gradient steps per iteration")
+    p.add_argument("--prompts", type=int, default=512, help="prompts per iteration")
+    p.add_argument("--group-size", type=int, default=16, help="responses per prompt")
+    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens")
+    p.add_argument("--mean-response", type=float, default=4000, help="mean response tokens")
+    p.add_argument("--sigma", type=float, default=0.8, help="log-normal tail of the lengths")
+    p.add_argument("--max-response", type=int, default=16384, help="response budget")
+    p.add_argument("--placement", choices=["any", "colocated", "disaggregated"], default="any")
+    p.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
+                   help="execution modes to try (default: all that the placement runs)")
+    p.add_argument("--top", type=int, default=5, help="plans to print in full")
+    p.add_argument("--seed", type=int, default=0, help="seed of the response lengths")
+    p.set_defaults(func=_plan)
 
     p = sub.add_parser("grade", help="autograde the exercises (yours, or the worked solutions)")
     p.add_argument("chapter", nargs="?", default=None, help="e.g. 02 (default: all)")

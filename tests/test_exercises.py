@@ -61,7 +61,7 @@ def test_grade_cli_exit_codes(capsys):
     assert main(["grade", "--impl", "solutions"]) == 0
     assert main(["grade", "02"]) == 1
     assert "0/3 exercises complete" in capsys.readouterr().out
-    assert main(["grade", "11"]) == 2
+    assert main(["grade", "99"]) == 2
     assert "no exercises for chapter" in capsys.readouterr().err
 
 

@@ -20,9 +20,22 @@ a number remembered from another machine.
 * ``peer``: generation against Hugging Face ``generate`` and a GRPO step against TRL's
   ``GRPOTrainer`` on the same tiny configuration (optional extra ``.[peer]``). Keys:
   ``generation_speedup_vs_transformers``, ``grpo_step_speedup_vs_trl``.
+* ``collectives``: all-reduce, all-gather, reduce-scatter, broadcast, all-to-all and send/recv on
+  2 and 4 real processes from 4 B to 64 MiB: time, algorithm and bus bandwidth (nccl-tests'
+  convention), the alpha and beta fitted per collective, and the fitted World's prediction
+  (:mod:`rlm_course.distributed.collectives`). Keys: ``fits``, ``bus_bandwidth``.
 * ``family``: seconds per step of every preset of :mod:`rlm_course.rl.algorithms` at its default
   sizes, the presets' steps interleaved, as ratios to GRPO; with each one's stage split, responses
   generated per response trained, model-state and activation memory. Key: ``presets``.
+* ``simulator``: simulated GPU-iterations per second of wall time of the cluster simulator
+  (:mod:`rlm_course.systems.simulator`) on 64, 1,024 and 10,000 GPUs (a 7B, a 70B and a 70B
+  model, colocated, synchronous GRPO with long-tailed responses); a 10,000-GPU iteration should
+  take under 10 s. Keys: ``sizes``, ``seconds_per_iteration_10000``.
+* ``systems``: on two Ray workers (one trainer, one rollout), trained tokens/s of synchronous RL,
+  one-step off-policy and ``eta = 2`` on the scratchpad task, alternating, and a bucketed weight
+  sync against the alpha-beta prediction of the link measured on the same workers
+  (:func:`rlm_course.systems.experiments.bench`). Keys: ``speedup_one_step_off``,
+  ``speedup_eta_2``, ``sync_over_predicted``.
 """
 
 from __future__ import annotations
@@ -327,6 +340,69 @@ def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
             "grpo_step_speedup_vs_trl": step["trl"] / step["course"]}
 
 
+def bench_collectives(repeats: int = 5) -> dict:
+    """Collectives on 2 and 4 real processes, 4 B to 64 MiB, and the alpha-beta fit of each
+    (:mod:`rlm_course.distributed.collectives`); the rows are printed, not repeated in the JSON."""
+    from rlm_course.distributed.collectives import bench_collectives as run
+
+    result = run(repeats)
+    result.pop("rows")
+    return result
+
+
+def bench_systems(repeats: int = 5) -> dict:
+    """Asynchronous RL and weight sync on Ray workers (chapters 12-13):
+    :func:`rlm_course.systems.experiments.bench`."""
+    from rlm_course.systems.experiments import bench
+
+    return bench(repeats)
+
+
+def bench_simulator(repeats: int = 5) -> dict:
+    """Wall time of simulated RL iterations at 64, 1,024 and 10,000 GPUs (best of
+    ``min(repeats, 3)``), as GPU-iterations per second."""
+    from rlm_course.cost.anatomy import Workload
+    from rlm_course.cost.architectures import get_spec
+    from rlm_course.cost.hardware import get_device
+    from rlm_course.systems.layouts import Layout
+    from rlm_course.systems.phases import Cluster
+    from rlm_course.systems.simulator import Scenario, algorithm, simulate
+
+    h100 = get_device("H100-SXM-80GB")
+    sizes = {  # gpus: (model, prompts, generation tp, trainer layout)
+        64: ("qwen2.5-7b", 256, 1, Layout(dp=64, zero=3, recompute=True, micro_batch_tokens=32768)),
+        1024: ("llama-3-70b", 1024, 8, Layout(dp=64, tp=8, pp=2, zero=1, recompute=True,
+                                               micro_batch_tokens=32768)),
+        10000: ("llama-3-70b", 4096, 8, Layout(dp=250, tp=8, pp=5, zero=1, recompute=True,
+                                                micro_batch_tokens=32768)),
+    }
+    rows, result = [], {"bench": "simulator", "sizes": {}}
+    for gpus, (model, prompts, tp, layout) in sizes.items():
+        workload = Workload.long_tailed(prompts, 16, 512, 4000, 0.8, 16384, seed=0)
+        scenario = Scenario(get_spec(model), algorithm("grpo", minibatches=16), workload,
+                            Cluster(h100, gpus), generation_tp=tp, trainer=layout)
+        best = float("inf")
+        for _ in range(max(1, min(repeats, 3))):
+            start = time.perf_counter()
+            sim = simulate(scenario, iterations=3, warmup=1)
+            best = min(best, (time.perf_counter() - start) / 3)
+        rows.append([gpus, model, workload.responses, f"{best:.2f}", f"{gpus / best:,.0f}",
+                     f"{sim.step_seconds:,.0f}"])
+        result["sizes"][gpus] = {"model": model, "responses": workload.responses,
+                                 "seconds_per_iteration": best,
+                                 "gpu_iterations_per_second": gpus / best,
+                                 "simulated_step_seconds": sim.step_seconds}
+    print("Cluster simulator (SimPy): wall seconds per simulated RL iteration, colocated "
+          "synchronous GRPO on H100s, log-normal responses (mean 4,000, sigma 0.8, at most 16,384)")
+    print(format_table(rows, ["GPUs", "model", "responses", "wall s / iteration",
+                              "GPU-iterations / s", "simulated step s"]))
+    ten = result["sizes"][10000]["seconds_per_iteration"]
+    print(f"a 10,000-GPU iteration: {ten:.2f} s of wall time "
+          f"({'under' if ten < 10 else 'OVER'} the 10 s target)")
+    result["seconds_per_iteration_10000"] = ten
+    return result
+
+
 def main(what: str, args) -> int:
     repeats = getattr(args, "repeats", 5)
     if repeats <= 0:
@@ -334,7 +410,9 @@ def main(what: str, args) -> int:
     from rlm_course.parallel.bench import bench_parallel
 
     benches = {"sampling": bench_sampling, "train": bench_train, "family": bench_family,
-               "parallel": bench_parallel, "memory": bench_memory, "peer": bench_peer}
+               "parallel": bench_parallel, "memory": bench_memory, "peer": bench_peer,
+               "collectives": bench_collectives, "systems": bench_systems,
+               "simulator": bench_simulator}
     result = benches[what](repeats)
     print(json.dumps(result))
     return 0

@@ -538,6 +538,301 @@ CHECKS = {
 }
 
 
+# ---------------------------------------------------------------------------- chapter 11: real ranks
+def _on_ranks(fn, ranks: int) -> dict:
+    """Run the checks of exercise ``fn.__name__`` on ``ranks`` real processes (the function is
+    loaded there from its file). Never raises: ``{"results": [...]}``, ``{"not_implemented":
+    message}`` or ``{"error": message}``."""
+    import inspect
+    import warnings
+
+    from rlm_course.distributed.by_hand import exercise_worker
+    from rlm_course.distributed.launch import DistributedError, OversubscriptionWarning, launch
+
+    try:
+        path = inspect.getsourcefile(fn)
+    except TypeError:
+        path = None
+    if path is None:
+        return {"error": f"{getattr(fn, '__name__', fn)} is not defined in a file; write it in "
+                         "the exercise file (processes load it from there)."}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OversubscriptionWarning)
+            return launch(exercise_worker, ranks, args=(path, fn.__name__), timeout=20.0,
+                          grace=5.0)[0]
+    except DistributedError as err:
+        first = str(err).split("\nTracebacks:")[0]
+        return {"error": f"{first} (a deadlock? every send needs a receive posted on its peer)"
+                if "Timed out" in first else first}
+
+
+def _checks_on_ranks(fn, rank_counts):
+    for ranks in rank_counts:
+        outcome = _on_ranks(fn, ranks)
+        if "not_implemented" in outcome:
+            def not_implemented(message=outcome["not_implemented"]):
+                raise NotImplementedError(message)
+            yield f"{ranks} ranks", not_implemented
+            return
+        if "error" in outcome:
+            yield f"{ranks} ranks: runs on real processes", lambda o=outcome: (False, o["error"])
+            continue
+        for description, passed, message in outcome["results"]:
+            yield description, (lambda ok=passed, why=message: (ok, why))
+
+
+def _checks_ring_all_reduce(fn):
+    """Graded against ``dist.all_reduce`` on 2 and 3 real processes (3: chunks of unequal size)."""
+    yield from _checks_on_ranks(fn, (2, 3))
+
+
+def _checks_bucketed_all_reduce(fn):
+    """Graded against ``dist.all_reduce`` on 2 real processes, bytes counted per call."""
+    yield from _checks_on_ranks(fn, (2,))
+
+
+CHECKS.update({"ring_all_reduce": _checks_ring_all_reduce,
+               "bucketed_all_reduce": _checks_bucketed_all_reduce})
+
+
+# ---------------------------------------------------------------------------- chapters 12-13: systems
+def _checks_bucketed_broadcast(fn):
+    """A broadcast inside one process: the source's call records each buffer it sends, a
+    receiver's call gets the recorded buffers back in order (what ``dist.broadcast`` does across
+    processes)."""
+    from rlm_course.systems.weight_sync import bucket_plan
+
+    def state(seed, dtype_last=torch.float32):
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randn(4, 3, generator=g), torch.randn(5, generator=g),
+                torch.randn(2, 2, 2, generator=g), torch.randn(7, generator=g).to(dtype_last)]
+
+    def run(bucket_bytes, dtype_last=torch.float32):
+        source, receiver = state(0, dtype_last), [torch.zeros_like(t) for t in state(0, dtype_last)]
+        sent = []
+
+        def send(buffer):
+            sent.append(buffer.clone())
+
+        def receive(buffer):
+            if not sent:
+                raise AssertionError("the receiver broadcast more buckets than the source")
+            buffer.copy_(sent.pop(0))
+
+        sizes = fn(source, bucket_bytes, send)
+        n_sent = len(sent)
+        fn(receiver, bucket_bytes, receive)
+        return source, receiver, sizes, n_sent, sent
+
+    def receiver_gets_the_source_weights():
+        source, receiver, *_ = run(40)
+        same = all(torch.equal(a, b) for a, b in zip(source, receiver))
+        return same, "the receiver's tensors differ from the source's after the broadcast"
+
+    def one_broadcast_per_bucket():
+        sizes_bytes = [t.numel() * 4 for t in state(0)]
+        _, _, sizes, n_sent, _ = run(40)
+        want = len(bucket_plan(sizes_bytes, 40))
+        ok = n_sent == want and isinstance(sizes, list) and len(sizes) == want
+        return ok, f"{n_sent} broadcasts and {sizes!r} returned; expected {want} buckets of <= 40 bytes"
+
+    def sizes_add_up():
+        _, _, sizes, _, _ = run(64)
+        total = sum(t.numel() * 4 for t in state(0))
+        ok = sum(sizes) == total and all(s <= 64 or s == max(sizes) for s in sizes)
+        return ok, f"bucket sizes {sizes} should add up to the {total} bytes of the tensors"
+
+    def whole_state_in_one_bucket():
+        source, receiver, sizes, n_sent, _ = run(10**6)
+        ok = n_sent == 1 and all(torch.equal(a, b) for a, b in zip(source, receiver))
+        return ok, f"a bucket bigger than the state dict should give one broadcast, got {n_sent}"
+
+    def dtypes_are_not_mixed():
+        source, receiver, sizes, n_sent, sent = run(10**6, torch.float64)
+        ok = (n_sent == 2 and {b.dtype for b in sent} <= {torch.float32, torch.float64}
+              and all(torch.equal(a, b) for a, b in zip(source, receiver)))
+        return ok, ("a float64 tensor after float32 ones must start a new bucket (use the plan's "
+                    f"buckets); got {n_sent} broadcasts")
+
+    yield "the receiver ends with exactly the source's weights", receiver_gets_the_source_weights
+    yield "one broadcast per bucket of bucket_plan", one_broadcast_per_bucket
+    yield "the returned bucket sizes add up to the state's bytes", sizes_add_up
+    yield "a large bucket sends the whole state at once", whole_state_in_one_bucket
+    yield "a flat buffer holds one dtype", dtypes_are_not_mixed
+
+
+def _checks_rollout_capacity(fn):
+    def hand_examples():
+        cases = [((0, 0, 4, 0), 4), ((0, 0, 4, 4), 0), ((1, 0, 4, 4), 4), ((0, 1, 4, 0), 8),
+                 ((0, 1, 4, 6), 2), ((3, 2, 1, 5), 1), ((0, 0, 4, 9), 0)]
+        for args, want in cases:
+            got = fn(*args)
+            if got != want:
+                return False, f"rollout_capacity{args} = {got}, expected {want}"
+        return True, ""
+
+    def never_more_than_eta_stale():
+        import random
+
+        rng = random.Random(0)
+        for eta in (0, 1, 2, 4):
+            for _ in range(50):  # random interleavings of "start a sample" and "finish a step"
+                batch, version, started, start_version = 3, 0, 0, []
+                while version < 6:
+                    if rng.random() < 0.6 and fn(version, eta, batch, started) > 0:
+                        start_version.append(version)
+                        started += 1
+                    elif started >= (version + 1) * batch:  # the next batch is complete
+                        version += 1
+                    elif fn(version, eta, batch, started) == 0:
+                        return False, (f"eta={eta}: capacity 0 with batch {version + 1} not yet "
+                                       "started in full: the pipeline would stop")
+                for j, v in enumerate(start_version):
+                    if j // batch - v > eta:
+                        return False, (f"eta={eta}: sample {j} started at version {v} is trained "
+                                       f"at version {j // batch}, {j // batch - v} stale")
+        return True, ""
+
+    def eta_zero_is_synchronous():
+        ok = fn(5, 0, 8, 40) == 8 and fn(5, 0, 8, 48) == 0
+        return ok, "with eta=0 the rollout may only start the batch the current version trains next"
+
+    def never_negative():
+        return fn(0, 0, 4, 100) == 0, "capacity must not go below 0"
+
+    yield "hand examples", hand_examples
+    yield "eta = 0: one batch at a time", eta_zero_is_synchronous
+    yield "never negative", never_negative
+    yield "no sample is trained more than eta versions stale (random event orders)", \
+        never_more_than_eta_stale
+
+
+def _checks_decoupled_ppo_loss(fn):
+    from rlm_course.rl.losses import policy_loss
+
+    g = torch.Generator().manual_seed(0)
+    logp = (torch.randn(3, 4, generator=g) * 0.1 - 1.0)
+    prox = logp + torch.randn(3, 4, generator=g) * 0.05
+    behav = prox + torch.randn(3, 4, generator=g) * 0.3
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+
+    def on_policy_is_ppo():
+        loss, _ = fn(logp, prox, prox, adv, mask)
+        want, _ = policy_loss(logp, prox, adv, mask)
+        return _close(loss, want)
+
+    def hand_example():
+        lp, px, bh = torch.tensor([[0.0]]), torch.tensor([[0.0]]), torch.tensor([[-0.5]])
+        loss, _ = fn(lp, px, bh, torch.tensor([2.0]), torch.tensor([[True]]), weight_cap=10.0)
+        return _close(loss, torch.tensor(-2.0 * math.exp(0.5)))  # w = e^0.5, u = 1, A = 2
+
+    def weight_is_truncated():
+        lp, px, bh = torch.tensor([[0.0]]), torch.tensor([[0.0]]), torch.tensor([[-3.0]])
+        loss, _ = fn(lp, px, bh, torch.tensor([1.0]), torch.tensor([[True]]), weight_cap=2.0)
+        return _close(loss, torch.tensor(-2.0))  # w = min(e^3, 2)
+
+    def weight_has_no_gradient():
+        x = logp.clone().requires_grad_(True)
+        loss, _ = fn(x, prox, behav, adv, mask, weight_cap=100.0)
+        loss.backward()
+        y = logp.clone().requires_grad_(True)
+        w = torch.exp(prox - behav)  # PPO's per-token objective, times the constant weight
+        per = -torch.minimum(torch.exp(y - prox) * adv[:, None],
+                             torch.exp(y - prox).clamp(0.8, 1.2) * adv[:, None]) * w
+        ref = (per * mask).sum(1) / mask.sum(1)
+        ref.mean().backward()
+        return _close(x.grad, y.grad)
+
+    def padding_is_ignored():
+        b2 = behav.clone()
+        b2[~mask] = 50.0
+        return _close(fn(logp, prox, b2, adv, mask)[0], fn(logp, prox, behav, adv, mask)[0])
+
+    yield "behaviour = proximal: PPO's clipped loss", on_policy_is_ppo
+    yield "hand example: w = exp(prox - behaviour) scales the objective", hand_example
+    yield "the weight is truncated at weight_cap", weight_is_truncated
+    yield "the weight is a constant: the gradient is w times PPO's", weight_has_no_gradient
+    yield "padding tokens change nothing", padding_is_ignored
+
+
+CHECKS.update({"bucketed_broadcast": _checks_bucketed_broadcast,
+               "rollout_capacity": _checks_rollout_capacity,
+               "decoupled_ppo_loss": _checks_decoupled_ppo_loss})
+
+
+# ---------------------------------------------------------------------------- chapter 14: planning
+def _checks_min_tokens_per_device(fn):
+    peak, beta = 989.4e12, 50e9  # H100 dense bf16; one 400 Gb/s NIC per direction
+
+    yield "H100s across nodes, plain DP over 1,024 devices: 2 x 2 x (1023/1024) x peak / (6 beta)", \
+        lambda: _value_close(fn(peak, beta, 1024), 2 * 2 * 1023 / 1024 * peak / (6 * beta))
+
+    def zero_stages():
+        dp, z1, z3 = fn(peak, beta, 64, 0), fn(peak, beta, 64, 1), fn(peak, beta, 64, 3)
+        return (abs(z1 - dp) <= 1e-9 * dp and abs(z3 - 1.5 * dp) <= 1e-9 * dp,
+                f"DP {dp:.0f}, ZeRO-1 {z1:.0f}, ZeRO-3 {z3:.0f}: expected ZeRO-1 = DP, ZeRO-3 = 1.5 DP")
+
+    yield "ZeRO-1 sends what DP sends; ZeRO-3 one more all-gather, 1.5x", zero_stages
+    yield "a slower compute (lower MFU) hides the same traffic with fewer tokens", lambda: \
+        _value_close(fn(peak, beta, 64, mfu=0.4), 0.4 * fn(peak, beta, 64))
+    yield "fp32 gradients double it; one device sends nothing", lambda: (
+        abs(fn(peak, beta, 8, grad_bytes=4) - 2 * fn(peak, beta, 8)) <= 1e-6 * fn(peak, beta, 8)
+        and fn(peak, beta, 1) == 0, "expected 2x for fp32 and 0 for dp=1")
+
+    def rejects():
+        try:
+            fn(0.0, beta, 8)
+        except ValueError:
+            return True, ""
+        return False, "peak_flops=0 should raise ValueError"
+
+    yield "a non-positive peak is an error", rejects
+
+
+def _checks_choose_generation_tp(fn):
+    from rlm_course.cost.architectures import get_spec
+    from rlm_course.cost.hardware import get_device
+    from rlm_course.systems import comm
+    from rlm_course.systems.layouts import DoesNotFit, kv_slots, replica_decode_step_seconds
+
+    h100 = get_device("H100-SXM-80GB")
+    link = comm.Fabric.of(h100).link(8)
+    spec70, spec8 = get_spec("llama-3-70b"), get_spec("llama-3-8b")
+
+    def hand(spec, gpus, sequences, tokens, tp):
+        slots = kv_slots(spec, tp, h100, tokens)
+        per = -(-sequences // (gpus // tp))
+        step = replica_decode_step_seconds(spec, h100, tp, min(per, slots), tokens // 2, link, 0.7)
+        return -(-per // slots) * tokens * step
+
+    def estimates():
+        best, times = fn(spec70, h100, 64, 1024, 4096, link)
+        want = {tp: hand(spec70, 64, 1024, 4096, tp) for tp in (2, 4, 8)}
+        ok = set(times) == set(want) and all(abs(times[t] - want[t]) <= 1e-9 * want[t] for t in want)
+        return ok and best == min(want, key=want.get), f"got {best}, {times}; expected {want}"
+
+    yield "llama-3-70b on 64 H100s: tp 1 does not fit, the others estimated by hand", estimates
+    yield "a few sequences per device: memory-bound decode, the widest TP wins (llama-3-8b)", \
+        lambda: (fn(spec8, h100, 64, 64, 4096, link)[0] == 8, "expected tp 8")
+    yield "many sequences per device: the collectives of a wide TP cost more (llama-3-8b)", \
+        lambda: (fn(spec8, h100, 64, 65536, 4096, link)[0] == 2, "expected tp 2")
+
+    def refuses():
+        try:
+            fn(spec70, h100, 8, 64, 4096, link, candidates=(1,))
+        except DoesNotFit:
+            return True, ""
+        return False, "a 70B model on one H100 per replica should raise DoesNotFit"
+
+    yield "nothing fits: DoesNotFit", refuses
+
+
+CHECKS.update({"min_tokens_per_device": _checks_min_tokens_per_device,
+               "choose_generation_tp": _checks_choose_generation_tp})
+
+
 def run_check(name: str, fn) -> CheckReport:
     """Run every check of exercise ``name`` on ``fn``.
 

@@ -70,6 +70,18 @@ EXERCISES = (
     Chapter("10", "context_expert", "The online-softmax merge and the all-to-all dispatch slots",
             (("rlm_course.parallel.context_parallel", "online_softmax_merge"),
              ("rlm_course.parallel.expert_parallel", "dispatch_indices"))),
+    Chapter("11", "distributed", "A ring all-reduce from send/recv; DDP's gradient buckets",
+            (("rlm_course.distributed.by_hand", "ring_all_reduce"),
+             ("rlm_course.distributed.by_hand", "bucketed_all_reduce"))),
+    Chapter("12", "weight_sync", "A bucketed broadcast of a state dict",
+            (("rlm_course.systems.weight_sync", "bucketed_broadcast"),)),
+    Chapter("13", "async_rl", "The staleness gate; the decoupled PPO loss",
+            (("rlm_course.systems.async_rl", "rollout_capacity"),
+             ("rlm_course.systems.async_rl", "decoupled_ppo_loss"))),
+    Chapter("14", "plan_a_cluster",
+            "The communication roofline's minimum batch; choosing TP for generation",
+            (("rlm_course.systems.comm", "min_tokens_per_device"),
+             ("rlm_course.systems.layouts", "choose_generation_tp"))),
 )
 
 HEADER = '''"""{kind} for chapter {number}: {title}.

@@ -146,3 +146,55 @@ def plot_memory_per_rank(memory: dict[str, dict[str, float]], path: str | Path |
     ax.set(ylabel="kB per rank", title=title)
     ax.legend(fontsize=8)
     return _finish(fig, path)
+
+
+TIMELINE_COLORS = {"generation": STAGE_COLORS["generation"], "scoring": STAGE_COLORS["scoring"],
+                   "training": STAGE_COLORS["training"], "sync": "#e7298a", "reshard": "#1f78b4",
+                   "evaluation": "#999999"}
+
+
+def plot_timelines(runs: dict[str, list], path: str | Path | None = None,
+                   title: str = "what every worker did", show_versions: bool = True):
+    """Gantt charts of real runs side by side, one panel per run, one row per worker: each
+    :class:`rlm_course.systems.timeline.Event` a bar coloured by stage (generation, scoring,
+    training, sync, ...), labelled with its policy version; gaps are idle time. ``runs``:
+    ``{name: events}`` (times in seconds from the run's start); the panels share the time
+    axis, so the runs' lengths compare at a glance."""
+    names = list(runs)
+    rows = [sorted({e.worker for e in runs[n]}) for n in names]
+    heights = [max(1, len(r)) for r in rows]
+    fig, axes = plt.subplots(len(names), 1, sharex=True, squeeze=False,
+                             figsize=(10, 0.45 * sum(heights) + 0.9 * len(names) + 0.6),
+                             gridspec_kw={"height_ratios": heights})
+    seen = set()
+    for ax, name, workers in zip(axes[:, 0], names, rows):
+        y = {w: i for i, w in enumerate(workers)}
+        for e in runs[name]:
+            color = TIMELINE_COLORS.get(e.stage, "#cccccc")
+            ax.barh(y[e.worker], e.end - e.start, left=e.start, color=color, edgecolor="white",
+                    linewidth=0.5, label=None if e.stage in seen else e.stage)
+            seen.add(e.stage)
+            if show_versions and e.stage in ("generation", "training") and e.end - e.start > 0:
+                ax.text((e.start + e.end) / 2, y[e.worker], f"v{e.version}", ha="center",
+                        va="center", fontsize=6, clip_on=True)
+        ax.set(yticks=range(len(workers)), yticklabels=workers)
+        ax.set_title(name, fontsize=9, loc="left")
+        ax.invert_yaxis()
+    axes[-1, 0].set_xlabel("seconds since the start of the run")
+    axes[0, 0].legend(fontsize=7, ncol=6, loc="lower right", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title, fontsize=10, x=0.01, ha="left")
+    return _finish(fig, path)
+
+
+def plot_measured_vs_predicted(points: dict[str, tuple[list, list, list]],
+                               path: str | Path | None = None, xlabel: str = "bytes",
+                               ylabel: str = "seconds", title: str = "measured and predicted"):
+    """Log-log lines: for each name, ``(x, measured, predicted)``: measured as dots, predicted as
+    a line of the same colour."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name, (xs, measured, predicted) in points.items():
+        line, = ax.plot(xs, predicted, "-", label=f"{name}: predicted")
+        ax.plot(xs, measured, "o", color=line.get_color(), label=f"{name}: measured")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(fontsize=7)
+    return _finish(fig, path)
