@@ -97,7 +97,10 @@ class TRLSteps:
                          max_completion_length=task.max_response_len, beta=0.0, num_iterations=1,
                          learning_rate=lr, logging_steps=10**6, report_to=[], save_strategy="no",
                          disable_tqdm=True, use_cpu=True, dataloader_num_workers=0, seed=seed,
-                         temperature=1.0, output_dir=os.path.join("runs", "peer-trl"))
+                         temperature=1.0, output_dir=os.path.join("runs", "peer-trl"),
+                         # TRL's defaults are bf16 autocast and activation checkpointing; the course
+                         # trains in fp32 without recomputation, so compare like with like
+                         bf16=False, gradient_checkpointing=False)
         self.GRPOConfig, self.GRPOTrainer = GRPOConfig, GRPOTrainer
 
     def reward(self, prompts, completions, **kwargs) -> list[float]:
