@@ -118,7 +118,8 @@ def _rl(args) -> int:
                              "its checkpoint.pt loads in one process (resume it without --nproc).")
         run_rl_distributed(task, config, args.nproc, name=args.name, out_dir=args.out,
                            overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
-                           progress=not args.no_progress, threads=args.threads or 1)
+                           progress=not args.no_progress,
+                           threads=1 if args.threads is None else args.threads)
         return 0
     _set_threads(args)
     summary = run_rl(task, config, name=args.name, out_dir=args.out, resume=args.resume,
@@ -185,6 +186,10 @@ def _systems(args) -> int:
     return systems_main(args.experiment, args)
 
 
+#: The largest cluster `plan` searches (chapter 14 validates the simulator up to here).
+MAX_PLAN_GPUS = 10_000
+
+
 def _plan(args) -> int:
     from rlm_course.cost.anatomy import Workload
     from rlm_course.cost.architectures import get_spec
@@ -193,8 +198,13 @@ def _plan(args) -> int:
     from rlm_course.systems.simulator import algorithm
 
     spec, device = get_spec(args.model), get_device(args.device)  # clear errors for unknown names
-    if args.gpus < 1 or args.top < 1:
-        raise ValueError(f"--gpus {args.gpus} and --top {args.top} must be positive.")
+    for flag in ("gpus", "top", "prompts", "group_size", "minibatches", "prompt_len"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: give 1 or more.")
+    if args.gpus > MAX_PLAN_GPUS:
+        raise ValueError(f"--gpus {args.gpus}: the planner searches clusters of up to "
+                         f"{MAX_PLAN_GPUS:,} devices (the largest size bench simulator runs); "
+                         "plan a share of the cluster (e.g. one job's pool) instead.")
     workload = Workload.long_tailed(args.prompts, args.group_size, args.prompt_len,
                                     args.mean_response, args.sigma, args.max_response, args.seed)
     config = algorithm(args.algorithm, minibatches=args.minibatches)

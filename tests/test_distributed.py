@@ -57,6 +57,18 @@ def test_a_worker_defined_in_a_notebook_is_refused(monkeypatch):
         launch(_defined_in_a_notebook, 2)
 
 
+def test_workers_and_limits_a_rank_cannot_use_are_refused_before_any_process_starts():
+    import functools
+    import math
+
+    with pytest.raises(ValueError, match="functools.partial cannot be imported"):
+        launch(functools.partial(hello), 2)
+    for kw, name in ((dict(deadline=0), "deadline=0"), (dict(timeout=math.inf), "timeout=inf"),
+                     (dict(threads=True), "threads=True")):
+        with pytest.raises(ValueError, match=name):
+            launch(hello, 2, **kw)
+
+
 def test_missing_backend_and_device_are_clear_errors():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

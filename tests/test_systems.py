@@ -311,3 +311,19 @@ def test_colocated_generation_memory_contention_and_offload():
     a, b = simulate(s, iterations=2, warmup=1), simulate(freed, iterations=2, warmup=1)
     assert a.memory["slots"] < b.memory["slots"]   # resident trainer state takes KV room
     assert b.stages["offload"] > 0
+
+
+def test_nonsense_rates_and_modes_are_refused():
+    import math
+
+    for field in ("decode_step_latency", "iteration_overhead", "reward_seconds"):
+        with pytest.raises(ValueError, match=f"Rates.{field}=inf must be a finite"):
+            Rates(**{field: math.inf})
+    with pytest.raises(ValueError, match="host_bandwidth"):
+        Rates(host_bandwidth=math.inf)
+    with pytest.raises(ValueError, match="stage fusion .* does not combine"):
+        Mode(stage_fusion=True, partial_rollout=True)
+    with pytest.raises(ValueError, match=r"give a Mode, e.g. MODES\['async'\]"):
+        Scenario(get_spec("qwen2.5-7b"), preset("grpo"),
+                 Workload.long_tailed(8, 4, 64, 100, 0.5, 400),
+                 Cluster(get_device("H100-SXM-80GB"), 8), mode="async")

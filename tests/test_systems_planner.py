@@ -70,3 +70,41 @@ def test_the_widget_answers_like_the_planner_and_shows_errors():
     assert w.run() is None and "no layout of llama-3-70b fits" in w.html.value
     w.controls["mean_response"].value = 5000.0  # longer than its budget
     assert w.run() is None and "mean_len" in w.message
+
+
+def test_modes_a_placement_cannot_run_are_refused_before_the_search(capsys):
+    spec, grpo = get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4)
+    with pytest.raises(ValueError, match="fused.*needs colocated devices"):
+        plan(spec, grpo, WORKLOAD, H100, 8, placements=("disaggregated",), modes=["fused"])
+    with pytest.raises(ValueError, match="async.*need disaggregated pools"):
+        plan(spec, grpo, WORKLOAD, H100, 8, placements="colocated", modes=["async"])
+    with pytest.raises(ValueError, match="at least 2 devices"):
+        plan(spec, grpo, WORKLOAD, H100, 1, placements=("disaggregated",))
+    with pytest.raises(ValueError, match="keep=0"):
+        plan(spec, grpo, WORKLOAD, H100, 8, keep=0)
+    # the default search still runs fused where it can: colocated only
+    result = plan(spec, grpo, WORKLOAD, H100, 8, modes=["fused"])
+    assert {c.scenario.placement for c in result.ranked} == {"colocated"}
+
+
+def test_stage_fusion_needs_two_replicas():
+    from rlm_course.systems.simulator import MODES, Cluster, Scenario
+
+    with pytest.raises(ValueError, match="at least 2 generation replicas"):
+        Scenario(get_spec("qwen2.5-7b"), algorithm("grpo"), WORKLOAD, Cluster(H100, 8),
+                 generation_tp=8, mode=MODES["fused"])
+    # one device: nothing can score while the tail decodes, so no fused plan is offered
+    result = plan(get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4), WORKLOAD, H100, 1)
+    assert result.ranked and not any(c.scenario.mode.stage_fusion for c in result.ranked)
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--gpus", "0", "--gpus 0: give 1 or more"), ("--top", "0", "--top 0: give 1 or more"),
+    ("--minibatches", "0", "--minibatches 0: give 1 or more"),
+    ("--group-size", "0", "--group-size 0: give 1 or more"),
+    ("--gpus", "100000", "up to 10,000 devices")])
+def test_cli_plan_names_the_flag_that_is_wrong(capsys, flag, value, message):
+    args = {"--model": "qwen2.5-7b", "--gpus": "8"}
+    args[flag] = value
+    assert main(["plan", *[x for kv in args.items() for x in kv]]) == 2
+    assert message in capsys.readouterr().err

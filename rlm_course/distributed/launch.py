@@ -34,6 +34,7 @@ from __future__ import annotations
 import datetime
 import errno
 import json
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -202,9 +203,13 @@ def _importable(worker) -> None:
         raise ValueError(f"worker {name!r} is defined in the notebook or script itself (module "
                          f"{module!r}); a new process cannot import it from there: {where}.")
     owner = sys.modules.get(module)
-    if owner is None or "<locals>" in (name or "") or getattr(owner, name.split(".")[0], None) is None:
-        raise ValueError(f"worker {module}.{name} is not a module-level function, so a new process "
-                         f"cannot import it: {where}.")
+    if (owner is None or not name or "<locals>" in name or "<lambda>" in name
+            or getattr(owner, name.split(".")[0], None) is None):
+        label = f"{module}.{name}" if name else repr(worker)
+        raise ValueError(f"worker {label} is not a plain module-level function (a lambda, "
+                         "a nested function or a functools.partial cannot be imported by name in a "
+                         "new process): define it with a top-level `def` in a .py file and pass "
+                         "its arguments through launch(..., args=...).")
 
 
 def _start_method(requested: str | None) -> str:
@@ -423,11 +428,12 @@ def start(worker, nprocs: int = 2, args: tuple = (), kwargs: dict | None = None,
     :class:`Job` at once (see :func:`launch` for the arguments); :meth:`Job.join` waits."""
     if not (isinstance(nprocs, int) and not isinstance(nprocs, bool) and nprocs >= 1):
         raise ValueError(f"nprocs={nprocs!r}: give a positive number of processes.")
-    if not (isinstance(threads, int) and threads >= 1):
+    if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
         raise ValueError(f"threads={threads!r}: give a positive number of threads per rank.")
-    for label, value in (("timeout", timeout), ("grace", grace)):
-        if not value > 0:
-            raise ValueError(f"{label}={value!r} seconds must be positive.")
+    for label, value in (("timeout", timeout), ("grace", grace)) + (
+            (("deadline", deadline),) if deadline is not None else ()):
+        if not 0 < value < math.inf:
+            raise ValueError(f"{label}={value!r} seconds must be positive and finite.")
     _importable(worker)
     device = resolve_device(device)
     backend = backend or BACKENDS[device]

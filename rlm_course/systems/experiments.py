@@ -226,6 +226,10 @@ def main(name: str, args) -> int:
 
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; choose one of {EXPERIMENTS}.")
+    for flag in ("steps", "repeats"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag} {value}: give 1 or more.")
     command = "python -m rlm_course systems " + name + "".join(
         f" --{k.replace('_', '-')} {v}" for k, v in sorted(vars(args).items())
         if k in ("steps", "repeats", "seed") and v is not None)

@@ -107,11 +107,14 @@ class Rates:
             if not 0 < value <= 1:
                 raise ValueError(f"Rates.{name}={value} must be a fraction in (0, 1].")
         for name in ("decode_step_latency", "reward_seconds", "iteration_overhead"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"Rates.{name}={getattr(self, name)} must be >= 0 seconds.")
-        if not self.host_bandwidth > 0 or (self.weight_sync_bandwidth is not None
-                                           and not self.weight_sync_bandwidth > 0):
-            raise ValueError("Rates: host_bandwidth and weight_sync_bandwidth must be positive.")
+            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"Rates.{name}={getattr(self, name)} must be a finite number of "
+                                 "seconds >= 0.")
+        if not 0 < self.host_bandwidth < math.inf or (
+                self.weight_sync_bandwidth is not None
+                and not 0 < self.weight_sync_bandwidth < math.inf):
+            raise ValueError("Rates: host_bandwidth and weight_sync_bandwidth must be positive and "
+                             "finite (bytes/s).")
         if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
             raise ValueError(f"Rates.max_batch={self.max_batch!r} must be a positive integer.")
 

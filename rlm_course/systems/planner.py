@@ -172,17 +172,38 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
     Raises:
         DoesNotFit: if no candidate fits memory (the message gives the closest refusals and
             what to change: more devices, a larger device, shorter sequences).
-        ValueError: for an unknown placement or mode, or ``gpus < 1``.
+        ValueError: for an unknown placement or mode, ``gpus < 1``, modes that none of the
+            placements runs (fused needs colocated, streaming modes disaggregated), or a
+            disaggregated-only search on one device.
     """
     rates = rates or Rates()
     if not (isinstance(gpus, int) and gpus >= 1):
         raise ValueError(f"gpus={gpus!r} must be a positive integer.")
+    if isinstance(placements, str):
+        placements = (placements,)
+    placements = tuple(placements)
     for p in placements:
         if p not in ("colocated", "disaggregated"):
             raise ValueError(f"unknown placement {p!r}; choose colocated or disaggregated.")
+    if not placements:
+        raise ValueError("placements is empty; give colocated, disaggregated or both.")
+    if not (isinstance(keep, int) and keep >= 1):
+        raise ValueError(f"keep={keep!r} must be a positive integer (layouts kept per pool).")
+    if isinstance(modes, str):
+        modes = [modes]
     for m in modes or ():
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r}; choose among {', '.join(MODES)}.")
+    runnable = {"colocated": [m for m in (modes or COLOCATED_MODES) if not MODES[m].streaming],
+                "disaggregated": [m for m in (modes or DISAGGREGATED_MODES)
+                                  if not MODES[m].stage_fusion]}
+    if not any(runnable[p] for p in placements):
+        raise ValueError(f"modes {', '.join(modes)} do not run on the {' or '.join(placements)} "
+                         "placement: stage fusion (fused) needs colocated devices, the streaming "
+                         "modes (async, async-eta2) need disaggregated pools.")
+    if placements == ("disaggregated",) and gpus < 2:
+        raise ValueError(f"gpus={gpus}: a disaggregated placement needs at least 2 devices (one "
+                         "per pool); use the colocated placement.")
     out = Plan()
     cluster = Cluster(device, gpus)
     node = device.devices_per_node
@@ -229,11 +250,13 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             return []
         if first_only:
             trainers, gens = trainers[:1], gens[:1]
-        return [evaluate(rollout, tp, lay, name) for tp in gens for lay in trainers for name in names]
+        pool_devices = gpus if rollout is None else rollout
+        return [evaluate(rollout, tp, lay, name) for tp in gens for lay in trainers for name in names
+                if not (MODES[name].stage_fusion and pool_devices // tp < 2)]
 
     if "colocated" in placements:
-        search(None, [m for m in (modes or COLOCATED_MODES) if not MODES[m].streaming])
-    if "disaggregated" in placements and gpus >= 2:
+        search(None, runnable["colocated"])
+    if "disaggregated" in placements and gpus >= 2 and runnable["disaggregated"]:
         splits = []
         for share in ROLLOUT_SHARES:
             rollout = round(gpus * share)
@@ -241,7 +264,7 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
                 rollout = max(node, min(gpus - node, round(gpus * share / node) * node))
             if 0 < rollout < gpus and rollout not in splits:
                 splits.append(rollout)
-        names = [m for m in (modes or DISAGGREGATED_MODES) if not MODES[m].stage_fusion]
+        names = runnable["disaggregated"]
         probe = "async" if "async" in names else names[-1]
         tried = {r: min((c.step for c in search(r, [probe], first_only=True)), default=math.inf)
                  for r in splits}

@@ -88,7 +88,8 @@ class Mode:
     """How generation and training are ordered (see the module docstring).
 
     Raises:
-        ValueError: for a negative staleness or a threshold outside (0, 1).
+        ValueError: for a negative staleness, a threshold outside (0, 1), or stage fusion
+            combined with staleness, streaming or partial rollouts.
     """
 
     staleness: float = 0.0
@@ -105,6 +106,9 @@ class Mode:
                              "synchronous, 1: one step off-policy).")
         if not 0 < self.fusion_threshold < 1 or not 0 < self.fusion_tail < 1:
             raise ValueError("Mode.fusion_threshold and fusion_tail must be fractions in (0, 1).")
+        if self.stage_fusion and (self.streaming or self.partial_rollout or self.staleness):
+            raise ValueError("Mode: stage fusion reorders one synchronous colocated iteration; it "
+                             "does not combine with staleness, streaming or partial rollouts.")
 
     @property
     def name(self) -> str:
@@ -163,6 +167,9 @@ class Scenario:
     oversample: float = 1.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.mode, Mode):
+            raise ValueError(f"mode={self.mode!r}: give a Mode, e.g. MODES[{self.mode!r}] "
+                             f"(named modes: {', '.join(MODES)}).")
         g = self.cluster.gpus
         if not (self.oversample >= 1 and math.isfinite(self.oversample)):
             raise ValueError(f"oversample={self.oversample} must be >= 1 (prompts generated per "
@@ -189,6 +196,11 @@ class Scenario:
                 and self.rollout_pool % self.generation_tp == 0):
             raise ValueError(f"generation_tp={self.generation_tp!r} must divide the "
                              f"{self.rollout_pool} rollout devices.")
+        if self.mode.stage_fusion and self.replicas < 2:
+            raise ValueError(f"stage fusion moves the tail to some replicas while the others score: "
+                             f"it needs at least 2 generation replicas, and {self.rollout_pool} "
+                             f"devices at generation_tp={self.generation_tp} make "
+                             f"{self.replicas}; use the sync mode or a smaller generation_tp.")
         if self.trainer_layout.devices != self.trainer_pool:
             raise ValueError(f"the trainer layout {self.trainer_layout.describe()} uses "
                              f"{self.trainer_layout.devices} devices, but the trainer pool has "
