@@ -27,16 +27,20 @@ def choose_threads(requested: int | None = None) -> tuple[int, str]:
     Raises:
         ValueError: for a requested count below 1.
     """
-    if requested is not None:
-        if requested < 1:
-            raise ValueError(f"--threads {requested}: give 1 or more.")
-        return requested, "as requested"
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
-        return int(os.environ["OMP_NUM_THREADS"]), "from OMP_NUM_THREADS"
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--threads {requested}: give 1 or more.")
+        if requested > cores:
+            return requested, (f"as requested, but more than the {cores} cores: the threads wait "
+                               "for each other and every step is slower; use at most "
+                               f"--threads {cores}")
+        return requested, "as requested"
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"]), "from OMP_NUM_THREADS"
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):

@@ -108,3 +108,30 @@ def test_cli_plan_names_the_flag_that_is_wrong(capsys, flag, value, message):
     args[flag] = value
     assert main(["plan", *[x for kv in args.items() for x in kv]]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_printing_and_rounding_settings_that_make_no_sense_are_refused():
+    from rlm_course.systems.simulator import Cluster, Scenario, simulate
+
+    result = plan(get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4), WORKLOAD, H100, 8,
+                  placements=("colocated",), modes=["sync"])
+    for top in (0, -1):
+        with pytest.raises(ValueError, match=f"top={top}"):
+            format_plan(result, top)
+    with pytest.raises(ValueError, match="devices=0"):
+        trainer_layouts(get_spec("qwen2.5-7b"), algorithm("grpo"), H100, 0, 1024, 4096)
+    scenario = Scenario(get_spec("qwen2.5-7b"), algorithm("grpo"), WORKLOAD, Cluster(H100, 8))
+    for buckets in (0, 1, -5):
+        with pytest.raises(ValueError, match=f"length_buckets={buckets}"):
+            simulate(scenario, length_buckets=buckets)
+
+
+def test_more_threads_than_cores_are_allowed_but_explained():
+    import os
+
+    from rlm_course.utils import choose_threads
+
+    cores = len(os.sched_getaffinity(0))
+    threads, why = choose_threads(cores + 1)
+    assert threads == cores + 1 and f"more than the {cores} cores" in why
+    assert choose_threads(1) == (1, "as requested")

@@ -23,8 +23,10 @@ def torchrun_command(worker: str, nproc: int, rest: list[str] | None = None,
     """
     if worker not in WORKERS:
         raise ValueError(f"unknown worker {worker!r}; choose one of {', '.join(WORKERS)}.")
-    if nproc < 1 or nnodes < 1:
-        raise ValueError(f"--nproc {nproc} and --nnodes {nnodes} must be positive.")
+    if nproc < 1:
+        raise ValueError(f"--nproc {nproc}: give 1 or more processes per machine.")
+    if nnodes < 1:
+        raise ValueError(f"nnodes={nnodes}: give 1 or more machines.")
     launcher = [sys.executable, "-m", "torch.distributed.run"]
     if nnodes == 1:
         launcher += ["--standalone"]

@@ -96,6 +96,8 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
     (MoE), data parallelism over the rest; ZeRO-3 when there is no model parallelism, ZeRO-1 with
     it (Megatron's distributed optimizer); recomputation on; optimizer offload tried when nothing
     else fits."""
+    if not (isinstance(devices, int) and devices >= 1):
+        raise ValueError(f"devices={devices!r} must be a positive integer.")
     fits, refused = [], []
     tps = _divisors(devices, [t for t in (1, 2, 4, 8) if t <= device.devices_per_node
                               and spec.n_head % t == 0])
@@ -316,6 +318,8 @@ def why(candidate: Candidate, best: Candidate) -> str:
 def format_plan(result: Plan, top: int = 5) -> str:
     """The best ``top`` plans (step, throughput, MFU, memory per device, where the time goes),
     then why the others lose."""
+    if not (isinstance(top, int) and top >= 1):
+        raise ValueError(f"top={top!r}: give 1 or more plans to print.")
     lines = []
     ranked = result.ranked
     for i, c in enumerate(ranked[:top], 1):

@@ -765,13 +765,16 @@ def simulate(scenario: Scenario, iterations: int | None = None, warmup: int | No
 
     Raises:
         DoesNotFit: if a role's layout does not fit memory (checked before anything runs).
-        ValueError: for inconsistent settings.
+        ValueError: for inconsistent settings, or ``length_buckets`` below 2.
     """
     eta = math.ceil(scenario.mode.staleness)
     warmup = 1 + min(eta, 3) if warmup is None else warmup
     iterations = warmup + 2 if iterations is None else iterations
     if not (isinstance(iterations, int) and isinstance(warmup, int) and 0 <= warmup < iterations):
         raise ValueError(f"iterations={iterations!r} must exceed warmup={warmup!r} >= 0.")
+    if length_buckets is not None and not (isinstance(length_buckets, int) and length_buckets >= 2):
+        raise ValueError(f"length_buckets={length_buckets!r}: give 2 or more levels (e.g. 64), or "
+                         "None to keep every length.")
     sim = _Sim(scenario, iterations, length_buckets)
     sim.run()
     return _result(sim, warmup)
