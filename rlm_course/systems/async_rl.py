@@ -604,6 +604,11 @@ def _run_disaggregated(controller, task, config, pipe, checkpoint, run_dir, resu
                     state["checkpoint"] = trained
                 _record_step(result, trained, value, pipe.eta)
                 bar.update(1)
+    _finish(controller, result, origin, start, bar)
+
+
+def _finish(controller, result, origin: float, start: float, bar) -> None:
+    """Close a run: its seconds, trained tokens per second, and its workers' events."""
     result.seconds = time.perf_counter() - start
     bar.close()
     tokens = sum(row["tokens"] for row in result.steps)
@@ -636,11 +641,7 @@ def _run_colocated(controller, task, config, pipe, checkpoint, run_dir, result, 
             state["checkpoint"] = step
         _record_step(result, step, merged, pipe.eta)
         bar.update(1)
-    result.seconds = time.perf_counter() - start
-    bar.close()
-    tokens = sum(row["tokens"] for row in result.steps)
-    result.tokens_per_second = tokens / result.seconds if result.seconds else 0.0
-    _origin_events(controller, result, origin)
+    _finish(controller, result, origin, start, bar)
 
 
 def _merge_metrics(outs: list[dict]) -> dict:

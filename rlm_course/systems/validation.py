@@ -36,7 +36,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -49,7 +48,7 @@ from rlm_course.rl.algorithms import preset
 from rlm_course.systems.layouts import Layout
 from rlm_course.systems.phases import Cluster, Rates
 from rlm_course.systems.simulator import MODES, Mode, Scenario, SimResult, algorithm, simulate
-from rlm_course.utils import data_dir
+from rlm_course.utils import best_seconds, data_dir
 
 #: Stages compared between a run's timers and the simulation (the trainer's ``training`` is the
 #: simulator's policy and critic updates together).
@@ -57,15 +56,6 @@ COMPARED = ("generation", "scoring", "training")
 
 
 # ---------------------------------------------------------------------- (a) measured runs
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 class TinyRateBench:
     """Micro-benchmarks of the passes of a course iteration at its shapes, to measure the rates
     the course's tiny model runs at on this machine (``prompts (batch, P)`` with ``mask``,
@@ -145,9 +135,9 @@ class TinyRateBench:
             for name, fn in benches.items():
                 if name == "training":
                     continue
-                self.best[name] = min(self.best.get(name, float("inf")), _best(fn, 1))
+                self.best[name] = min(self.best.get(name, float("inf")), best_seconds(fn, 1))
         self.best["training"] = min(self.best.get("training", float("inf")),
-                                    _best(self._train_step, 1))
+                                    best_seconds(self._train_step, 1))
 
     def rates(self) -> Rates:
         """The rates of the fastest timings: :class:`~rlm_course.systems.phases.Rates` with
@@ -210,7 +200,7 @@ def course_run_record(variant: str = "grpo", rounds: int = 4, task_name: str = "
         rows = [r for r in rows if (r["prompt_columns"], r["response_columns"])
                 == (prompt_len, response_len)]
     best = {s: min(r[f"seconds_{s}"] for r in rows) for s in COMPARED + ("reward",)}
-    verifier = _best(lambda: [task.verify(pr, "1") for pr in problems], 3) / len(problems)
+    verifier = best_seconds(lambda: [task.verify(pr, "1") for pr in problems], 3) / len(problems)
     rates = dataclasses.replace(bench.rates(), reward_seconds=verifier)
     return {
         "model": {"model_config": policy.config.to_dict()},
