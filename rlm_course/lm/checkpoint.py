@@ -39,8 +39,10 @@ def load_checkpoint(path: str | Path) -> dict:
         raise ValueError(f"checkpoint {path} is a folder; pass the .pt file inside it (e.g. "
                          f"{path / 'checkpoint.pt'}).")
     if not path.is_file():
-        raise ValueError(f"checkpoint {path} does not exist; create it (e.g. `python -m rlm_course "
-                         "sft --task addition`) or pass the right path.")
+        raise ValueError(f"checkpoint {path} does not exist: pass the right path, or make it (a "
+                         "run's runs/<name>/checkpoint.pt comes from `make demo` or `python -m "
+                         "rlm_course grpo ...`; a warm start in data/checkpoints/ from `python -m "
+                         "rlm_course sft --task ...`).")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files
