@@ -160,7 +160,7 @@ def test_measured_flops_of_a_step_match_the_predictor(name):
     predicted = predict_iteration_flops(
         trainer.policy.config, config, generated=row["responses_generated"],
         trained=row["responses_trained"], prompt_len=row["prompt_columns"],
-        response_len=row["response_columns"])
+        response_len=row["response_columns"], padded_keys=True)
     # forward FLOPs are exact; a backward is 2x its forward to within 0.5% (see test_model)
     assert measured == pytest.approx(predicted["total"], rel=0.01)
 

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from rlm_course.cost.flops import count_flops
-from rlm_course.lm.model import KVCache, ModelConfig, TinyGPT, forward_flops, matmul_parameters
+from rlm_course.lm.model import (KEY_PAD_MULTIPLE, MAX_KEY_PAD, KVCache, ModelConfig, TinyGPT,
+                                  attention, forward_flops, matmul_parameters)
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.numerics import relative_error, reorder_tolerance
 
@@ -45,6 +46,38 @@ def test_left_padding_does_not_change_logits():
         a = model(alone, alone_mask)[0, -1]
         b = model(batch, batch_mask)[0, -1]
     assert relative_error(a, b) <= TOL64
+
+
+@pytest.mark.parametrize("length", [5, 14, 16, 20, 27])
+def test_attention_with_padded_keys_equals_sdpa(length):
+    """The model's attention pads the keys on the CPU (14 -> 16, 27 -> 32); outputs and gradients
+    equal plain SDPA's, causal and with a padding mask."""
+    gen = torch.Generator().manual_seed(length)
+    q, k, v = (torch.randn(3, 4, length, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+               for _ in range(3))
+    mask = torch.rand(3, 1, length, length, generator=gen) > 0.3
+    mask[..., 0] = True  # every query sees at least one key
+    for m in (None, mask):
+        ours = attention(q, k, v, m)
+        reference = (torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                     if m is None else
+                     torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m))
+        assert relative_error(ours, reference) <= TOL64
+        grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
+        expected = torch.autograd.grad(reference.square().sum(), (q, k, v))
+        for g, e in zip(grads, expected):
+            assert relative_error(g, e) <= TOL64
+
+
+@pytest.mark.parametrize("length", [14, 20, 32])
+def test_attention_pads_keys_only_when_few_are_needed(length):
+    """The kernel's FLOPs (counted by torch.utils.flop_counter) show how many keys it ran over."""
+    q = k = v = torch.randn(2, 4, length, 8)
+    pad = -length % KEY_PAD_MULTIPLE
+    keys = length + pad if pad <= MAX_KEY_PAD else length
+    measured, _ = count_flops(lambda: attention(q, k, v))
+    assert measured == 4 * 2 * 4 * length * keys * 8  # q k^T and p v: 2 FLOPs per multiply-add
+    assert keys == {14: 16, 20: 20, 32: 32}[length]
 
 
 def test_parameter_count_matches_formula():

@@ -2,10 +2,16 @@
 
 import pytest
 
-from rlm_course.cost.profiling import measure_step, roofline_points
+from rlm_course.cost.accounting import predict_iteration_flops, predict_passes
+from rlm_course.cost.profiling import (
+    attention_by_key_length,
+    measure_step,
+    roofline_points,
+)
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.algorithms import preset
 from rlm_course.rl.runs import load_sft_policy
+from rlm_course.rl.sft import default_model_config
 from rlm_course.rl.trainer import RLTrainer
 from rlm_course.tasks import get_task
 from rlm_course.tasks.eval_sets import load_eval_set
@@ -37,3 +43,26 @@ def test_roofline_points_decode_is_less_intense_than_prefill():
         assert by[("decode", batch)]["flops_per_s"] > 0
     intensities = [by[("decode", b)]["intensity"] for b in (1, 8, 64)]
     assert intensities == sorted(intensities)  # weights are shared by the batch
+
+
+def test_attention_by_key_length_times_each_length_and_refuses_bad_input():
+    rows = attention_by_key_length([14, 16], batch=4, repeats=1)
+    assert [r["length"] for r in rows] == [14, 16]
+    assert all(r["sdpa_seconds"] > 0 and r["padded_seconds"] > 0 for r in rows)
+    for bad in ({"lengths": []}, {"lengths": [0, 4]}, {"batch": 0}, {"repeats": 0}):
+        with pytest.raises(ValueError, match="attention_by_key_length"):
+            attention_by_key_length(**{"lengths": [8], **bad})
+
+
+def test_padded_keys_add_exactly_the_padding_to_the_prediction():
+    """9 prompt + 5 response columns: the CPU kernel scores 16 keys per query instead of 14."""
+    config = preset("grpo")
+    model_config = default_model_config(TOK, TASK)
+    kw = {"generated": 64, "trained": 64, "prompt_len": 9, "response_len": 5}
+    plain = predict_iteration_flops(model_config, config, **kw)
+    padded = predict_iteration_flops(model_config, config, padded_keys=True, **kw)
+    assert padded["generation"] == plain["generation"]  # the decode path is not padded
+    one_forward = 64 * 4 * model_config.n_layer * model_config.d_model * 14 * (16 - 14)
+    passes = predict_passes(config)
+    forwards = sum(p["forward"] for p in passes["scoring"].values())
+    assert padded["scoring"] - plain["scoring"] == forwards * one_forward

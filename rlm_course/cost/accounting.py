@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from rlm_course.cost.architectures import from_model_config, kv_cache_bytes, teacher_forced_flops
-from rlm_course.lm.model import ModelConfig
+from rlm_course.lm.model import ModelConfig, attention_key_length
 from rlm_course.rl.algorithms import RLConfig
 
 ADAM_BYTES_PER_PARAM = 16  # fp32 weight + gradient + exp_avg + exp_avg_sq
@@ -91,7 +91,8 @@ def predict_passes(config: RLConfig) -> dict[str, dict[str, dict[str, int]]]:
 
 def predict_iteration_flops(model_config: ModelConfig, config: RLConfig, *, generated: int,
                             trained: int, prompt_len: int, response_len: int,
-                            decode_steps: int | None = None) -> dict[str, int]:
+                            decode_steps: int | None = None,
+                            padded_keys: bool = False) -> dict[str, int]:
     """FLOPs of one iteration, per stage, for a policy of ``model_config``.
 
     Args:
@@ -101,6 +102,9 @@ def predict_iteration_flops(model_config: ModelConfig, config: RLConfig, *, gene
         response_len: ``R``, response columns of the trained batch (the longest response).
         decode_steps: forward steps of generation after the prefill (default ``R - 1``: the last
             token is sampled from the previous step's logits).
+        padded_keys: count the scoring and training passes' attention over the keys the course's
+            model pads to on the CPU (:func:`rlm_course.lm.model.attention_key_length`), as
+            ``torch.utils.flop_counter`` sees its kernel; False: over the real ``P + R`` keys.
 
     Returns:
         ``{"generation", "scoring", "training", "total"}`` in FLOPs (the reward stage runs a
@@ -119,8 +123,10 @@ def predict_iteration_flops(model_config: ModelConfig, config: RLConfig, *, gene
     generation = teacher_forced_flops(spec, prompt_len, generated) + sum(
         generated * spec.forward_flops_per_token(prompt_len + t + 1) for t in range(steps))
     passes = predict_passes(config)
-    policy_fwd = teacher_forced_flops(spec, seq, trained)
-    critic_fwd = teacher_forced_flops(spec, seq, trained, value_positions=response_len)
+    keys = attention_key_length(seq) if padded_keys else seq
+    policy_fwd = teacher_forced_flops(spec, seq, trained, key_len=keys)
+    critic_fwd = teacher_forced_flops(spec, seq, trained, value_positions=response_len,
+                                      key_len=keys)
     per_model = {"policy": policy_fwd, "reference": policy_fwd, "critic": critic_fwd}
     scoring = sum(per_model[m] * p["forward"] for m, p in passes["scoring"].items())
     training = sum(per_model[m] * (p["forward"] + 2 * p["backward"])

@@ -188,11 +188,14 @@ class TransformerSpec:
 
 
 def teacher_forced_flops(spec: TransformerSpec, seq_len: int, sequences: int,
-                         value_positions: int | None = None) -> float:
+                         value_positions: int | None = None, key_len: int | None = None) -> float:
     """Forward FLOPs of ``sequences`` full passes over ``seq_len`` tokens. A critic
     (``value_positions`` given) has no language-model head (``2 d V`` per token) but a scalar value
-    head (``2 d``) on its ``value_positions`` response positions."""
-    flops = 2 * spec.matmul_params() * seq_len + 4 * spec.n_layer * spec.n_head * spec.head_dim * seq_len * seq_len
+    head (``2 d``) on its ``value_positions`` response positions. ``key_len``: the keys each query
+    is scored against (default ``seq_len``; more when the attention kernel runs over padded keys,
+    :func:`rlm_course.lm.model.attention_key_length`)."""
+    keys = seq_len if key_len is None else key_len
+    flops = 2 * spec.matmul_params() * seq_len + 4 * spec.n_layer * spec.n_head * spec.head_dim * seq_len * keys
     if value_positions is not None:
         flops += 2 * spec.d_model * value_positions - 2 * spec.d_model * spec.vocab_size * seq_len
     return sequences * flops

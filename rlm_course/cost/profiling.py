@@ -10,11 +10,12 @@ import sys
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from rlm_course.cost import flops as _flops  # noqa: F401  (registers the CPU attention FLOP formulas)
 from rlm_course.cost.accounting import predict_iteration_flops
-from rlm_course.lm.model import KVCache, TinyGPT, forward_flops
+from rlm_course.lm.model import KVCache, TinyGPT, attention, forward_flops
 from rlm_course.utils import StageTimer, best_seconds
 
 
@@ -143,7 +144,8 @@ def measure_step(trainer) -> dict:
     """Run one step of ``trainer`` (an :class:`rlm_course.rl.trainer.RLTrainer`) under the FLOP
     counter; return its metrics row plus ``measured_flops`` and ``predicted_flops`` per stage
     (``generation``, ``scoring``, ``training``), the prediction by
-    :func:`rlm_course.cost.accounting.predict_iteration_flops` from the step's own shapes.
+    :func:`rlm_course.cost.accounting.predict_iteration_flops` from the step's own shapes (with the
+    attention keys the model pads to on the CPU, which the counter sees).
 
     Evaluation steps are measured too, but their FLOPs fall outside the stages."""
     counter = FlopCounterMode(display=False)
@@ -157,7 +159,7 @@ def measure_step(trainer) -> dict:
     predicted = predict_iteration_flops(
         trainer.policy.config, trainer.config, generated=row["responses_generated"],
         trained=row["responses_trained"], prompt_len=row["prompt_columns"],
-        response_len=row["response_columns"])
+        response_len=row["response_columns"], padded_keys=True)
     row["measured_flops"] = {s: timer.flops.get(s, 0) for s in ("generation", "scoring", "training")}
     row["predicted_flops"] = {s: predicted[s] for s in ("generation", "scoring", "training")}
     return row
@@ -207,3 +209,38 @@ def roofline_points(model: TinyGPT, batches=(1, 4, 16, 64, 256), prompt_len: int
                        "intensity": flops / bytes_, "seconds": seconds,
                        "flops_per_s": flops / seconds})
     return points
+
+
+@torch.no_grad()
+def attention_by_key_length(lengths=range(8, 41), batch: int = 256, n_head: int = 4,
+                            d_head: int = 32, repeats: int = 5, seed: int = 0) -> list[dict]:
+    """Seconds of one causal self-attention over ``length`` tokens, for each length: PyTorch's
+    SDPA as it is, and the course's :func:`rlm_course.lm.model.attention`, which pads the keys to a
+    multiple of 16 when at most 6 are missing. Best of ``repeats``, no gradient, the current
+    thread count.
+
+    Inputs: ``q, k, v`` of shape ``(batch, n_head, length, d_head)``, fp32, random (seeded). The
+    attention FLOPs grow with ``length**2``, so a time that jumps at some lengths and falls at the
+    next is a kernel's slow path, not arithmetic.
+
+    Returns:
+        One dict per length: ``length``, ``sdpa_seconds``, ``padded_seconds``.
+
+    Raises:
+        ValueError: for an empty ``lengths``, a length below 1 or a non-positive size.
+    """
+    lengths = list(lengths)
+    if not lengths or min(lengths) < 1 or min(batch, n_head, d_head, repeats) < 1:
+        raise ValueError(f"attention_by_key_length: lengths={lengths}, batch={batch}, "
+                         f"n_head={n_head}, d_head={d_head}, repeats={repeats} must be positive "
+                         "(and lengths non-empty).")
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for length in lengths:
+        q, k, v = (torch.randn(batch, n_head, length, d_head, generator=generator)
+                   for _ in range(3))
+        sdpa = best_seconds(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True), repeats)
+        padded = best_seconds(lambda q=q, k=k, v=v: attention(q, k, v), repeats)
+        rows.append({"length": length, "sdpa_seconds": sdpa, "padded_seconds": padded})
+    return rows

@@ -122,6 +122,60 @@ def attend_with_kv_cache(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tenso
     # END SOLUTION
 
 
+#: On the CPU, full-sequence attention pads its keys to a multiple of this many, when that takes at
+#: most :data:`MAX_KEY_PAD` padding keys (see :func:`attention`).
+KEY_PAD_MULTIPLE = 16
+MAX_KEY_PAD = 6
+
+
+def attention_key_length(ctx: int, device_type: str = "cpu") -> int:
+    """Keys that :func:`attention`'s kernel runs over for ``ctx`` real keys: ``ctx`` rounded up to
+    a multiple of :data:`KEY_PAD_MULTIPLE` on the CPU when that adds at most :data:`MAX_KEY_PAD`
+    keys, else ``ctx`` (e.g. 14 -> 16, 20 -> 20, 27 -> 32 on the CPU)."""
+    pad = -ctx % KEY_PAD_MULTIPLE
+    return ctx + pad if device_type == "cpu" and pad <= MAX_KEY_PAD else ctx
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+    """Scaled dot-product attention of ``q`` over ``k``/``v``: causal when ``attn_mask`` is None.
+
+    Args:
+        q: ``(batch, n_head, seq, d_head)``; k, v: ``(batch, n_head, ctx, d_head)`` (``ctx = seq``
+            when causal).
+        attn_mask: ``(batch, 1, seq, ctx)`` bool, True where a query may see a key; None: causal.
+
+    Returns:
+        ``(batch, n_head, seq, d_head)``, ``softmax(q k^T / sqrt(d_head) + mask) v`` (Vaswani et al.
+        2017, eq. 1).
+
+    PyTorch's CPU attention kernel runs its vector loop over the keys in chunks of the SIMD width
+    and finishes the remainder on a slow path, whose cost grows with the remainder: on an AVX-512
+    CPU, 256 sequences of 15 tokens take twice as long as of 16
+    (:func:`rlm_course.cost.profiling.attention_by_key_length` measures it; chapter 05). So on the
+    CPU, when the next multiple of :data:`KEY_PAD_MULTIPLE` is at most :data:`MAX_KEY_PAD` keys
+    away, the keys and values are padded with zeros up to it and the padding is masked out (with
+    more padding, the copies and the padded keys' arithmetic cost more than the slow path saves,
+    forward and backward). A masked key gets ``exp(-inf) = 0`` weight, so the output is the same
+    up to the rounding of a differently ordered sum (about 1e-7 in fp32); the padded keys' FLOPs
+    are real work for the kernel, and ``torch.utils.flop_counter`` counts them
+    (:func:`attention_key_length` gives the count of keys). On other devices the call is plain
+    SDPA.
+    """
+    ctx = k.shape[2]
+    pad = attention_key_length(ctx, q.device.type) - ctx
+    if pad == 0:
+        if attn_mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    zeros = k.new_zeros(k.shape[0], k.shape[1], pad, k.shape[3])
+    k, v = torch.cat([k, zeros], 2), torch.cat([v, zeros], 2)
+    if attn_mask is None:  # causal: query i sees keys 0..i, never the padding (keys >= ctx > i)
+        attn_mask = torch.ones(ctx, ctx + pad, dtype=torch.bool, device=q.device).tril()
+    else:
+        attn_mask = F.pad(attn_mask, (0, pad), value=False)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -143,10 +197,8 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k_cache, v_cache, start = cache
             y = attend_with_kv_cache(q, k, v, k_cache, v_cache, start, attn_mask)
-        elif attn_mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            y = attention(q, k, v, attn_mask)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
