@@ -321,10 +321,66 @@ for r in split.values():
 # Read your own numbers: the decode step sits several times above its FLOP floor, and its `rest`
 # (the small kernels and the calls between them) is comparable to the matmuls: that is the
 # overhead-bound regime, where fewer, larger operations (a bigger batch, fused kernels,
-# `torch.compile`, CUDA graphs on a GPU) pay and faster arithmetic does not. The train step's
-# matmuls are larger, so a bigger share of its time is arithmetic. Inference engines such as vLLM
-# capture the decode step in a CUDA graph for exactly this reason: at small batch a GPU decode
-# step is launch-bound too.
+# `torch.compile` where its compile time pays back, CUDA graphs on a GPU) pay and faster
+# arithmetic does not. The train step's matmuls are larger, so a bigger share of its time is
+# arithmetic. Inference engines such as vLLM capture the decode step in a CUDA graph for exactly
+# this reason: at small batch a GPU decode step is launch-bound too.
+#
+# ### A kernel's slow path: when 15 tokens cost twice as much as 16
+#
+# Attention's arithmetic grows with the square of the length, so its time should grow smoothly
+# with it. Measure it: one causal self-attention of 256 sequences x 4 heads, for every length from
+# 8 to 40 tokens, with PyTorch's SDPA as it is and with the model's own `attention`
+# (`rlm_course.lm.model.attention`), which pads the keys with zeros to the next multiple of 16
+# when at most 6 are missing and masks the padding out.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from rlm_course.cost.profiling import attention_by_key_length
+from rlm_course.lm.model import KEY_PAD_MULTIPLE, MAX_KEY_PAD
+
+rows = attention_by_key_length(range(8, 41))
+lengths = [r["length"] for r in rows]
+plt.figure(figsize=(6, 3.5))
+plt.plot(lengths, [r["sdpa_seconds"] * 1e3 for r in rows], "o-", ms=3, label="SDPA as it is")
+plt.plot(lengths, [r["padded_seconds"] * 1e3 for r in rows], "s-", ms=3,
+         label=f"keys padded to a multiple of {KEY_PAD_MULTIPLE} (when <= {MAX_KEY_PAD} short)")
+for multiple in range(KEY_PAD_MULTIPLE, 41, KEY_PAD_MULTIPLE):
+    plt.axvline(multiple, color="grey", lw=0.5)
+plt.xlabel("tokens (queries = keys)"); plt.ylabel("ms per call (best of 5)"); plt.legend(fontsize=8)
+plt.title("causal attention, 256 sequences x 4 heads x 32 dims, fp32");
+sdpa = {r["length"]: r["sdpa_seconds"] for r in rows}
+padded = {r["length"]: r["padded_seconds"] for r in rows}
+print(f"SDPA: 15 tokens take {sdpa[15] / sdpa[16]:.1f}x the time of 16, 31 tokens "
+      f"{sdpa[31] / sdpa[32]:.1f}x the time of 32; padding 14 tokens to 16 makes the call "
+      f"{sdpa[14] / padded[14]:.1f}x faster")
+
+# %% [markdown]
+# Read your own plot. On the CPU this chapter was written on (AVX-512, 16 fp32 lanes per
+# instruction), SDPA's time climbs with every token past a multiple of 16 and drops back at the
+# next one: 15 tokens cost 2 to 2.5 times as much as 16. The kernel runs its inner loop over the
+# keys 16 at a time and finishes the remainder on a slower path whose cost grows with the
+# remainder; another CPU (AVX2 has 8 lanes, an Apple core 4) shows its own steps, or none. Time is
+# not proportional to FLOPs at these sizes.
+#
+# The fix is a layout choice, not arithmetic: give the kernel the shape it is fast at. The
+# padding keys get `exp(-inf) = 0` weight, so the output is unchanged up to rounding; they cost a
+# copy and their share of the arithmetic, which is why the model pads only when a few keys are
+# missing (with more, the copies and the extra keys cost more than the slow path saves, forward
+# and backward, so just past each multiple of 16 the two curves coincide: no padding there). The
+# course's default GRPO batches are 14 columns wide (a 9-column prompt and up to 5 response
+# tokens), near the worst spot of the sawtooth, so its scoring and training passes take the
+# padded path: on the CPU this chapter was written on, a default GRPO step ran 6-8% faster for it.
+# The same reasoning at scale: GPU matmuls and tensor cores want dimensions divisible by 8, 64 or
+# 128, which is why Megatron-LM pads its vocabulary (`--make-vocab-size-divisible-by 128`) and
+# nanoGPT rounds GPT-2's 50,257 tokens up to 50,304.
+#
+# What did *not* pay on that 2-core CPU: `torch.compile` of the training pass (about 25 s to
+# compile, then no faster: its matmuls already run near the peak) and of generation (the cache
+# grows at every decode step, so the shapes change and the compiled loop ran slower).
+# `python -m rlm_course bench peer` sets the course's loop beside Hugging Face `generate` and TRL's
+# `GRPOTrainer`, with the FLOP floor of each row: at this model's size both are within a few
+# times the floor, so no implementation can be many times faster than another.
 #
 # ## 4. At scale: an 8B and a 70B policy on 64 H100s
 #
