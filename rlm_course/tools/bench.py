@@ -18,8 +18,9 @@ a number remembered from another machine.
 * ``memory``: resident memory and live tensor bytes after each step of every preset, and their
   slopes per step with their noise: memory must not grow with the number of steps.
 * ``peer``: generation against Hugging Face ``generate`` and a GRPO step against TRL's
-  ``GRPOTrainer`` on the same tiny configuration (optional extra ``.[peer]``). Keys:
-  ``generation_speedup_vs_transformers``, ``grpo_step_speedup_vs_trl``.
+  ``GRPOTrainer`` on the same tiny configuration (optional extra ``.[peer]``), each with its FLOP
+  floor at the measured matmul peak. Keys: ``generation_speedup_vs_transformers``,
+  ``grpo_step_speedup_vs_trl``, ``flop_floor_seconds``.
 * ``collectives``: all-reduce, all-gather, reduce-scatter, broadcast, all-to-all and send/recv on
   2 and 4 real processes from 4 B to 64 MiB: time, algorithm and bus bandwidth (nccl-tests'
   convention), the alpha and beta fitted per collective, and the fitted World's prediction
@@ -289,6 +290,13 @@ def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
     * GRPO step: 8 prompts x 8 samples of 6-digit addition (responses up to 8 tokens), no
       reference model, one optimizer step per batch, from a random initialisation.
 
+    Each row also gives its **FLOP floor**: the course's FLOPs for that work
+    (``torch.utils.flop_counter``) at this machine's fp32 matmul peak measured in the same run
+    (:func:`rlm_course.cost.hardware.matmul_peak`): the time that arithmetic alone needs. The
+    peer does the same arithmetic up to its own sampled response lengths and padding, so the
+    floor bounds how much faster either side can become: a ratio to the peer above ``peer /
+    floor`` is out of reach.
+
     Raises:
         ValueError: if ``transformers``/``trl``/``datasets`` are not installed (the message says how).
     """
@@ -327,17 +335,28 @@ def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
         repeats + 2, between=lambda: course_steps.extend(_time(trainer.step, 1)))
     step = {"course": statistics.median(course_steps[2:]), "trl": statistics.median(trl_steps[2:])}
     threads = torch.get_num_threads()
-    print(f"The course against its peers (threads={threads}, median of {repeats}, alternating)")
+    peak, _ = matmul_peak()
+    floor = {"generation": count_flops(our_generate)[0] / peak,
+             "grpo_step": count_flops(trainer.step)[0] / peak}
+    gen_seconds = {k: tokens / v for k, v in gen_speed.items()}
+    print(f"The course against its peers (threads={threads}, median of {repeats}, alternating); "
+          f"FLOP floor at this machine's matmul peak of {peak / 1e9:.0f} GFLOP/s")
     print(format_table([
-        ["generation 64 x 16 (tokens/s)", f"{gen_speed['course']:,.0f}",
-         f"{gen_speed['transformers']:,.0f}", f"{gen_speed['course'] / gen_speed['transformers']:.2f}x"],
+        ["generation 64 x 16 (ms)", f"{gen_seconds['course'] * 1e3:.1f}",
+         f"{gen_seconds['transformers'] * 1e3:.1f}",
+         f"{gen_speed['course'] / gen_speed['transformers']:.2f}x",
+         f"{floor['generation'] * 1e3:.1f}", f"{gen_seconds['course'] / floor['generation']:.1f}x",
+         f"{gen_seconds['transformers'] / floor['generation']:.1f}x"],
         ["GRPO step 8 x 8 x 8 (ms)", f"{step['course'] * 1e3:.1f}", f"{step['trl'] * 1e3:.1f}",
-         f"{step['trl'] / step['course']:.2f}x"],
-    ], ["what", "course", "peer", "course faster by"]))
+         f"{step['trl'] / step['course']:.2f}x", f"{floor['grpo_step'] * 1e3:.1f}",
+         f"{step['course'] / floor['grpo_step']:.1f}x", f"{step['trl'] / floor['grpo_step']:.1f}x"],
+    ], ["what", "course", "peer", "course faster by", "FLOP floor", "course / floor",
+        "peer / floor"]))
     return {"bench": "peer", "threads": threads, "repeats": repeats,
             "generation_tokens_per_s": gen_speed, "grpo_step_seconds": step,
             "generation_speedup_vs_transformers": gen_speed["course"] / gen_speed["transformers"],
-            "grpo_step_speedup_vs_trl": step["trl"] / step["course"]}
+            "grpo_step_speedup_vs_trl": step["trl"] / step["course"],
+            "matmul_peak_flops": peak, "flop_floor_seconds": floor}
 
 
 def bench_collectives(repeats: int = 5) -> dict:

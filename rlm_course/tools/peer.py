@@ -107,7 +107,7 @@ class TRLSteps:
         return [self.task.verify(self.by_prompt[p], c).reward for p, c in zip(prompts, completions)]
 
     def run(self, steps: int, between=None) -> list[float]:
-        from transformers import TrainerCallback
+        from transformers import PrinterCallback, TrainerCallback
 
         times: list[float] = []
 
@@ -124,5 +124,6 @@ class TRLSteps:
                                    args=self.GRPOConfig(max_steps=steps, **self.args),
                                    train_dataset=self.dataset, processing_class=hf_tokenizer(self.tok),
                                    callbacks=[Timer()])
+        trainer.remove_callback(PrinterCallback)  # its end-of-training dict is not this bench's
         trainer.train()
         return times
