@@ -2,7 +2,8 @@
 
 Pre-norm GPT-2 style blocks (LayerNorm -> causal self-attention -> residual, LayerNorm -> MLP ->
 residual), learned absolute position embeddings, an untied language-model head. Attention uses
-``torch.nn.functional.scaled_dot_product_attention`` (SDPA).
+``torch.nn.functional.scaled_dot_product_attention`` (SDPA); on the CPU, full-sequence passes pad
+the keys to the kernel's fast lengths (:func:`attention`).
 
 Shapes used throughout: ``batch`` sequences, ``seq`` new tokens in this call, ``ctx`` keys
 visible to them (cached + new), ``d_model`` width, ``n_head`` heads of width ``d_head``.
