@@ -266,7 +266,7 @@ def check_training(spec: TransformerSpec, layout: Layout, device: Device, seq_le
         fixes = []
         if layout.zero < 3:
             fixes.append("shard with ZeRO-3/FSDP (zero=3)")
-        fixes.append("raise tp or pp")
+        fixes.append("split each model copy over more GPUs (raise tp or pp)")
         if not layout.offload:
             fixes.append("offload the optimizer")
         if not layout.recompute:
