@@ -300,11 +300,18 @@ def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
     Raises:
         ValueError: if ``transformers``/``trl``/``datasets`` are not installed (the message says how).
     """
-    from rlm_course.rl.algorithms import preset
-    from rlm_course.rl.trainer import RLTrainer
-    from rlm_course.tools.peer import TRLSteps, hf_generate, hf_model, require_peer
+    from rlm_course.tools.peer import quiet_peer, require_peer
 
     require_peer()
+    with quiet_peer():
+        return _bench_peer(repeats, new_tokens)
+
+
+def _bench_peer(repeats: int, new_tokens: int) -> dict:
+    from rlm_course.rl.algorithms import preset
+    from rlm_course.rl.trainer import RLTrainer
+    from rlm_course.tools.peer import TRLSteps, hf_generate, hf_model
+
     tok = CharTokenizer()
     config = default_model_config(tok)
     seed_everything(0)
@@ -342,16 +349,17 @@ def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
     print(f"The course against its peers (threads={threads}, median of {repeats}, alternating); "
           f"FLOP floor at this machine's matmul peak of {peak / 1e9:.0f} GFLOP/s")
     print(format_table([
-        ["generation 64 x 16 (ms)", f"{gen_seconds['course'] * 1e3:.1f}",
-         f"{gen_seconds['transformers'] * 1e3:.1f}",
+        [f"generation, {prompts.shape[0]} prompts x {new_tokens} new tokens", "HF generate",
+         f"{gen_seconds['course'] * 1e3:.1f}", f"{gen_seconds['transformers'] * 1e3:.1f}",
          f"{gen_speed['course'] / gen_speed['transformers']:.2f}x",
          f"{floor['generation'] * 1e3:.1f}", f"{gen_seconds['course'] / floor['generation']:.1f}x",
          f"{gen_seconds['transformers'] / floor['generation']:.1f}x"],
-        ["GRPO step 8 x 8 x 8 (ms)", f"{step['course'] * 1e3:.1f}", f"{step['trl'] * 1e3:.1f}",
+        [f"GRPO step, 8 prompts x 8 samples x <= {task.max_response_len} tokens",
+         "TRL GRPOTrainer", f"{step['course'] * 1e3:.1f}", f"{step['trl'] * 1e3:.1f}",
          f"{step['trl'] / step['course']:.2f}x", f"{floor['grpo_step'] * 1e3:.1f}",
          f"{step['course'] / floor['grpo_step']:.1f}x", f"{step['trl'] / floor['grpo_step']:.1f}x"],
-    ], ["what", "course", "peer", "course faster by", "FLOP floor", "course / floor",
-        "peer / floor"]))
+    ], ["what", "peer", "course (ms)", "peer (ms)", "course faster by", "FLOP floor (ms)",
+        "course / floor", "peer / floor"]))
     return {"bench": "peer", "threads": threads, "repeats": repeats,
             "generation_tokens_per_s": gen_speed, "grpo_step_seconds": step,
             "generation_speedup_vs_transformers": gen_speed["course"] / gen_speed["transformers"],

@@ -10,8 +10,11 @@ optional extra: ``pip install -e ".[peer]"``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+import warnings
+from contextlib import contextmanager
 
 from rlm_course.lm.model import ModelConfig
 from rlm_course.lm.tokenizer import CharTokenizer
@@ -29,8 +32,28 @@ def require_peer() -> None:
             missing.append(name)
     if missing:
         raise ValueError(f"bench peer compares with {', '.join(missing)}, which are not installed; "
-                         "install the optional extra with `pip install -e \".[peer]\"` (inside "
-                         ".venv) and run it again.")
+                         "install the optional extra into the course's environment with "
+                         "`.venv/bin/pip install -e \".[peer]\"` (or `pip install -e \".[peer]\"` "
+                         "in the environment you run the course from) and run it again.")
+
+
+@contextmanager
+def quiet_peer():
+    """Silence, for the span of the bench, what the peer libraries print about their own
+    internals: transformers' deprecation notices for names TRL still uses
+    (``is_gradient_checkpointing``), and its advice to pass an ``attention_mask``, which it gives
+    when an untrained model samples the pad token inside TRL's ``generate`` (the mask is there;
+    its heuristic looks at the token ids). Errors and exceptions are not silenced."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def hf_tokenizer(tok: CharTokenizer):
@@ -92,15 +115,18 @@ class TRLSteps:
         self.by_prompt = {p.prompt: p for p in problems}
         self.dataset = Dataset.from_dict({"prompt": [p.prompt for p in problems]})
         self.model = hf_model(config)
+        # TRL's defaults are bf16 autocast and activation checkpointing; the course trains in fp32
+        # without recomputation, so compare like with like (transformers 5 renamed the option)
+        names = {f.name for f in dataclasses.fields(GRPOConfig)}
+        checkpointing = ("activation_checkpointing" if "activation_checkpointing" in names
+                         else "gradient_checkpointing")
         self.args = dict(per_device_train_batch_size=prompts_per_step * group_size,
                          num_generations=group_size,
                          max_completion_length=task.max_response_len, beta=0.0, num_iterations=1,
                          learning_rate=lr, logging_steps=10**6, report_to=[], save_strategy="no",
                          disable_tqdm=True, use_cpu=True, dataloader_num_workers=0, seed=seed,
                          temperature=1.0, output_dir=os.path.join("runs", "peer-trl"),
-                         # TRL's defaults are bf16 autocast and activation checkpointing; the course
-                         # trains in fp32 without recomputation, so compare like with like
-                         bf16=False, gradient_checkpointing=False)
+                         bf16=False, **{checkpointing: False})
         self.GRPOConfig, self.GRPOTrainer = GRPOConfig, GRPOTrainer
 
     def reward(self, prompts, completions, **kwargs) -> list[float]:
