@@ -1,5 +1,7 @@
 """Measured per-stage FLOPs of real tiny steps against the predictor, and the roofline points."""
 
+import sys
+
 import pytest
 
 from rlm_course.cost.accounting import predict_iteration_flops, predict_passes
@@ -8,6 +10,7 @@ from rlm_course.cost.profiling import (
     measure_step,
     roofline_points,
 )
+from rlm_course.lm.model import TinyGPT
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.algorithms import preset
 from rlm_course.rl.runs import load_sft_policy
@@ -49,8 +52,12 @@ def test_attention_by_key_length_times_each_length_and_refuses_bad_input():
     rows = attention_by_key_length([14, 16], batch=4, repeats=1)
     assert [r["length"] for r in rows] == [14, 16]
     assert all(r["sdpa_seconds"] > 0 and r["padded_seconds"] > 0 for r in rows)
-    for bad in ({"lengths": []}, {"lengths": [0, 4]}, {"batch": 0}, {"repeats": 0}):
-        with pytest.raises(ValueError, match="attention_by_key_length"):
+    for bad, name in (({"lengths": []}, "lengths"), ({"lengths": [0, 4]}, "length=0"),
+                      ({"lengths": [8.5]}, "length=8.5"), ({"lengths": [True]}, "length=True"),
+                      ({"lengths": 8}, "lengths=8"), ({"lengths": ["8"]}, "length='8'"),
+                      ({"batch": 0}, "batch=0"), ({"n_head": 2.0}, "n_head=2.0"),
+                      ({"d_head": -1}, "d_head=-1"), ({"repeats": 0}, "repeats=0")):
+        with pytest.raises(ValueError, match=f"attention_by_key_length: {name}"):
             attention_by_key_length(**{"lengths": [8], **bad})
 
 
@@ -66,3 +73,23 @@ def test_padded_keys_add_exactly_the_padding_to_the_prediction():
     passes = predict_passes(config)
     forwards = sum(p["forward"] for p in passes["scoring"].values())
     assert padded["scoring"] - plain["scoring"] == forwards * one_forward
+
+
+def test_bench_peer_without_the_extra_says_how_to_install(monkeypatch):
+    from rlm_course.tools.peer import require_peer
+
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` raises ImportError
+    message = r"trl(, datasets)?, which are not installed.*\.venv/bin/pip install -e \"\.\[peer\]\""
+    with pytest.raises(ValueError, match=message):
+        require_peer()
+
+
+def test_peer_model_has_the_course_model_sizes():
+    """GPT-2 ties its head to the token embedding: one vocab x d_model matrix fewer."""
+    pytest.importorskip("transformers")
+    from rlm_course.tools.peer import hf_model
+
+    config = default_model_config(TOK, TASK)
+    ours = TinyGPT(config).num_parameters()
+    theirs = sum(p.numel() for p in hf_model(config).parameters())
+    assert theirs == ours - config.vocab_size * config.d_model

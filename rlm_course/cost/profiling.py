@@ -5,6 +5,7 @@ and prefill/decode throughput for the roofline, to set against :mod:`rlm_course.
 
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 from contextlib import contextmanager
@@ -213,10 +214,10 @@ def roofline_points(model: TinyGPT, batches=(1, 4, 16, 64, 256), prompt_len: int
 
 @torch.no_grad()
 def attention_by_key_length(lengths=range(8, 41), batch: int = 256, n_head: int = 4,
-                            d_head: int = 32, repeats: int = 5, seed: int = 0) -> list[dict]:
+                            d_head: int = 32, repeats: int = 11, seed: int = 0) -> list[dict]:
     """Seconds of one causal self-attention over ``length`` tokens, for each length: PyTorch's
     SDPA as it is, and the course's :func:`rlm_course.lm.model.attention`, which pads the keys to a
-    multiple of 16 when at most 6 are missing. Best of ``repeats``, no gradient, the current
+    multiple of 16 when at most 6 are missing (up to 128 keys). Best of ``repeats``, no gradient, the current
     thread count.
 
     Inputs: ``q, k, v`` of shape ``(batch, n_head, length, d_head)``, fp32, random (seeded). The
@@ -227,13 +228,26 @@ def attention_by_key_length(lengths=range(8, 41), batch: int = 256, n_head: int 
         One dict per length: ``length``, ``sdpa_seconds``, ``padded_seconds``.
 
     Raises:
-        ValueError: for an empty ``lengths``, a length below 1 or a non-positive size.
+        ValueError: naming the parameter, for an empty ``lengths``, or a length, ``batch``,
+            ``n_head``, ``d_head`` or ``repeats`` that is not an int of at least 1.
     """
-    lengths = list(lengths)
-    if not lengths or min(lengths) < 1 or min(batch, n_head, d_head, repeats) < 1:
-        raise ValueError(f"attention_by_key_length: lengths={lengths}, batch={batch}, "
-                         f"n_head={n_head}, d_head={d_head}, repeats={repeats} must be positive "
-                         "(and lengths non-empty).")
+    def positive_int(name, value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"attention_by_key_length: {name}={value!r} must be an int of at "
+                             "least 1.")
+        return int(value)
+
+    try:
+        lengths = [positive_int("length", n) for n in lengths]
+    except TypeError:
+        raise ValueError(f"attention_by_key_length: lengths={lengths!r} must be an iterable of "
+                         "ints, e.g. range(8, 41).") from None
+    if not lengths:
+        raise ValueError("attention_by_key_length: lengths is empty; give at least one length, "
+                         "e.g. range(8, 41).")
+    for name, value in (("batch", batch), ("n_head", n_head), ("d_head", d_head),
+                        ("repeats", repeats)):
+        positive_int(name, value)
     generator = torch.Generator().manual_seed(seed)
     rows = []
     for length in lengths:
