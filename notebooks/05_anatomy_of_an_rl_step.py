@@ -332,7 +332,8 @@ for r in split.values():
 # with it. Measure it: one causal self-attention of 256 sequences x 4 heads, for every length from
 # 8 to 40 tokens, with PyTorch's SDPA as it is and with the model's own `attention`
 # (`rlm_course.lm.model.attention`), which pads the keys with zeros to the next multiple of 16
-# when at most 6 are missing and masks the padding out.
+# when at most 6 are missing (and the result is at most 128 keys long) and masks the padding out.
+# The calls run without gradient: this plot is the forward pass alone.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -347,7 +348,7 @@ plt.plot(lengths, [r["padded_seconds"] * 1e3 for r in rows], "s-", ms=3,
          label=f"keys padded to a multiple of {KEY_PAD_MULTIPLE} (when <= {MAX_KEY_PAD} short)")
 for multiple in range(KEY_PAD_MULTIPLE, 41, KEY_PAD_MULTIPLE):
     plt.axvline(multiple, color="grey", lw=0.5)
-plt.xlabel("tokens (queries = keys)"); plt.ylabel("ms per call (best of 5)"); plt.legend(fontsize=8)
+plt.xlabel("tokens (queries = keys)"); plt.ylabel("ms per call (best of 11)"); plt.legend(fontsize=8)
 plt.title("causal attention, 256 sequences x 4 heads x 32 dims, fp32");
 sdpa = {r["length"]: r["sdpa_seconds"] for r in rows}
 padded = {r["length"]: r["padded_seconds"] for r in rows}
@@ -365,10 +366,18 @@ print(f"SDPA: 15 tokens take {sdpa[15] / sdpa[16]:.1f}x the time of 16, 31 token
 #
 # The fix is a layout choice, not arithmetic: give the kernel the shape it is fast at. The
 # padding keys get `exp(-inf) = 0` weight, so the output is unchanged up to rounding; they cost a
-# copy and their share of the arithmetic, which is why the model pads only when a few keys are
-# missing (with more, the copies and the extra keys cost more than the slow path saves, forward
-# and backward, so just past each multiple of 16 the two curves coincide: no padding there). The
-# course's default GRPO batches are 14 columns wide (a 9-column prompt and up to 5 response
+# copy, a mask and their share of the arithmetic. In this forward-only plot, padding pays from
+# about 8 keys short (24 -> 32); the model pads only when at most 6 are missing because a training
+# pass also runs the backward, where the padded keys' gradients and the copies cost more than the
+# slow path saves: forward and backward, padding 24 keys to 32 ran 0.96x as fast as not padding,
+# 27 to 32 1.07x and 14 to 16 1.28x, on one thread. Just past each multiple of 16 the two curves
+# coincide: no padding there. The padded curve is also the noisier one: its copies go through the
+# memory allocator, whose time varies from call to call more than the kernel's does, so rerun the
+# cell if a point stands out. And only short sequences are padded: past a few hundred keys, an
+# explicit mask stops the kernel from skipping the blocks above the causal diagonal, which
+# `is_causal=True` lets it do (1,019 keys padded to 1,024 ran 1.4x slower, forward and backward).
+#
+# The course's default GRPO batches are 14 columns wide (a 9-column prompt and up to 5 response
 # tokens), near the worst spot of the sawtooth, so its scoring and training passes take the
 # padded path: on the CPU this chapter was written on, a default GRPO step ran 6-8% faster for it.
 # The same reasoning at scale: GPU matmuls and tensor cores want dimensions divisible by 8, 64 or
@@ -379,8 +388,12 @@ print(f"SDPA: 15 tokens take {sdpa[15] / sdpa[16]:.1f}x the time of 16, 31 token
 # compile, then no faster: its matmuls already run near the peak) and of generation (the cache
 # grows at every decode step, so the shapes change and the compiled loop ran slower).
 # `python -m rlm_course bench peer` sets the course's loop beside Hugging Face `generate` and TRL's
-# `GRPOTrainer`, with the FLOP floor of each row: at this model's size both are within a few
-# times the floor, so no implementation can be many times faster than another.
+# `GRPOTrainer`, with the FLOP floor of each row: the time the row's FLOPs take at the matmul peak
+# measured in the same run. On that CPU, at one thread, the course's generation ran at about 4x
+# its floor and `generate` at about 6x; the GRPO step at 2.5x and TRL's at 3x. So the course was
+# 1.3x and 1.1x faster, and no implementation can beat TRL's step by more than its 3x above the
+# floor; the headroom left is in generation, whose small per-token kernels and Python loop are
+# overhead, as the profile above shows.
 #
 # ## 4. At scale: an 8B and a 70B policy on 64 H100s
 #
