@@ -20,6 +20,7 @@ Karpathy's nanoGPT for the layout.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 
 import torch
@@ -141,7 +142,7 @@ def attention_key_length(ctx: int, device_type: str = "cpu") -> int:
         ValueError: ``ctx`` is not a non-negative int, or ``device_type`` is not a torch device
             type such as ``"cpu"`` or ``"cuda"``.
     """
-    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 0:
+    if isinstance(ctx, bool) or not isinstance(ctx, numbers.Integral) or ctx < 0:
         raise ValueError(f"attention_key_length: ctx={ctx!r} must be a non-negative int "
                          "(the number of keys).")
     try:
@@ -149,6 +150,7 @@ def attention_key_length(ctx: int, device_type: str = "cpu") -> int:
     except (RuntimeError, TypeError):
         raise ValueError(f"attention_key_length: device_type={device_type!r} is not a torch "
                          "device type; use a lower-case name such as 'cpu' or 'cuda'.") from None
+    ctx = int(ctx)
     padded = ctx + -ctx % KEY_PAD_MULTIPLE
     if device_type == "cpu" and padded - ctx <= MAX_KEY_PAD and padded <= MAX_PADDED_KEYS:
         return padded
