@@ -65,7 +65,8 @@ print(torch.__version__)
 # `(p-1)/p x M` each way (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms").
 
 # %%
-from rlm_course.parallel.world import Link, World
+from rlm_course.cost.comm import Link
+from rlm_course.parallel.world import World
 from rlm_course.utils import format_table
 
 link = Link(alpha=5e-6, beta=25e9)  # 5 us latency, 25 GB/s
@@ -188,7 +189,7 @@ plot_rank_timeline([e for e in worlds["ZeRO-3"].events if e.end <= worlds["ZeRO-
 # (`python -m rlm_course hardware`) gives each accelerator's links **per direction**: an H100
 # talks to the seven others of its node over NVLink at 450 GB/s and to other nodes through its
 # own 400 Gb/s NIC, 50 GB/s, with NCCL's latencies of 3.4 and 9.6 us per ring step
-# (`rlm_course.systems.comm.Fabric`). A data-parallel group that fits in a node uses the first;
+# (`rlm_course.cost.comm.Fabric`). A data-parallel group that fits in a node uses the first;
 # any larger group is paced by the second.
 #
 # **Which RL stage uses data parallelism.** The updates (policy, critic) and the scoring forwards
@@ -202,7 +203,7 @@ import numpy as np
 
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
-from rlm_course.systems import comm
+from rlm_course.cost import comm
 
 h100 = get_device("H100-SXM-80GB")
 fabric = comm.Fabric.of(h100)

@@ -122,7 +122,7 @@ plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block f
 #
 #     compute-bound  <=>  d_ff / tp  >=  (tp-1)/tp x b x peak / (m beta)
 #
-# (`rlm_course.systems.comm.min_ffn_per_shard`): about 1,300 hidden units per shard over an
+# (`rlm_course.cost.comm.min_ffn_per_shard`): about 1,300 hidden units per shard over an
 # H100's NVLink at `tp = 8`, but 11,500 over the network. Llama-3-70B's 28,672 units give 3,584
 # per shard at `tp = 8`: comfortably compute-bound inside a node, communication-bound across
 # nodes.
@@ -130,7 +130,7 @@ plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block f
 # %%
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
-from rlm_course.systems import comm
+from rlm_course.cost import comm
 
 h100 = get_device("H100-SXM-80GB")
 fabric = comm.Fabric.of(h100)
@@ -161,7 +161,7 @@ assert comm.min_ffn_per_shard(h100.peak_flops, 450e9, 8) < spec70.d_ff / 8 < \
 # pays more collectives and leaves fewer replicas.
 
 # %%
-from rlm_course.systems.layouts import choose_generation_tp, replica_decode_step_seconds
+from rlm_course.cost.layouts import choose_generation_tp, replica_decode_step_seconds
 
 rows = []
 for tp in (2, 4, 8):

@@ -181,7 +181,7 @@ print(format_table([[r, *(measured[a][r] for a in ("dp", "pp", "tp"))] for r in 
 #
 # ## 5. Seconds and memory at scale
 #
-# What a layout costs per device for a real model (`rlm_course.systems.layouts`): the model
+# What a layout costs per device for a real model (`rlm_course.cost.layouts`): the model
 # states sharded by TP, PP and ZeRO, the activations of the micro-batches in flight (one
 # micro-batch of all layers under 1F1B, chapter 05's count divided by `tp`), and the fp32 logits
 # of a micro-batch. Llama-3-70B on 64 H100s, 8,192-token micro-batches:
@@ -189,7 +189,7 @@ print(format_table([[r, *(measured[a][r] for a in ("dp", "pp", "tp"))] for r in 
 # %%
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
-from rlm_course.systems.layouts import Layout, training_memory
+from rlm_course.cost.layouts import Layout, training_memory
 from rlm_course.tools.plots import plot_memory_per_rank
 
 spec70, h100 = get_spec("llama-3-70b"), get_device("H100-SXM-80GB")
@@ -216,7 +216,7 @@ assert total["FSDP 64, recompute"] < total["TP 8 x PP 4 x DP 2, ZeRO-1"] < 80
 # what an RL trainer controls (its mini-batches).
 
 # %%
-from rlm_course.systems import comm
+from rlm_course.cost import comm
 
 link = comm.Fabric.of(h100).link(4, stride=16)  # stages on different nodes
 hop = comm.pipeline_comm(spec70, 8192, link, backward=False)

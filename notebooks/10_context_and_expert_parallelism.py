@@ -158,7 +158,7 @@ assert ring_bytes[-1] > 6 * ring_bytes[0] and ulysses_bytes[-1] < 2 * ulysses_by
 # %% [markdown]
 # ## 4. Seconds at scale
 #
-# The same closed forms over the catalog's links (`rlm_course.systems.comm`): a 128k-token
+# The same closed forms over the catalog's links (`rlm_course.cost.comm`): a 128k-token
 # sequence of Llama-3-8B scored or trained with context parallelism over 8 H100s of a node,
 # and the expert all-to-alls of an MoE layer (DeepSeek-V3's 256 experts, 8 per token) inside a
 # node and across nodes.
@@ -166,7 +166,7 @@ assert ring_bytes[-1] > 6 * ring_bytes[0] and ulysses_bytes[-1] < 2 * ulysses_by
 # %%
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
-from rlm_course.systems import comm
+from rlm_course.cost import comm
 
 h100 = get_device("H100-SXM-80GB")
 fabric = comm.Fabric.of(h100)

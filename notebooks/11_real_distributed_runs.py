@@ -427,7 +427,7 @@ plot_timeline([[e for e in events if e[1] >= starts[-3]] for events in timeline]
 # %%
 from rlm_course.cost.hardware import get_device
 from rlm_course.distributed.collectives import catalog_links, gradient_sync, predicted_seconds
-from rlm_course.parallel.world import Link
+from rlm_course.cost.comm import Link
 
 h100 = get_device("H100-SXM-80GB")
 n_params, tokens = 8e9, 4096

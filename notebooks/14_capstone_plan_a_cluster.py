@@ -20,7 +20,7 @@
 # what each parallelism sends and holds (07-10), how real processes and Ray workers move weights
 # and run asynchronously (11-13). This chapter puts the pieces together at cluster scale: a
 # **discrete-event simulator** of whole RL iterations on up to ten thousand GPUs
-# (`rlm_course.systems.simulator`, on SimPy), checked against a real run on this machine and
+# (`rlm_course.cluster.simulator`, on SimPy), checked against a real run on this machine and
 # against the figures published by verl, AReaL and NeMo-RL, and a **planner** that searches
 # placements, per-role layouts and execution modes. Then we plan R1-style runs of a 70B dense
 # model and a 671B-class mixture of experts on H100 clusters of several sizes, and ask which
@@ -70,9 +70,9 @@ print(torch.__version__)
 from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
-from rlm_course.systems.layouts import Layout
-from rlm_course.systems.phases import Cluster
-from rlm_course.systems.simulator import MODES, Scenario, algorithm, simulate
+from rlm_course.cost.layouts import Layout
+from rlm_course.cost.phases import Cluster
+from rlm_course.cluster.simulator import MODES, Scenario, algorithm, simulate
 from rlm_course.tools.plots import plot_timelines
 
 h100 = get_device("H100-SXM-80GB")
@@ -152,7 +152,7 @@ plot_timelines({name: modes[name].events(replicas=2) for name in
 # kind of record (`check_real_run` takes them).
 
 # %%
-from rlm_course.systems.validation import check_real_run, course_run_record
+from rlm_course.cluster.validation import check_real_run, course_run_record
 
 torch.set_num_threads(1)  # the run and its micro-benchmarks on the same single thread
 record = course_run_record("grpo", rounds=3)
@@ -175,7 +175,7 @@ assert all(0 < r["ratio"] < 10 for r in rows), rows
 # refit. Otherwise the default rates stand, and the tolerance is wider.
 
 # %%
-from rlm_course.systems.validation import load_figures, validation_table
+from rlm_course.cluster.validation import load_figures, validation_table
 
 table = validation_table()
 rows = [[r["id"], r["what"], f"{r['predicted']:,.3g}", f"{r['published']:,.3g}",
@@ -217,14 +217,14 @@ ax.set(ylabel="predicted / published", title="validation: ratio and tolerance (g
 # ## 4. Plan R1-style runs
 #
 # DeepSeek-R1's recipe in short: GRPO, a group of 16 responses per prompt, long chains of thought
-# (here a mean of 4,000 tokens, a tail to 16,384). The planner (`rlm_course.systems.planner`)
+# (here a mean of 4,000 tokens, a tail to 16,384). The planner (`rlm_course.cluster.planner`)
 # searches, for each cluster size: colocated or disaggregated (five splits), generation TP 1 to
 # 32, trainer layouts TP x PP (x EP) x DP that fit memory, and the execution modes; it simulates
 # the promising ones and explains the rest. The same search runs from a shell:
 # `python -m rlm_course plan --model llama-3-70b --gpus 256 --prompts 512` (try it).
 
 # %%
-from rlm_course.systems.planner import format_plan, plan
+from rlm_course.cluster.planner import format_plan, plan
 
 r1_workload = Workload.long_tailed(512, 16, 512, 4000, 0.8, 16384, seed=0)
 runs = {("llama-3-70b", g): None for g in (64, 256, 1024)}

@@ -194,8 +194,8 @@ def _plan(args) -> int:
     from rlm_course.cost.anatomy import Workload
     from rlm_course.cost.architectures import get_spec
     from rlm_course.cost.hardware import get_device
-    from rlm_course.systems.planner import format_plan, plan
-    from rlm_course.systems.simulator import algorithm
+    from rlm_course.cluster.planner import format_plan, plan
+    from rlm_course.cluster.simulator import algorithm
 
     spec, device = get_spec(args.model), get_device(args.device)  # clear errors for unknown names
     for flag in ("gpus", "top", "prompts", "group_size", "minibatches", "prompt_len"):
@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_systems)
 
-    from rlm_course.systems.simulator import MODES
+    from rlm_course.cluster.simulator import MODES
 
     p = sub.add_parser("plan", help="search placements, per-role layouts and execution modes of an "
                                     "RL run on a cluster; print the best plans and why the others "

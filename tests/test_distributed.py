@@ -34,7 +34,8 @@ from rlm_course.distributed.launch import (
     launch,
     start,
 )
-from rlm_course.parallel.world import Link, World
+from rlm_course.cost.comm import Link
+from rlm_course.parallel.world import World
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

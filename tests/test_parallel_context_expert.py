@@ -98,7 +98,7 @@ def test_bad_expert_parallel_degree():
 
 
 def test_ring_steps_run_in_parallel_and_top1_routing_trains_the_router():
-    from rlm_course.parallel.world import Link
+    from rlm_course.cost.comm import Link
 
     q = torch.randn(1, 1, 8, 4)
     world = World(4, Link(alpha=1e-3, beta=1e6))
@@ -112,7 +112,7 @@ def test_ring_steps_run_in_parallel_and_top1_routing_trains_the_router():
 
 
 def test_all_to_all_time_counts_what_the_busiest_rank_receives():
-    from rlm_course.parallel.world import Link
+    from rlm_course.cost.comm import Link
 
     world = World(4, Link(alpha=0.0, beta=1.0))
     chunks = [[torch.zeros(0)] * 4 for _ in range(4)]

@@ -12,7 +12,8 @@ from torch import nn
 
 from rlm_course.numerics import adam_tolerance, reorder_tolerance
 from rlm_course.parallel.data_parallel import DataParallel, bytes_sent_per_step, flat_params
-from rlm_course.parallel.world import Link, Mesh, World
+from rlm_course.cost.comm import Link
+from rlm_course.parallel.world import Mesh, World
 
 
 @settings(max_examples=30, deadline=None)

@@ -11,13 +11,14 @@ from rlm_course.cost.anatomy import Workload, generation_costs, zero_model_state
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.parallel.pipeline import schedule_table, simulate as simulate_pipeline
-from rlm_course.parallel.world import Link, World
+from rlm_course.cost.comm import Link
+from rlm_course.parallel.world import World
 from rlm_course.rl.algorithms import preset
-from rlm_course.systems import comm
-from rlm_course.systems.layouts import (DoesNotFit, Layout, check_training, choose_generation_tp,
+from rlm_course.cost import comm
+from rlm_course.cost.layouts import (DoesNotFit, Layout, check_training, choose_generation_tp,
                                         kv_slots, training_memory)
-from rlm_course.systems.phases import Cluster, DecodeCost, Rates, TrainerCost, pass_flops
-from rlm_course.systems.simulator import MODES, Mode, Scenario, simulate
+from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost, pass_flops
+from rlm_course.cluster.simulator import MODES, Mode, Scenario, simulate
 
 H100 = get_device("H100-SXM-80GB")
 SPEC = get_spec("qwen2.5-7b")

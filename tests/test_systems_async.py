@@ -16,7 +16,8 @@ from rlm_course.cost.hardware import get_device
 from rlm_course.lm.model import ModelConfig, TinyGPT
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.parallel.tensor_parallel import TensorParallelBlock
-from rlm_course.parallel.world import Link, World
+from rlm_course.cost.comm import Link
+from rlm_course.parallel.world import World
 from rlm_course.rl.algorithms import preset
 from rlm_course.rl.losses import policy_loss
 from rlm_course.rl.sft import default_model_config

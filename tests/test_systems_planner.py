@@ -7,10 +7,10 @@ from rlm_course.cli import main
 from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
-from rlm_course.systems.layouts import DoesNotFit
-from rlm_course.systems.planner import format_plan, plan, trainer_layouts
-from rlm_course.systems.planner_widget import PlannerWidget
-from rlm_course.systems.simulator import algorithm
+from rlm_course.cost.layouts import DoesNotFit
+from rlm_course.cluster.planner import format_plan, plan, trainer_layouts
+from rlm_course.cluster.planner_widget import PlannerWidget
+from rlm_course.cluster.simulator import algorithm
 
 H100 = get_device("H100-SXM-80GB")
 WORKLOAD = Workload.long_tailed(64, 8, 256, 1000, 0.8, 4096, seed=0)
@@ -88,7 +88,7 @@ def test_modes_a_placement_cannot_run_are_refused_before_the_search(capsys):
 
 
 def test_stage_fusion_needs_two_replicas():
-    from rlm_course.systems.simulator import MODES, Cluster, Scenario
+    from rlm_course.cluster.simulator import MODES, Cluster, Scenario
 
     with pytest.raises(ValueError, match="at least 2 generation replicas"):
         Scenario(get_spec("qwen2.5-7b"), algorithm("grpo"), WORKLOAD, Cluster(H100, 8),
@@ -111,7 +111,7 @@ def test_cli_plan_names_the_flag_that_is_wrong(capsys, flag, value, message):
 
 
 def test_printing_and_rounding_settings_that_make_no_sense_are_refused():
-    from rlm_course.systems.simulator import Cluster, Scenario, simulate
+    from rlm_course.cluster.simulator import Cluster, Scenario, simulate
 
     result = plan(get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4), WORKLOAD, H100, 8,
                   placements=("colocated",), modes=["sync"])

@@ -1,7 +1,7 @@
 """The simulator against real runs and published figures.
 
 (a) The course's own GRPO and PPO iterations on this machine, with rates measured by
-micro-benchmarks interleaved with them: every stage within 20% (rlm_course.systems.validation).
+micro-benchmarks interleaved with them: every stage within 20% (rlm_course.cluster.validation).
 (b) The published figures of data/published/rl_systems.json: each figure's direction, and its size
 within the tolerance the file states for those recorded as reproduced; those recorded as not
 reproduced must still miss (a model change that reproduces one must update the record)."""
@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from rlm_course.systems.validation import (check_real_run, course_run_record, figures_path,
+from rlm_course.cluster.validation import (check_real_run, course_run_record, figures_path,
                                            load_figures, reproduce)
 
 FIGURES = load_figures()

@@ -39,7 +39,8 @@ import torch.distributed as dist
 
 from rlm_course.distributed.comm import bytes_sent, wire_bytes
 from rlm_course.distributed.launch import RankContext
-from rlm_course.parallel.world import Link, World
+from rlm_course.cost.comm import Link
+from rlm_course.parallel.world import World
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
                "send_recv")

@@ -8,4 +8,4 @@ DeepSpeed-Ulysses sequence parallelism (:mod:`~rlm_course.parallel.ulysses`), mi
 all-to-all (:mod:`~rlm_course.parallel.expert_parallel`), and the three of data, pipeline and
 tensor parallelism at once on a mesh (:mod:`~rlm_course.parallel.mesh_parallel`); benchmarks of
 all of them (:mod:`~rlm_course.parallel.bench`). Their seconds at cluster scale are in
-:mod:`rlm_course.systems.comm`."""
+:mod:`rlm_course.cost.comm`."""

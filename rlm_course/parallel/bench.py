@@ -25,7 +25,8 @@ from rlm_course.parallel.data_parallel import DataParallel
 from rlm_course.parallel.expert_parallel import MoELayer, expert_parallel_forward
 from rlm_course.parallel.pipeline import run_pipeline, schedule_table
 from rlm_course.parallel.tensor_parallel import TensorParallelBlock, shard_sequence
-from rlm_course.parallel.world import Link, World
+from rlm_course.cost.comm import Link
+from rlm_course.parallel.world import World
 from rlm_course.rl.sft import default_model_config
 from rlm_course.utils import best_seconds, format_table, seed_everything
 

@@ -31,27 +31,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-ALGORITHMS = ("ring", "tree")
+from rlm_course.cost.comm import (Link, all_gather_seconds, broadcast_seconds, p2p_seconds,
+                                  reduce_scatter_seconds, ring_all_reduce_seconds,
+                                  tree_all_reduce_seconds)
 
-
-@dataclass(frozen=True)
-class Link:
-    """Latency ``alpha`` (seconds per message) and bandwidth ``beta`` (bytes/s) of a link.
-
-    Raises:
-        ValueError: for a negative latency or a non-positive bandwidth.
-    """
-
-    alpha: float = 5e-6
-    beta: float = 25e9
-
-    def __post_init__(self) -> None:
-        if not (self.alpha >= 0 and self.beta > 0 and math.isfinite(self.beta)):
-            raise ValueError(f"Link(alpha={self.alpha}, beta={self.beta}): need alpha >= 0 and a "
-                             "positive finite bandwidth.")
-
-    def seconds(self, nbytes: float) -> float:
-        return self.alpha + nbytes / self.beta
+ALGORITHMS = ("ring", "tree")  # what a World runs (the cost model's "auto" picks between them)
 
 
 @dataclass
@@ -142,14 +126,14 @@ class World:
         if p > 1:
             if self.algorithm == "ring":
                 each = 2 * (p - 1) * m // p
-                seconds = 2 * (p - 1) * self.link.seconds(m / p)
+                seconds = ring_all_reduce_seconds(m, p, self.link)
                 sent = received = {r: each for r in ranks}
                 self._communicate(name, ranks, seconds, sent, dict(received))
             else:
                 down, up = _binomial_tree_bytes(ranks, m)  # the broadcast; the reduce mirrors it
-                rounds = math.ceil(math.log2(p))
                 both = {r: down[r] + up[r] for r in ranks}
-                self._communicate(name, ranks, 2 * rounds * self.link.seconds(m), both, dict(both))
+                self._communicate(name, ranks, tree_all_reduce_seconds(m, p, self.link), both,
+                                  dict(both))
         return [total.clone() for _ in ranks]
 
     def reduce_scatter(self, tensors: list[Tensor], ranks=None,
@@ -169,7 +153,7 @@ class World:
         m = nbytes(tensors[0])
         if p > 1:
             each = (p - 1) * m // p
-            self._communicate(name, ranks, (p - 1) * self.link.seconds(m / p),
+            self._communicate(name, ranks, reduce_scatter_seconds(m, p, self.link),
                               {r: each for r in ranks}, {r: each for r in ranks})
         return [c.clone() for c in total.chunk(p)]
 
@@ -184,7 +168,7 @@ class World:
         p, shard = len(ranks), nbytes(shards[0])
         if p > 1:
             each = (p - 1) * shard
-            self._communicate(name, ranks, (p - 1) * self.link.seconds(shard),
+            self._communicate(name, ranks, all_gather_seconds(shard * p, p, self.link),
                               {r: each for r in ranks}, {r: each for r in ranks})
         return [full.clone() for _ in ranks]
 
@@ -197,7 +181,7 @@ class World:
         if p > 1:
             order = [src] + [r for r in ranks if r != src]
             sent, received = _binomial_tree_bytes(order, m)
-            self._communicate(name, ranks, math.ceil(math.log2(p)) * self.link.seconds(m),
+            self._communicate(name, ranks, broadcast_seconds(m, p, self.link),
                               sent, received)
         return [tensor.clone() for _ in ranks]
 
@@ -228,7 +212,7 @@ class World:
         p = len(ranks)
         if p > 1:
             sizes = [nbytes(t) for t in tensors]
-            self._communicate(name, ranks, self.link.seconds(max(sizes)),
+            self._communicate(name, ranks, p2p_seconds(max(sizes), self.link),
                               {r: sizes[i] for i, r in enumerate(ranks)},
                               {r: sizes[(i - 1) % p] for i, r in enumerate(ranks)})
         return [tensors[(i - 1) % p].clone() for i in range(p)]
@@ -237,7 +221,7 @@ class World:
         """Point-to-point: ``dst`` receives ``src``'s tensor."""
         ranks = self._ranks([src, dst])
         m = nbytes(tensor)
-        self._communicate(name, ranks, self.link.seconds(m), {src: m}, {dst: m})
+        self._communicate(name, ranks, p2p_seconds(m, self.link), {src: m}, {dst: m})
         return tensor.clone()
 
 

@@ -126,7 +126,7 @@ def reshard_experiment(controller, tp: int = 4, tp_gen: int = 2, repeats: int = 
     from rlm_course.cost.hardware import get_device
     from rlm_course.lm.model import TinyGPT
     from rlm_course.lm.tokenizer import CharTokenizer
-    from rlm_course.parallel.world import Link
+    from rlm_course.cost.comm import Link
     from rlm_course.rl.sft import default_model_config
     from rlm_course.systems.resharding import predict_transition, split_bytes
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from rlm_course.parallel.world import Link
+from rlm_course.cost.comm import Link
 
 
 def tensor_bytes(t: Tensor) -> int:

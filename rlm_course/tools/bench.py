@@ -29,7 +29,7 @@ a number remembered from another machine.
   sizes, the presets' steps interleaved, as ratios to GRPO; with each one's stage split, responses
   generated per response trained, model-state and activation memory. Key: ``presets``.
 * ``simulator``: simulated GPU-iterations per second of wall time of the cluster simulator
-  (:mod:`rlm_course.systems.simulator`) on 64, 1,024 and 10,000 GPUs (a 7B, a 70B and a 70B
+  (:mod:`rlm_course.cluster.simulator`) on 64, 1,024 and 10,000 GPUs (a 7B, a 70B and a 70B
   model, colocated, synchronous GRPO with long-tailed responses); a 10,000-GPU iteration should
   take under 10 s. Keys: ``sizes``, ``seconds_per_iteration_10000``.
 * ``systems``: on two Ray workers (one trainer, one rollout), trained tokens/s of synchronous RL,
@@ -391,9 +391,9 @@ def bench_simulator(repeats: int = 5) -> dict:
     from rlm_course.cost.anatomy import Workload
     from rlm_course.cost.architectures import get_spec
     from rlm_course.cost.hardware import get_device
-    from rlm_course.systems.layouts import Layout
-    from rlm_course.systems.phases import Cluster
-    from rlm_course.systems.simulator import Scenario, algorithm, simulate
+    from rlm_course.cost.layouts import Layout
+    from rlm_course.cost.phases import Cluster
+    from rlm_course.cluster.simulator import Scenario, algorithm, simulate
 
     h100 = get_device("H100-SXM-80GB")
     sizes = {  # gpus: (model, prompts, generation tp, trainer layout)

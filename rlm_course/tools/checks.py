@@ -794,8 +794,8 @@ def _checks_min_tokens_per_device(fn):
 def _checks_choose_generation_tp(fn):
     from rlm_course.cost.architectures import get_spec
     from rlm_course.cost.hardware import get_device
-    from rlm_course.systems import comm
-    from rlm_course.systems.layouts import DoesNotFit, kv_slots, replica_decode_step_seconds
+    from rlm_course.cost import comm
+    from rlm_course.cost.layouts import DoesNotFit, kv_slots, replica_decode_step_seconds
 
     h100 = get_device("H100-SXM-80GB")
     link = comm.Fabric.of(h100).link(8)

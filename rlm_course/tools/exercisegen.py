@@ -80,8 +80,8 @@ EXERCISES = (
              ("rlm_course.systems.async_rl", "decoupled_ppo_loss"))),
     Chapter("14", "plan_a_cluster",
             "The communication roofline's minimum batch; choosing TP for generation",
-            (("rlm_course.systems.comm", "min_tokens_per_device"),
-             ("rlm_course.systems.layouts", "choose_generation_tp"))),
+            (("rlm_course.cost.comm", "min_tokens_per_device"),
+             ("rlm_course.cost.layouts", "choose_generation_tp"))),
 )
 
 HEADER = '''"""{kind} for chapter {number}: {title}.

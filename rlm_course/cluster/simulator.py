@@ -8,8 +8,8 @@ workload (a :class:`~rlm_course.cost.anatomy.Workload`: prompts, group size, one
 response), the cluster (a catalog device and a count), the **placement** (``colocated``: every
 role time-shares all devices, as verl's hybrid engine; ``disaggregated``: a rollout pool and a
 trainer pool), each role's layout (generation replicas of ``generation_tp`` devices; the
-trainer's :class:`~rlm_course.systems.layouts.Layout`), the **execution mode** (:class:`Mode`) and
-the rates (:class:`~rlm_course.systems.phases.Rates`).
+trainer's :class:`~rlm_course.cost.layouts.Layout`), the **execution mode** (:class:`Mode`) and
+the rates (:class:`~rlm_course.cost.phases.Rates`).
 
 **How.** Worker groups are SimPy processes, not GPUs or tokens:
 
@@ -17,18 +17,18 @@ the rates (:class:`~rlm_course.systems.phases.Rates`).
   batching: it admits queued sequences while its KV cache has room (a prefill each), decodes all
   of them one step at a time until the next one finishes, lets it go, admits the next, and so
   on. Between two such events every step costs the closed form of
-  :class:`~rlm_course.systems.phases.DecodeCost`, so a replica's whole rollout is one event per
+  :class:`~rlm_course.cost.phases.DecodeCost`, so a replica's whole rollout is one event per
   finishing length, and a long-tailed batch keeps a replica busy with ever fewer sequences: the
   tail;
 * a **controller** admits prompts to the replicas, round-robin, group by group, as far as the
   staleness bound allows, and collects finished groups (all ``group_size`` samples) in a FIFO
   buffer;
 * the **trainer** (a process) takes ``prompts`` finished groups, runs the reward, scoring and
-  update stages (:class:`~rlm_course.systems.phases.TrainerCost`), then publishes new weights:
+  update stages (:class:`~rlm_course.cost.phases.TrainerCost`), then publishes new weights:
   it waits for the rollout to **drain** the sequences already given to it, queued or decoding,
   while no new prompts are admitted (or, with partial rollouts, **pauses** them where they
   are), transfers the weights
-  (:func:`~rlm_course.systems.phases.weight_sync_seconds`) and lets the rollout resume;
+  (:func:`~rlm_course.cost.phases.weight_sync_seconds`) and lets the rollout resume;
 * colocated, one process runs the phases of an iteration in turn on the shared devices:
   (offload the trainer's states,) generate, (reload,) reward, score, update, reshard.
 
@@ -55,7 +55,7 @@ the rates (:class:`~rlm_course.systems.phases.Rates`).
 **Outputs** (:class:`SimResult`): per-worker timelines, the steady-state step time, throughput,
 the generation share of the step, MFU (all the iteration's model FLOPs over the cluster's peak)
 and the training MFU, memory per device of each role; a layout that does not fit memory is
-refused up front (:class:`~rlm_course.systems.layouts.DoesNotFit`).
+refused up front (:class:`~rlm_course.cost.layouts.DoesNotFit`).
 
 Closed forms the simulator reproduces (tests): a synchronous step is the sum of its stages; with
 eta >= 1 and disaggregated pools the steady-state step is the longer of generation and training
@@ -75,9 +75,9 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.rl.algorithms import RLConfig, preset
 from rlm_course.systems.async_rl import rollout_capacity
-from rlm_course.systems.layouts import (Layout, check_training, generation_memory,
+from rlm_course.cost.layouts import (Layout, check_training, generation_memory,
                                         kv_slots, training_memory, usable)
-from rlm_course.systems.phases import (Cluster, DecodeCost, Rates, TrainerCost, offload_seconds,
+from rlm_course.cost.phases import (Cluster, DecodeCost, Rates, TrainerCost, offload_seconds,
                                        pass_flops, weight_sync_seconds)
 
 PLACEMENTS = ("colocated", "disaggregated")
@@ -141,7 +141,7 @@ class Scenario:
         offload_trainer: colocated only: move the trainer's states to host memory while the
             rollout generates (slime's and verl's offload), paying the transfer both ways.
         engine_log_probs: take ``pi_old`` from the rollout engine and skip the old policy's
-            scoring forward (:func:`~rlm_course.systems.phases.pass_flops`).
+            scoring forward (:func:`~rlm_course.cost.phases.pass_flops`).
         oversample: prompts generated per prompt trained (DAPO's dynamic sampling generates a
             larger batch and keeps the groups whose rewards differ, e.g. verl's
             ``gen_batch_size`` 1536 for ``train_batch_size`` 512: 3); the extra groups are

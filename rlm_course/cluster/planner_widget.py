@@ -1,4 +1,4 @@
-"""The planner (:mod:`rlm_course.systems.planner`) in ipywidgets: choose a model, a device, a
+"""The planner (:mod:`rlm_course.cluster.planner`) in ipywidgets: choose a model, a device, a
 cluster size, an algorithm and a workload, press **Plan**, and read the best plans and why the
 others lose (the text ``python -m rlm_course plan`` prints).
 
@@ -18,8 +18,8 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import SPECS, get_spec
 from rlm_course.cost.hardware import get_device, load_catalog
 from rlm_course.rl.algorithms import PRESETS
-from rlm_course.systems.planner import Plan, format_plan, plan
-from rlm_course.systems.simulator import algorithm
+from rlm_course.cluster.planner import Plan, format_plan, plan
+from rlm_course.cluster.simulator import algorithm
 
 
 class PlannerWidget:
@@ -27,7 +27,7 @@ class PlannerWidget:
 
     Attributes:
         controls: ``{name: widget}``; ``widget``: the whole front-end; ``result``: the latest
-            :class:`~rlm_course.systems.planner.Plan` (None after an error); ``message``: the
+            :class:`~rlm_course.cluster.planner.Plan` (None after an error); ``message``: the
             error shown, or ``""``; ``output``: the HTML of the answer.
     """
 

@@ -7,19 +7,19 @@ type:
 * **placements**: colocated (every role on every device) and disaggregated pools (the rollout
   gets 1/4, 3/8, 1/2, 5/8 or 3/4 of the devices, whole nodes where the pool is at least one);
 * **generation layouts**: tensor-parallel replicas of 1-32 devices that fit the weights and at
-  least one sequence's KV cache (:func:`~rlm_course.systems.layouts.kv_slots`);
+  least one sequence's KV cache (:func:`~rlm_course.cost.layouts.kv_slots`);
 * **trainer layouts**: TP x PP (x EP for MoE) with data parallelism over the rest, ZeRO-3/FSDP
   when there is no model parallelism and ZeRO-1 with it, activation recomputation, packed
-  micro-batches (:class:`~rlm_course.systems.layouts.Layout`), kept when they fit memory
-  (:func:`~rlm_course.systems.layouts.check_training`);
+  micro-batches (:class:`~rlm_course.cost.layouts.Layout`), kept when they fit memory
+  (:func:`~rlm_course.cost.layouts.check_training`);
 * **execution modes**: synchronous and stage-fused (colocated); synchronous, one step
   off-policy and streaming asynchronous with partial rollouts (disaggregated)
-  (:data:`~rlm_course.systems.simulator.MODES`).
+  (:data:`~rlm_course.cluster.simulator.MODES`).
 
 To stay fast it prunes: the trainer layouts of each pool size are ranked by the trainer's own
-seconds on the workload (:class:`~rlm_course.systems.phases.TrainerCost`), the generation layouts
-by the decode-time estimate of :func:`~rlm_course.systems.layouts.choose_generation_tp`, and only
-the best two of each are simulated whole (:func:`~rlm_course.systems.simulator.simulate`, with
+seconds on the workload (:class:`~rlm_course.cost.phases.TrainerCost`), the generation layouts
+by the decode-time estimate of :func:`~rlm_course.cost.layouts.choose_generation_tp`, and only
+the best two of each are simulated whole (:func:`~rlm_course.cluster.simulator.simulate`, with
 the response lengths rounded to 64 levels): colocated, crossed with its modes (offloading the
 trainer when the rollout's KV cache would not fit beside it); disaggregated, first each split with
 the best layouts in the streaming asynchronous mode, then every layout and mode at the best split.
@@ -27,7 +27,7 @@ Every candidate that does not fit memory is kept with its reason.
 
 :func:`format_plan` prints the best few with their step time, throughput, memory per device and
 where the time goes, then why the others lose. ``python -m rlm_course plan`` and
-:class:`rlm_course.systems.planner_widget.PlannerWidget` call these.
+:class:`rlm_course.cluster.planner_widget.PlannerWidget` call these.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
 from rlm_course.rl.algorithms import RLConfig
-from rlm_course.systems.layouts import (DoesNotFit, Layout, check_training, choose_generation_tp,
+from rlm_course.cost.layouts import (DoesNotFit, Layout, check_training, choose_generation_tp,
                                         training_memory)
-from rlm_course.systems.phases import Cluster, Rates, TrainerCost
-from rlm_course.systems.simulator import MODES, Scenario, SimResult, memory_plan, simulate
+from rlm_course.cost.phases import Cluster, Rates, TrainerCost
+from rlm_course.cluster.simulator import MODES, Scenario, SimResult, memory_plan, simulate
 
 GB = 1e9
 ROLLOUT_SHARES = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4)

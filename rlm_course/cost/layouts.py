@@ -283,9 +283,9 @@ def replica_decode_step_seconds(spec: TransformerSpec, device: Device, tp: int, 
     """Roofline seconds of one decode step of a ``tp``-way replica with ``sequences`` sequences
     at ``context`` tokens: ``max(FLOPs / (tp peak), bytes / (tp x bandwidth x efficiency))``
     (:func:`rlm_course.cost.anatomy.decode_step_seconds`) plus its two all-reduces per layer
-    (:func:`rlm_course.systems.comm.decode_tp_comm`; ``link`` may be None for ``tp = 1``)."""
+    (:func:`rlm_course.cost.comm.decode_tp_comm`; ``link`` may be None for ``tp = 1``)."""
     from rlm_course.cost.anatomy import decode_step_seconds
-    from rlm_course.systems.comm import decode_tp_comm
+    from rlm_course.cost.comm import decode_tp_comm
 
     scaled = replace(device, memory_bandwidth=device.memory_bandwidth * bandwidth_efficiency)
     roofline = decode_step_seconds(spec, scaled, tp, sequences, context)

@@ -5,7 +5,7 @@ FLOPs and bytes come from :mod:`rlm_course.cost` (:func:`~rlm_course.cost.archit
 for every teacher-forced pass, :meth:`~rlm_course.cost.architectures.TransformerSpec.forward_flops_per_token`
 for a decode step, :func:`~rlm_course.cost.anatomy.weight_bytes` for the weights a step reads,
 :func:`~rlm_course.cost.accounting.predict_passes` for which models run which passes);
-communication from :mod:`rlm_course.systems.comm`. They become seconds through **rates**
+communication from :mod:`rlm_course.cost.comm`. They become seconds through **rates**
 (:class:`Rates`): the fraction of the peak FLOP/s and of the memory bandwidth each kind of pass
 reaches, a fixed latency per decode step, measured links. The defaults are named assumptions,
 typical of published runs; a measured run replaces them (chapter 14 measures this machine's).
@@ -17,17 +17,17 @@ typical of published runs; a measured run replaces them (chapter 14 measures thi
 
 with ``F = a 2 N + 4 L H d_h C`` (:meth:`forward_flops_per_token` summed over the sequences),
 ``B`` = the weights the ``a`` tokens touch plus ``C + a`` tokens of KV cache (read, and one
-written per sequence), and two all-reduces per layer (:func:`~rlm_course.systems.comm.decode_tp_comm`).
+written per sequence), and two all-reduces per layer (:func:`~rlm_course.cost.comm.decode_tp_comm`).
 Over ``s`` steps with the same sequences, ``C`` grows by ``a`` per step, so both terms are linear
 in the step and their sum has a closed form (:meth:`DecodeCost.seconds`), which the simulator
 inverts when a weight update interrupts a replica (:meth:`DecodeCost.steps_within`).
 
-**A trainer pass** over a batch of sequences on a :class:`~rlm_course.systems.layouts.Layout`
+**A trainer pass** over a batch of sequences on a :class:`~rlm_course.cost.layouts.Layout`
 takes its FLOPs at ``train_mfu`` (updates) or ``forward_mfu`` (scoring) on all the layout's
 devices, divided by ``1 - bubble`` for a pipeline (``(pp - 1) / (m + pp - 1)``, ``m``
 micro-batches per optimizer step), plus the communication that cannot hide: TP and EP
 collectives (on the critical path of every layer), the fill and drain hops of the pipeline, what
-the compute cannot hide of the data-parallel gradient traffic (:func:`~rlm_course.systems.comm.exposed`;
+the compute cannot hide of the data-parallel gradient traffic (:func:`~rlm_course.cost.comm.exposed`;
 ZeRO-3 gathers the weights for every micro-batch) and of ring attention.
 """
 
@@ -43,10 +43,10 @@ from rlm_course.cost.accounting import predict_passes
 from rlm_course.cost.anatomy import Workload, weight_bytes
 from rlm_course.cost.architectures import TransformerSpec, teacher_forced_flops
 from rlm_course.cost.hardware import Device
-from rlm_course.parallel.world import Link
+from rlm_course.cost.comm import Link
 from rlm_course.rl.algorithms import RLConfig
-from rlm_course.systems import comm
-from rlm_course.systems.layouts import Layout, axis_strides, params_per_device
+from rlm_course.cost import comm
+from rlm_course.cost.layouts import Layout, axis_strides, params_per_device
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,27 @@ from dataclasses import dataclass
 
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
-from rlm_course.parallel.world import Link
+
+
+@dataclass(frozen=True)
+class Link:
+    """Latency ``alpha`` (seconds per message) and bandwidth ``beta`` (bytes/s) of a link.
+
+    Raises:
+        ValueError: for a negative latency or a non-positive bandwidth.
+    """
+
+    alpha: float = 5e-6
+    beta: float = 25e9
+
+    def __post_init__(self) -> None:
+        if not (self.alpha >= 0 and self.beta > 0 and math.isfinite(self.beta)):
+            raise ValueError(f"Link(alpha={self.alpha}, beta={self.beta}): need alpha >= 0 and a "
+                             "positive finite bandwidth.")
+
+    def seconds(self, nbytes: float) -> float:
+        return self.alpha + nbytes / self.beta
+
 
 ALGORITHMS = ("ring", "tree", "auto")
 BF16 = 2

@@ -43,11 +43,11 @@ import torch
 from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec, from_model_config, get_spec
 from rlm_course.cost.hardware import Device, get_device
-from rlm_course.parallel.world import Link
+from rlm_course.cost.comm import Link
 from rlm_course.rl.algorithms import preset
-from rlm_course.systems.layouts import Layout
-from rlm_course.systems.phases import Cluster, Rates
-from rlm_course.systems.simulator import MODES, Mode, Scenario, SimResult, algorithm, simulate
+from rlm_course.cost.layouts import Layout
+from rlm_course.cost.phases import Cluster, Rates
+from rlm_course.cluster.simulator import MODES, Mode, Scenario, SimResult, algorithm, simulate
 from rlm_course.utils import best_seconds, data_dir
 
 #: Stages compared between a run's timers and the simulation (the trainer's ``training`` is the
@@ -140,7 +140,7 @@ class TinyRateBench:
                                     best_seconds(self._train_step, 1))
 
     def rates(self) -> Rates:
-        """The rates of the fastest timings: :class:`~rlm_course.systems.phases.Rates` with
+        """The rates of the fastest timings: :class:`~rlm_course.cost.phases.Rates` with
         ``static_batching`` (the course's sampler runs rows in lockstep) and the memory-bandwidth
         term left at 1 (the tiny model's decode is compute- and latency-bound)."""
         from rlm_course.cost.architectures import teacher_forced_flops
@@ -260,7 +260,7 @@ def _spec(model: dict | str) -> TransformerSpec:
 
 
 def scenario_from_record(record: dict) -> Scenario:
-    """The :class:`~rlm_course.systems.simulator.Scenario` of a run record (see
+    """The :class:`~rlm_course.cluster.simulator.Scenario` of a run record (see
     :func:`check_real_run`).
 
     Raises:
@@ -319,8 +319,8 @@ def check_real_run(record: dict, tolerance: float = 0.2, stages=COMPARED) -> lis
     (a catalog name, or its figures measured), ``gpus``, ``algorithm`` (``{"preset": name,
     ...overrides}``), ``workload`` (:class:`~rlm_course.cost.anatomy.Workload` fields),
     ``placement``, ``rollout_gpus``, ``generation_tp``, ``trainer`` (:class:`Layout` fields),
-    ``mode`` (a name of :data:`~rlm_course.systems.simulator.MODES` or :class:`Mode` fields),
-    ``rates`` (:class:`~rlm_course.systems.phases.Rates` fields; links as ``[alpha, beta]``,
+    ``mode`` (a name of :data:`~rlm_course.cluster.simulator.MODES` or :class:`Mode` fields),
+    ``rates`` (:class:`~rlm_course.cost.phases.Rates` fields; links as ``[alpha, beta]``,
     e.g. fitted on the run's process groups) and ``measured`` (``{stage: seconds}``, stages
     ``generation``, ``scoring``, ``training``, ``reward``, ``step``).
 
@@ -388,7 +388,7 @@ def infer_mean_response(cfg: dict, spec: TransformerSpec, config, device: Device
     policy update of one batch takes ``seconds`` at ``rates`` (default: the default rates): the
     batch's size in tokens, read off a published update time, when the source gives the time
     but not the lengths."""
-    from rlm_course.systems.phases import TrainerCost
+    from rlm_course.cost.phases import TrainerCost
 
     rates = rates or Rates()
     fabric = Cluster(device, layout.devices).fabric(rates) if layout.devices > 1 else None
