@@ -56,6 +56,10 @@ class TransformerSpec:
         norm_params_per_layer: parameters of the norms of one layer (RMSNorm: ``2 d``;
             LayerNorm: ``4 d``); the final norm adds ``norm_params_per_layer // 2``.
         n_experts, experts_per_token, n_shared_experts: MoE layout (1, 1, 0 for a dense model).
+        kv_latent: the KV cache is one compressed latent per token and layer shared by every
+            head (multi-head latent attention, DeepSeek-V2/V3, arXiv:2405.04434 section 2.1), given
+            as ``n_kv_head x d_head`` values of the same bytes; tensor parallelism cannot split it,
+            so every TP rank holds and reads it whole (:meth:`kv_shards`).
         source: where the configuration comes from.
 
     Raises:
@@ -81,6 +85,7 @@ class TransformerSpec:
     n_experts: int = 1
     experts_per_token: int = 1
     n_shared_experts: int = 0
+    kv_latent: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -179,6 +184,21 @@ class TransformerSpec:
         ``2 x n_layer x n_kv_head x d_head x bytes`` (:func:`kv_cache_bytes`)."""
         return kv_cache_bytes(self.n_layer, self.kv_heads, self.head_dim, 1, bytes_per_element)
 
+    def kv_shards(self, tp: int) -> int:
+        """Over how many of a ``tp``-way replica's devices the KV cache is split: ``min(tp,
+        kv_heads)`` (Megatron and vLLM give each rank its query heads' KV heads; past the KV
+        heads, ranks hold copies of the same head), 1 for a latent cache (:attr:`kv_latent`:
+        every rank holds the whole latent, the reason SGLang runs DeepSeek's attention
+        data-parallel). The KV bytes one device holds and reads per token are
+        ``kv_cache_bytes_per_token() / kv_shards(tp)``.
+
+        Raises:
+            ValueError: for ``tp < 1``.
+        """
+        if not (isinstance(tp, int) and tp >= 1):
+            raise ValueError(f"tp={tp!r} must be a positive integer.")
+        return 1 if self.kv_latent else min(tp, self.kv_heads)
+
     def forward_flops_per_token(self, context: int) -> int:
         """Forward FLOPs of one token attending over ``context`` positions:
         ``2 x matmul params (active) + 4 x n_layer x n_head x d_head x context``."""
@@ -234,6 +254,16 @@ SPECS: dict[str, TransformerSpec] = {
         vocab_size=151936, qkv_bias=True,
         source="config.json of deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B (Qwen2.5-Math-1.5B "
                "architecture, untied output head): 1.78B parameters"),
+    "llama-3.1-8b": TransformerSpec(
+        "llama-3.1-8b", n_layer=32, d_model=4096, n_head=32, n_kv_head=8, d_ff=14336,
+        vocab_size=128256,
+        source="config.json of meta-llama/Llama-3.1-8B-Instruct (Llama 3's 8B architecture, "
+               "longer RoPE context): 8.0B parameters"),
+    "qwen3-32b": TransformerSpec(
+        "qwen3-32b", n_layer=64, d_model=5120, n_head=64, n_kv_head=8, d_head=128, d_ff=25600,
+        vocab_size=151936, norm_params_per_layer=2 * 5120 + 2 * 128,
+        source="config.json of Qwen/Qwen3-32B (64 layers, 64 query heads and 8 KV heads of 128, "
+               "SwiGLU 25,600, QK-norm, untied head): 32.8B parameters"),
     "qwen2.5-32b": TransformerSpec(
         "qwen2.5-32b", n_layer=64, d_model=5120, n_head=40, n_kv_head=8, d_ff=27648,
         vocab_size=152064, qkv_bias=True,
@@ -253,13 +283,13 @@ SPECS: dict[str, TransformerSpec] = {
                "QK-norm): 235B parameters, 22B active"),
     "deepseek-v3": TransformerSpec(
         "deepseek-v3", n_layer=61, d_model=7168, n_head=128, n_kv_head=2, d_head=144, d_ff=2048,
-        vocab_size=129280, n_experts=256, experts_per_token=8, n_shared_experts=1,
+        vocab_size=129280, n_experts=256, experts_per_token=8, n_shared_experts=1, kv_latent=True,
         source="DeepSeek-V3 technical report, arXiv:2412.19437, and config.json of "
                "deepseek-ai/DeepSeek-V3 (61 layers, width 7168, 256 routed experts of 2048 + 1 "
                "shared, 8 active; 671B parameters, 37B active), as a uniform spec: every layer "
                "MoE (the real first 3 are dense) and multi-head latent attention's compressed "
                "cache (512 + 64 values per layer) as 2 KV heads of 144, the same bytes per "
-               "token; its low-rank projections are not expressible, so the spec counts 709B "
+               "token, held whole by every TP rank (kv_latent); its low-rank projections are not expressible, so the spec counts 709B "
                "parameters (+5.6%) and 42.5B active (+15%)"),
 }
 

@@ -38,6 +38,8 @@ class Device:
             between memory and compute; intra_node_bandwidth / inter_node_bandwidth: bytes/s **per
             direction** of one device's links inside a node and to other nodes (0: none);
             intra_node_latency / inter_node_latency: seconds per message step on those links;
+            host_bandwidth: bytes/s per direction between the device and host memory (offloading
+            optimizer states, a rollout engine's sleep and wake; 0: unknown);
             source: where the figures come from.
     """
 
@@ -51,6 +53,7 @@ class Device:
     source: str
     intra_node_latency: float = 0.0
     inter_node_latency: float = 0.0
+    host_bandwidth: float = 0.0
 
     @property
     def ridge_point(self) -> float:
@@ -96,7 +99,8 @@ def load_catalog() -> dict[str, Device]:
                                    devices_per_node=int(entry["devices_per_node"]),
                                    source=str(entry["source"]),
                                    intra_node_latency=float(entry.get("intra_node_latency", 0.0)),
-                                   inter_node_latency=float(entry.get("inter_node_latency", 0.0)))
+                                   inter_node_latency=float(entry.get("inter_node_latency", 0.0)),
+                                   host_bandwidth=float(entry.get("host_bandwidth", 0.0)))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"hardware catalog entry {name!r} is incomplete ({err}).") from None
         d = devices[name]
