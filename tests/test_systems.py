@@ -194,7 +194,7 @@ def test_trainer_pipeline_bubble_is_the_1f1b_bubble():
     cost = TrainerCost(SPEC, config, lay, H100, rates, comm.Fabric.of(H100), 100)
     seconds = cost.seconds(lengths)["policy update"]
     flops = pass_flops(SPEC, config, 100, lengths)["policy update"]
-    ideal = flops / (4 * H100.peak_flops * rates.train_mfu)
+    ideal = flops / (4 * H100.peak_flops * rates.train_hfu)
     bubble = simulate_pipeline(schedule_table("1f1b", 4, 8)).bubble_fraction
     hops = 3 * comm.pipeline_comm(SPEC, 600, comm.Fabric.of(H100).link(4)).seconds
     assert seconds == pytest.approx(ideal / (1 - bubble) + hops, rel=1e-9)

@@ -7,9 +7,11 @@ type:
 * **placements**: colocated (every role on every device) and disaggregated pools (the rollout
   gets 1/4, 3/8, 1/2, 5/8 or 3/4 of the devices, whole nodes where the pool is at least one);
 * **generation layouts**: tensor-parallel replicas of 1-32 devices that fit the weights and at
-  least one sequence's KV cache (:func:`~rlm_course.cost.layouts.kv_slots`);
+  least one sequence's KV cache (:func:`~rlm_course.cost.layouts.kv_slots`), priced on the link
+  each replica spans (NVLink inside a node, the network across nodes);
 * **trainer layouts**: TP x PP (x EP for MoE) with data parallelism over the rest, ZeRO-3/FSDP
-  when there is no model parallelism and ZeRO-1 with it, activation recomputation, packed
+  when there is no model parallelism and Megatron's distributed optimizer (ZeRO-1 with fp32 main
+  gradients) with it, activation recomputation, packed
   micro-batches (:class:`~rlm_course.cost.layouts.Layout`), kept when they fit memory
   (:func:`~rlm_course.cost.layouts.check_training`);
 * **execution modes**: synchronous and stage-fused (colocated); synchronous, one step
@@ -18,8 +20,8 @@ type:
 
 To stay fast it prunes: the trainer layouts of each pool size are ranked by the trainer's own
 seconds on the workload (:class:`~rlm_course.cost.phases.TrainerCost`), the generation layouts
-by the decode-time estimate of :func:`~rlm_course.cost.layouts.choose_generation_tp`, and only
-the best two of each are simulated whole (:func:`~rlm_course.cluster.simulator.simulate`, with
+by :func:`generation_estimate` (waves of mean-length responses, then the longest one alone), and
+only the best two of each are simulated whole (:func:`~rlm_course.cluster.simulator.simulate`, with
 the response lengths rounded to 64 levels): colocated, crossed with its modes (offloading the
 trainer when the rollout's KV cache would not fit beside it); disaggregated, first each split with
 the best layouts in the streaming asynchronous mode, then every layout and mode at the best split.
@@ -39,9 +41,8 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
 from rlm_course.rl.algorithms import RLConfig
-from rlm_course.cost.layouts import (DoesNotFit, Layout, check_training, choose_generation_tp,
-                                        training_memory)
-from rlm_course.cost.phases import Cluster, Rates, TrainerCost
+from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
+from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
 from rlm_course.cluster.simulator import MODES, Scenario, SimResult, memory_plan, simulate
 
 GB = 1e9
@@ -50,29 +51,52 @@ COLOCATED_MODES = ("sync", "fused")
 DISAGGREGATED_MODES = ("sync", "one-step-off", "async")
 
 
+#: Extra training steps per version of mean staleness to reach the same accuracy: the planner's
+#: default price of asynchrony (an assumption; chapter 13 measures the toy's cost, published runs
+#: at staleness <= 1 report accuracy close to synchronous; ``plan(staleness_penalty=...)``).
+STALENESS_PENALTY = 0.1
+
+
 @dataclass
 class Candidate:
-    """One evaluated plan: its scenario and simulation, or why it was refused."""
+    """One evaluated plan: its scenario and simulation, or why it was refused.
+
+    ``step`` is the simulated seconds per iteration; ``cost`` the same priced for staleness,
+    ``step x (1 + penalty x mean staleness)``: seconds per iteration's worth of progress when
+    each version of staleness costs ``penalty`` more steps to the same accuracy."""
 
     name: str
     scenario: Scenario | None = None
     result: SimResult | None = None
     refused: str = ""
+    staleness_penalty: float = STALENESS_PENALTY
 
     @property
     def step(self) -> float:
         return self.result.step_seconds if self.result else math.inf
 
+    @property
+    def cost(self) -> float:
+        if not self.result:
+            return math.inf
+        return self.step * (1 + self.staleness_penalty * self.result.staleness)
+
+    @property
+    def samples_per_second(self) -> float:
+        """Trained responses per second (at the candidate's staleness)."""
+        return self.result.responses_per_second if self.result else 0.0
+
 
 @dataclass
 class Plan:
-    """What :func:`plan` returns: every candidate, the feasible ones best first."""
+    """What :func:`plan` returns: every candidate, the feasible ones best first by
+    :attr:`Candidate.cost` (the step priced for staleness)."""
 
     candidates: list[Candidate] = field(default_factory=list)
 
     @property
     def ranked(self) -> list[Candidate]:
-        return sorted((c for c in self.candidates if c.result), key=lambda c: c.step)
+        return sorted((c for c in self.candidates if c.result), key=lambda c: (c.cost, c.step))
 
     @property
     def refused(self) -> list[Candidate]:
@@ -94,8 +118,8 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
     reference ``config`` holds), and the reasons the others do not: TP in 1, 2, 4, 8 (within a
     node), PP in 1, 2, 4, 8, 16 (at most the layers), EP in powers of two dividing the experts
     (MoE), data parallelism over the rest; ZeRO-3 when there is no model parallelism, ZeRO-1 with
-    it (Megatron's distributed optimizer); recomputation on; optimizer offload tried when nothing
-    else fits."""
+    it (Megatron's distributed optimizer, with its fp32 main gradients: ``6 + 12 / d`` bytes per
+    parameter); recomputation on; optimizer offload tried when nothing else fits."""
     if not (isinstance(devices, int) and devices >= 1):
         raise ValueError(f"devices={devices!r} must be a positive integer.")
     fits, refused = [], []
@@ -113,9 +137,10 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
                 for ep in eps:
                     if (tp * dp) % ep:
                         continue
-                    lay = Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=3 if tp * pp == 1 else 1,
+                    megatron = tp * pp > 1
+                    lay = Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=1 if megatron else 3,
                                  recompute=True, micro_batch_tokens=micro_batch_tokens,
-                                 offload=offload)
+                                 offload=offload, main_grads_fp32=megatron)
                     try:
                         check_training(spec, lay, device, seq_len, memory_fraction, "trainer",
                                        _extra(spec, config, lay, seq_len))
@@ -152,33 +177,68 @@ def _best_trainers(spec, config, workload, device, devices, rates, keep=2):
     return [lay for _, lay in scored[:keep]], refused
 
 
-def _best_generation(spec, workload, device, devices, rates, keep=2):
+def generation_estimate(spec: TransformerSpec, workload: Workload, device: Device, devices: int,
+                        tp: int, rates: Rates) -> float:
+    """Seconds a rollout pool of ``devices`` devices in replicas of ``tp`` takes for
+    ``workload``, estimated without simulating (the planner's pre-ranking): each replica decodes
+    its share of the responses in waves of as many as its KV cache holds for a mean-length
+    response, then its longest response decodes alone to the end (the tail, at one sequence per
+    step), both priced by the simulator's own :class:`~rlm_course.cost.phases.DecodeCost`: the
+    rates' per-step latency, the KV bytes a device really reads, the TP all-reduce over the link
+    the replica spans (NVLink inside a node, the network across nodes).
+
+    Raises:
+        DoesNotFit: if a replica of ``tp`` devices cannot hold the weights and one sequence.
+    """
     fabric = Cluster(device, max(devices, 2)).fabric(rates)
+    w = workload
+    mean, longest = max(1, round(w.mean_response_len)), w.max_response_len
+    slots = kv_slots(spec, tp, device, w.prompt_len + mean, rates.memory_fraction, 0.0,
+                     rates.max_batch, w.weight_bytes, w.kv_bytes)
+    per_replica = -(-w.responses // (devices // tp))
+    batch, waves = min(per_replica, slots), -(-per_replica // slots)
+    cost = DecodeCost(spec, device, tp, rates, fabric if tp > 1 else None, w)
+    body = waves * cost.seconds(mean, batch, batch * (w.prompt_len + 1))
+    return body + cost.seconds(max(0, longest - mean), 1, w.prompt_len + mean)
+
+
+def _best_generation(spec, workload, device, devices, rates, keep=2):
     candidates = [t for t in (1, 2, 4, 8, 16, 32) if devices % t == 0 and spec.n_head % t == 0]
-    link = fabric.link(min(8, device.devices_per_node))
-    tokens = workload.prompt_len + round(workload.mean_response_len)
-    try:
-        _, times = choose_generation_tp(spec, device, devices, workload.responses, tokens, link,
-                                        candidates, rates.memory_fraction, rates.decode_bandwidth)
-    except DoesNotFit as err:
-        return [], [str(err)]
+    times, refused = {}, []
+    for tp in candidates:
+        try:
+            times[tp] = generation_estimate(spec, workload, device, devices, tp, rates)
+        except DoesNotFit as err:
+            refused.append(str(err))
+    if not times:
+        return [], refused or [f"no generation tp in {tuple(candidates)} divides {devices} devices "
+                               f"and {spec.name}'s {spec.n_head} heads."]
     return sorted(times, key=lambda t: (times[t], t))[:keep], []
 
 
 def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device, gpus: int,
          rates: Rates | None = None, placements=("colocated", "disaggregated"),
-         modes=None, length_buckets: int = 64, keep: int = 2) -> Plan:
+         modes=None, length_buckets: int = 64, keep: int = 2,
+         staleness_penalty: float = STALENESS_PENALTY) -> Plan:
     """Search placements x layouts x execution modes for ``gpus`` devices (see the module
-    docstring).
+    docstring), with ``rates`` (default: the rates calibrated on published runs for ``device``,
+    :func:`rlm_course.cluster.calibration.calibrated_rates`), ranking by the step priced for
+    staleness (:attr:`Candidate.cost`, ``staleness_penalty`` per version).
 
     Raises:
         DoesNotFit: if no candidate fits memory (the message gives the closest refusals and
             what to change: more devices, a larger device, shorter sequences).
         ValueError: for an unknown placement or mode, ``gpus < 1``, modes that none of the
             placements runs (fused needs colocated, streaming modes disaggregated), or a
-            disaggregated-only search on one device.
+            disaggregated-only search on one device, or a negative staleness penalty.
     """
-    rates = rates or Rates()
+    if rates is None:
+        from rlm_course.cluster.calibration import calibrated_rates
+
+        rates = calibrated_rates(device)
+    if not (staleness_penalty >= 0 and math.isfinite(staleness_penalty)):
+        raise ValueError(f"staleness_penalty={staleness_penalty!r} must be a finite number >= 0 "
+                         "(extra steps per version of staleness; 0 prices staleness at nothing).")
     if not (isinstance(gpus, int) and gpus >= 1):
         raise ValueError(f"gpus={gpus!r} must be a positive integer.")
     if isinstance(placements, str):
@@ -237,7 +297,8 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
                 return evaluate(rollout, tp, lay, name, True)
             c = Candidate(label, refused=str(err))
         else:
-            c = Candidate(label, s, simulate(s, length_buckets=length_buckets))
+            c = Candidate(label, s, simulate(s, length_buckets=length_buckets),
+                          staleness_penalty=staleness_penalty)
         out.candidates.append(c)
         return c
 
@@ -306,7 +367,11 @@ def why(candidate: Candidate, best: Candidate) -> str:
     if candidate.refused:
         return f"does not fit: {candidate.refused}"
     r, b = candidate.result, best.result
-    slower = r.step_seconds / b.step_seconds
+    slower = candidate.cost / best.cost
+    if candidate.step <= best.step:  # faster per step, but its staleness costs more steps
+        return (f"{slower:.2f}x the cost: {r.step_seconds:,.0f} s per step at a mean staleness of "
+                f"{r.staleness:.2f} versions (priced at {candidate.staleness_penalty:g} extra "
+                "steps per version)")
     top, seconds = max(r.stages.items(), key=lambda kv: kv[1])
     reason = {"generation": "waits for generation", "policy update": "training-bound",
               "critic update": "training-bound", "scoring": "scoring-bound",
@@ -316,8 +381,8 @@ def why(candidate: Candidate, best: Candidate) -> str:
 
 
 def format_plan(result: Plan, top: int = 5) -> str:
-    """The best ``top`` plans (step, throughput, MFU, memory per device, where the time goes),
-    then why the others lose."""
+    """The best ``top`` plans (step, throughput, MFU and HFU, staleness and its price, memory
+    per device, where the time goes), then why the others lose."""
     if not (isinstance(top, int) and top >= 1):
         raise ValueError(f"top={top!r}: give 1 or more plans to print.")
     lines = []
@@ -329,7 +394,11 @@ def format_plan(result: Plan, top: int = 5) -> str:
         lines.append(f"{i}. {c.name}")
         lines.append(f"   step {r.step_seconds:,.1f} s, {r.tokens_per_second:,.0f} tokens/s "
                      f"({r.tokens_per_second / c.scenario.cluster.gpus:,.1f} per GPU), MFU "
-                     f"{r.mfu:.1%}, generation {r.generation_share:.0%} of the step")
+                     f"{r.mfu:.1%} (training MFU {r.training_mfu:.1%}, HFU {r.training_hfu:.1%}), "
+                     f"generation {r.generation_share:.0%} of the step")
+        lines.append(f"   staleness {r.staleness:.2f} versions: {c.samples_per_second:,.2f} samples/s, "
+                     f"{c.cost:,.1f} s per step priced at {c.staleness_penalty:g} extra steps per "
+                     "version")
         lines.append(f"   memory per device: trainer {trainer_mem:,.1f} GB, rollout "
                      f"{rollout_mem:,.1f} GB of {r.memory['usable'] / GB:,.1f} GB usable; "
                      f"{r.memory['slots']} sequences per replica")

@@ -27,8 +27,8 @@ the rates (:class:`~rlm_course.cost.phases.Rates`).
   update stages (:class:`~rlm_course.cost.phases.TrainerCost`), then publishes new weights:
   it waits for the rollout to **drain** the sequences already given to it, queued or decoding,
   while no new prompts are admitted (or, with partial rollouts, **pauses** them where they
-  are), transfers the weights
-  (:func:`~rlm_course.cost.phases.weight_sync_seconds`) and lets the rollout resume;
+  are), transfers the weights (:func:`~rlm_course.cost.phases.weight_sync`, the one weight-sync
+  model of :mod:`rlm_course.cost.weight_sync`) and lets the rollout resume;
 * colocated, one process runs the phases of an iteration in turn on the shared devices:
   (offload the trainer's states,) generate, (reload,) reward, score, update, reshard.
 
@@ -75,10 +75,10 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.rl.algorithms import RLConfig, preset
 from rlm_course.systems.async_rl import rollout_capacity
-from rlm_course.cost.layouts import (Layout, check_training, generation_memory,
-                                        kv_slots, training_memory, usable)
+from rlm_course.cost.layouts import (Layout, check_training, generation_memory, kv_slots,
+                                    training_memory, usable)
 from rlm_course.cost.phases import (Cluster, DecodeCost, Rates, TrainerCost, offload_seconds,
-                                       pass_flops, weight_sync_seconds)
+                                   pass_flops, weight_sync)
 
 PLACEMENTS = ("colocated", "disaggregated")
 
@@ -268,8 +268,8 @@ def memory_plan(s: Scenario) -> dict:
         resident = sum(v for k, v in trainer.items() if k not in ("activations", "logits"))
     per_sequence = w.prompt_len + w.mean_response_len
     slots = kv_slots(spec, s.generation_tp, dev, per_sequence, r.memory_fraction, resident,
-                     r.max_batch)
-    gen = generation_memory(spec, s.generation_tp)
+                     r.max_batch, w.weight_bytes, w.kv_bytes)
+    gen = generation_memory(spec, s.generation_tp, w.weight_bytes, w.kv_bytes)
     rollout = {"weights": gen["weights"], "kv cache": slots * per_sequence * gen["kv_per_token"]}
     if resident:
         rollout["resident trainer state"] = resident
@@ -292,9 +292,11 @@ class SimResult:
         generation_share: ``stages["generation"] / step_seconds``.
         tokens_per_second, responses_per_second: trained prompt + response tokens, and responses,
             per second.
-        mfu: the iteration's model FLOPs (generation, scoring, updates) over
-            ``gpus x peak x step_seconds``; training_mfu: the updates' FLOPs over the trainer
-            pool's peak during the update stages.
+        mfu: the iteration's model FLOPs (generation, scoring, updates, no recomputation) over
+            ``gpus x peak x step_seconds``; training_mfu: the updates' model FLOPs (``3x`` a
+            forward) over the trainer pool's peak during the update stages; training_hfu: the
+            same with the hardware's FLOPs (the recomputed forward counted: ``4x``).
+        sync: the weight sync's terms (:class:`~rlm_course.cost.weight_sync.SyncCost`).
         memory: :func:`memory_plan`.
         timeline: ``{worker: [(phase, start, end, iteration)]}`` for ``trainer``, ``rollout``
             (busy while any replica decodes) and the first eight replicas.
@@ -312,6 +314,8 @@ class SimResult:
     responses_per_second: float
     mfu: float
     training_mfu: float
+    training_hfu: float
+    sync: object
     memory: dict
     timeline: dict[str, list[tuple]]
     replica_utilisation: list[float]
@@ -364,6 +368,7 @@ class _Replica:
         self.rows = 0           # static batching: rows of the running batch, finished or not
         self.rows_context = 0   # static batching: their contexts' sum at the batch's start step
         self.busy: list[list[float]] = []
+        self.prefilled: set[int] = set()  # groups whose prompt this replica has prefilled
         self.process = sim.env.process(self.run())
 
     @property
@@ -403,8 +408,9 @@ class _Replica:
                 yield env.timeout(cost.prefill_seconds(contexts))
                 self._busy(start, env.now)
                 self.needs_recompute = False
-            admitted = Counter()
+            admitted, prefill = Counter(), Counter()
             static = sim.s.rates.static_batching
+            shared = sim.s.rates.prefix_caching
             if static and not self.active:
                 self.rows = self.rows_context = 0
             while (self.hold != "pause" and self.queue and len(self.active) < sim.slots
@@ -416,13 +422,16 @@ class _Replica:
                                              length])
                 self.base += prompt + 1 - self.step
                 admitted[prompt] += 1
+                if not shared or group not in self.prefilled:  # a group's prompt, prefilled once
+                    prefill[prompt] += 1
+                    self.prefilled.add(group)
             if static and admitted:  # the batch runs in lockstep from here until it all ends
                 self.rows = sum(admitted.values())
                 self.rows_context = (sum((c + 1) * n for c, n in admitted.items())
                                      - self.rows * self.step)
-            if admitted:
+            if prefill:
                 start = env.now
-                yield env.timeout(cost.prefill_seconds(admitted))
+                yield env.timeout(cost.prefill_seconds(prefill))
                 self._busy(start, env.now)
             self._finish()
             if not self.active:
@@ -485,9 +494,9 @@ class _Sim:
         self.decode = DecodeCost(s.spec, s.cluster.device, s.generation_tp, r, fabric, w)
         self.trainer_cost = TrainerCost(s.spec, s.config, s.trainer_layout, s.cluster.device, r,
                                         fabric, w.prompt_len, s.engine_log_probs)
-        self.sync_seconds = weight_sync_seconds(s.spec, s.placement == "colocated",
-                                                s.generation_tp, fabric, r, s.cluster.gpus,
-                                                s.trainer_pool)
+        self.sync = weight_sync(s.spec, s.cluster.device, s.placement, s.generation_tp,
+                                s.replicas, s.trainer_layout, r, fabric, w.weight_bytes)
+        self.sync_seconds = self.sync.seconds
         lengths = list(w.lengths)
         if length_buckets:
             q = max(1, math.ceil(w.response_len / length_buckets))
@@ -511,6 +520,7 @@ class _Sim:
         self.flops_at_end: list[float] = []
         self.trainer_flops: list[float] = []
         self.update_flops: list[float] = []
+        self.update_hardware_flops: list[float] = []
         self.update_seconds: list[float] = []
         self.stage_log: list[dict[str, float]] = []
         self.staleness: list[list[int]] = []
@@ -601,8 +611,10 @@ class _Sim:
             self.log("trainer", "reward", start, it)
             stages["reward"] = stages.get("reward", 0.0) + env.now - start
         seconds = self.trainer_cost.seconds(lengths, optimizer_steps)
-        flops = pass_flops(s.spec, s.config, s.workload.prompt_len, lengths,
-                           s.trainer_layout.recompute, s.engine_log_probs)
+        model = pass_flops(s.spec, s.config, s.workload.prompt_len, lengths, False,
+                           s.engine_log_probs)
+        hardware = (pass_flops(s.spec, s.config, s.workload.prompt_len, lengths, True,
+                               s.engine_log_probs) if s.trainer_layout.recompute else model)
         for stage, t in seconds.items():
             if stage == "scoring" and skip_scoring:
                 continue
@@ -612,8 +624,9 @@ class _Sim:
             stages[stage] = stages.get(stage, 0.0) + t
             if stage != "scoring":
                 self.update_seconds[-1] += t
-        self.trainer_flops[-1] += sum(flops.values())
-        self.update_flops[-1] += sum(v for k, v in flops.items() if k != "scoring")
+        self.trainer_flops[-1] += sum(model.values())
+        self.update_flops[-1] += sum(v for k, v in model.items() if k != "scoring")
+        self.update_hardware_flops[-1] += sum(v for k, v in hardware.items() if k != "scoring")
         self.tokens[-1] += sum(lengths) + len(lengths) * s.workload.prompt_len
 
     def publish(self, it: int, stages: dict):
@@ -642,6 +655,7 @@ class _Sim:
         self.trainer_flops.append(0.0)
         self.staleness.append([])
         self.update_flops.append(0.0)
+        self.update_hardware_flops.append(0.0)
         self.update_seconds.append(0.0)
         self.tokens.append(0)
         return {}
@@ -688,7 +702,7 @@ class _Sim:
             stages = self._begin()
             if s.offload_trainer:  # the trainer's states to host memory, back after generation
                 start = env.now
-                yield env.timeout(offload_seconds(trainer_state, s.rates) / 2)
+                yield env.timeout(offload_seconds(trainer_state, s.rates, s.cluster.device) / 2)
                 self.log("trainer", "offload", start, it)
                 stages["offload"] = env.now - start
             start = env.now
@@ -722,7 +736,7 @@ class _Sim:
                 stages["scoring"] = env.now - scored_from
             if s.offload_trainer:
                 start = env.now
-                yield env.timeout(offload_seconds(trainer_state, s.rates) / 2)
+                yield env.timeout(offload_seconds(trainer_state, s.rates, s.cluster.device) / 2)
                 self.log("trainer", "reload", start, it)
                 stages["offload"] += env.now - start
             if s.mode.stage_fusion:  # what the fused scoring left: the tail's samples
@@ -795,7 +809,9 @@ def _result(sim: _Sim, warmup: int) -> SimResult:
     mfu = (gen_flops + train_flops) / (s.cluster.gpus * device.peak_flops * (ends[-1] - t0))
     update_flops = sum(sim.update_flops[warmup:])
     update_time = sum(sim.update_seconds[warmup:])
-    training_mfu = (update_flops / (s.trainer_pool * device.peak_flops * update_time)
+    pool_peak = s.trainer_pool * device.peak_flops
+    training_mfu = update_flops / (pool_peak * update_time) if update_time else 0.0
+    training_hfu = (sum(sim.update_hardware_flops[warmup:]) / (pool_peak * update_time)
                     if update_time else 0.0)
     tokens = sum(sim.tokens[warmup:]) / n
     window = ends[-1] - t0
@@ -816,7 +832,8 @@ def _result(sim: _Sim, warmup: int) -> SimResult:
         generation_share=stages.get("generation", 0.0) / step,
         tokens_per_second=tokens / step,
         responses_per_second=s.workload.responses / step,
-        mfu=mfu, training_mfu=training_mfu, memory=sim.memory,
+        mfu=mfu, training_mfu=training_mfu, training_hfu=training_hfu, sync=sim.sync,
+        memory=sim.memory,
         timeline=sim.timeline, replica_utilisation=utilisation,
         staleness=(sum(sum(x) for x in sim.staleness[warmup:])
                    / max(1, sum(len(x) for x in sim.staleness[warmup:]))))

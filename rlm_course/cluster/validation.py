@@ -68,7 +68,7 @@ class TinyRateBench:
     * **scoring**: one :func:`~rlm_course.lm.sampling.response_log_probs` pass over the batch at
       ``P + response_len`` columns: ``forward_mfu = FLOPs / (peak x seconds)``;
     * **training**: one gradient step (log-probs with entropy, the clipped loss, backward,
-      clipping, AdamW) on ``minibatch_rows`` rows: ``train_mfu = 3 x forward FLOPs / (peak x
+      clipping, AdamW) on ``minibatch_rows`` rows: ``train_hfu = 3 x forward FLOPs / (peak x
       seconds)``.
 
     FLOPs by :func:`~rlm_course.cost.architectures.teacher_forced_flops` and
@@ -152,7 +152,7 @@ class TinyRateBench:
         per_flop = max(tb - t1, 1e-12) / (f1 * (b - 1))
         seq = self.rollout.tokens.shape[1]
         return Rates(
-            train_mfu=min(1.0, 3 * teacher_forced_flops(self.spec, seq, self.rows)
+            train_hfu=min(1.0, 3 * teacher_forced_flops(self.spec, seq, self.rows)
                           / (peak * self.best["training"])),
             forward_mfu=min(1.0, teacher_forced_flops(self.spec, seq, b) / (peak * self.best["scoring"])),
             decode_mfu=min(1.0, 1 / (per_flop * peak)), decode_bandwidth=1.0,
@@ -462,7 +462,7 @@ def build_scenarios(fig: dict) -> tuple[Scenario, Scenario, dict]:
 
 #: the stages a published breakdown may give, and the rate each one calibrates
 CALIBRATED = {"generation": ("decode_step_latency",), "scoring": ("forward_mfu",),
-              "policy update": ("train_mfu",)}
+              "policy update": ("train_hfu",)}
 
 
 def calibrate(scenario: Scenario, measured: dict[str, float], rounds: int = 8,
@@ -475,7 +475,7 @@ def calibrate(scenario: Scenario, measured: dict[str, float], rounds: int = 8,
       by the secant method, since generation time grows linearly with it (by the number of decode
       steps on the slowest replica); if generation at the roofline rates is already slower than
       measured, the decode efficiencies are raised instead (at most to 1);
-    * scoring and updates: ``forward_mfu`` and ``train_mfu`` scaled by simulated over measured
+    * scoring and updates: ``forward_mfu`` and ``train_hfu`` scaled by simulated over measured
       seconds, ``rounds`` times (the stage is nearly inversely proportional to them), at most 1;
     * then the part of the measured ``step`` that no stage explains becomes
       ``iteration_overhead``.

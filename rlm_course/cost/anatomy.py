@@ -31,12 +31,13 @@ no padding). :func:`generation_time_bounds` turns the depth of decoding into sec
 step's roofline time plus a per-step latency, times the longest response, against the work
 ``W / (p x peak)``.
 
-**Weight sync** (stage 4, :func:`weight_sync_seconds`): the trainer's new weights reach the
-rollout engine, by a bucketed broadcast over the network when the two are disaggregated
-(``B alpha + M / beta`` per tree round, Hockney's alpha-beta model; measured on real processes in
-chapter 12, :mod:`rlm_course.systems.weight_sync`), by a copy in device memory when they are
-colocated. :func:`iteration_report` adds it only when asked (``weight_sync=``), so the other
-stages' shares are unchanged otherwise.
+**Weight sync** (stage 4): the trainer's new weights reach the rollout engine, priced by the one
+model of :func:`rlm_course.cost.weight_sync.sync_cost` (reshard, transfer, copies, software,
+fixed; the same function chapter 14's simulator calls): a bucketed broadcast over the network when
+the two are disaggregated (``B alpha + M / beta``, Hockney's alpha-beta model; measured on real
+processes in chapter 12, :mod:`rlm_course.systems.weight_sync`), a reshard and a load of each
+device's generation shard when they are colocated. :func:`iteration_report` adds it only when
+asked (``weight_sync=``), so the other stages' shares are unchanged otherwise.
 
 Activations use Korthikanti et al.'s per-layer count for 16-bit training,
 ``s b h (34 + 5 a s / h)`` bytes (``a`` heads), or ``2 s b h`` with full recomputation.
@@ -113,11 +114,16 @@ class Workload:
 
     @classmethod
     def long_tailed(cls, prompts: int, group_size: int, prompt_len: int, mean_len: float,
-                    sigma: float, max_len: int, seed: int = 0, **options) -> "Workload":
+                    sigma: float, max_len: int, seed: int = 0, group_share: float = 0.0,
+                    mean_after_cap: bool = False, **options) -> "Workload":
         """A workload whose response lengths are drawn from a log-normal
-        (:func:`lognormal_lengths`), with generation budget ``max_len``; ``options`` are the other
-        fields (``micro_batch``, ``weight_bytes``, ...)."""
-        lengths = lognormal_lengths(prompts * group_size, mean_len, sigma, max_len, seed)
+        (:func:`lognormal_lengths`, ``group_share`` of the log-variance shared by the samples of
+        a prompt, ``mean_after_cap``: ``mean_len`` is the mean of the capped lengths), with
+        generation budget ``max_len``; ``options`` are the other fields (``micro_batch``,
+        ``weight_bytes``, ...)."""
+        lengths = lognormal_lengths(prompts * group_size, mean_len, sigma, max_len, seed,
+                                    group_size=group_size, group_share=group_share,
+                                    mean_after_cap=mean_after_cap)
         return cls(prompts, group_size, prompt_len, max_len, response_lengths=lengths, **options)
 
     @property
@@ -176,8 +182,9 @@ class Workload:
         return -(-self.responses // self.micro_batch)
 
 
-def lognormal_lengths(n: int, mean_len: float, sigma: float, max_len: int,
-                      seed: int = 0) -> tuple[int, ...]:
+def lognormal_lengths(n: int, mean_len: float, sigma: float, max_len: int, seed: int = 0,
+                      group_size: int = 1, group_share: float = 0.0,
+                      mean_after_cap: bool = False) -> tuple[int, ...]:
     """``n`` response lengths from a log-normal distribution, rounded and capped to
     ``1..max_len`` (a generation budget truncates what runs past it).
 
@@ -189,11 +196,22 @@ def lognormal_lengths(n: int, mean_len: float, sigma: float, max_len: int,
     long-tailed lengths); the shape is an assumption, to be replaced by measured lengths. The
     draws come from Python's ``random.Random(seed)``: the same seed gives the same lengths.
 
+    **Groups.** The ``group_size`` consecutive responses of a prompt share ``group_share`` of the
+    log-variance: ``log T = mu + sigma (sqrt(rho) z_prompt + sqrt(1 - rho) z_sample)``, so a hard
+    prompt is long for all its samples (lengths within a GRPO group are strongly correlated,
+    which decides when a group completes, what streaming and dynamic sampling see). The marginal
+    distribution is the same for every ``rho``.
+
+    **Mean after the cap.** A budget that cuts many responses lowers the mean below ``mean_len``;
+    with ``mean_after_cap`` the location ``mu`` is solved (bisection, on the same draws) so that
+    the *capped* lengths have mean ``mean_len``, the form in which runs publish their mean length.
+
     Returns:
         a tuple of ``n`` integers.
 
     Raises:
-        ValueError: for ``n < 1``, a ``mean_len`` outside ``[1, max_len]``, or ``sigma < 0``.
+        ValueError: for ``n < 1``, a ``mean_len`` outside ``[1, max_len]``, ``sigma < 0``, a
+            ``group_size`` that does not divide ``n``, or ``group_share`` outside ``[0, 1]``.
     """
     if not (isinstance(n, int) and n >= 1):
         raise ValueError(f"lognormal_lengths: n={n!r} must be a positive integer.")
@@ -201,10 +219,34 @@ def lognormal_lengths(n: int, mean_len: float, sigma: float, max_len: int,
         raise ValueError(f"lognormal_lengths: need 1 <= mean_len={mean_len} <= max_len={max_len}.")
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"lognormal_lengths: sigma={sigma} must be a finite number >= 0.")
-    mu = math.log(mean_len) - sigma**2 / 2
+    if not (isinstance(group_size, int) and group_size >= 1 and n % group_size == 0):
+        raise ValueError(f"lognormal_lengths: group_size={group_size!r} must be a positive divisor "
+                         f"of n={n}.")
+    if not 0 <= group_share <= 1:
+        raise ValueError(f"lognormal_lengths: group_share={group_share} must be in [0, 1].")
     rng = random.Random(seed)
-    return tuple(min(max_len, max(1, round(math.exp(mu + sigma * rng.gauss(0.0, 1.0)))))
-                 for _ in range(n))
+    if group_share == 0:
+        z = [rng.gauss(0.0, 1.0) for _ in range(n)]
+    else:
+        shared, own = math.sqrt(group_share), math.sqrt(1 - group_share)
+        z = []
+        for _ in range(n // group_size):
+            prompt = rng.gauss(0.0, 1.0)
+            z += [shared * prompt + own * rng.gauss(0.0, 1.0) for _ in range(group_size)]
+
+    def draw(mu: float) -> tuple[int, ...]:
+        return tuple(min(max_len, max(1, round(math.exp(mu + sigma * x)))) for x in z)
+
+    mu = math.log(mean_len) - sigma**2 / 2
+    if not mean_after_cap or mean_len >= max_len:
+        return draw(mu)
+    lo, hi = mu, mu + 1.0
+    while sum(draw(hi)) / n < mean_len and hi - mu < 20:
+        hi += 1.0
+    for _ in range(50):  # the capped mean grows with mu
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(draw(mid)) / n < mean_len else (lo, mid)
+    return draw(hi)
 
 
 @dataclass(frozen=True)
@@ -213,7 +255,11 @@ class StageCost:
 
     ``replica_bytes`` are the bytes that every extra replica reads again (the weights, once per
     decode step): spreading generation over ``r`` replicas divides the FLOPs and the KV-cache
-    traffic but multiplies these. ``intensity`` is FLOP per byte for one replica.
+    traffic but multiplies these. ``kv_bytes`` is the KV-cache part of ``bytes``, which a
+    ``tp``-way replica reads ``tp / kv_shards`` times over when its ranks hold copies of the same
+    KV heads (``kv_shards = min(tp, kv_split)``, ``kv_split`` the KV heads, 1 for a latent
+    cache: :meth:`~rlm_course.cost.architectures.TransformerSpec.kv_shards`). ``intensity`` is
+    FLOP per byte for one replica.
     """
 
     flops: float
@@ -222,6 +268,8 @@ class StageCost:
     sequences: int = 0
     weights: float = 0.0
     kv_per_sequence: float = 0.0
+    kv_bytes: float = 0.0
+    kv_split: int = 1
 
     @property
     def intensity(self) -> float:
@@ -230,26 +278,30 @@ class StageCost:
     def waves(self, device: Device, devices: int, tp: int) -> int:
         """Decode rounds each replica needs when the KV caches of all its sequences do not fit
         beside its weights: ``ceil(sequences per replica / sequences that fit)``; 1 for stages
-        that hold no KV cache.
+        that hold no KV cache. A sequence's cache takes ``kv_per_sequence`` bytes on its
+        ``kv_shards`` devices and is copied on the others.
 
         Raises:
             ValueError: if the weights alone do not fit in the ``tp`` devices of a replica.
         """
         if not self.sequences:
             return 1
+        copies = tp / min(tp, self.kv_split)
         capacity = tp * device.memory_bytes - self.weights
-        if capacity <= self.kv_per_sequence:
+        per_sequence = self.kv_per_sequence * copies
+        if capacity <= per_sequence:
             raise ValueError(f"{self.weights / 1e9:.0f} GB of weights plus one sequence's KV cache "
                              f"do not fit in tp={tp} x {device.memory_bytes / 1e9:.0f} GB "
                              f"({device.name}); raise the generation TP degree.")
         per_replica = -(-self.sequences // (devices // tp))
-        fit = int(capacity // self.kv_per_sequence)
+        fit = int(capacity // per_sequence)
         return -(-per_replica // fit)
 
     def seconds(self, device: Device, devices: int = 1, tp: int = 1) -> float:
         """Roofline time on ``devices`` devices in replicas of ``tp`` devices each:
-        ``max(F / (p peak), (B + (r w - 1) B_replica) / (p bandwidth))``, ``r = p / tp``
-        replicas, each decoding in ``w`` waves (:meth:`waves`).
+        ``max(F / (p peak), (B + (r w - 1) B_replica + (c - 1) B_kv) / (p bandwidth))``,
+        ``r = p / tp`` replicas, each decoding in ``w`` waves (:meth:`waves`), its KV cache read
+        ``c = tp / kv_shards`` times over.
 
         Raises:
             ValueError: unless ``devices >= 1`` and ``tp`` divides ``devices``, or if a replica's
@@ -260,7 +312,8 @@ class StageCost:
         if not (isinstance(tp, int) and tp >= 1 and devices % tp == 0):
             raise ValueError(f"tp={tp!r} must be a positive divisor of devices={devices}.")
         reads = devices // tp * self.waves(device, devices, tp)
-        traffic = self.bytes + (reads - 1) * self.replica_bytes
+        copies = tp / min(tp, self.kv_split)
+        traffic = self.bytes + (reads - 1) * self.replica_bytes + (copies - 1) * self.kv_bytes
         return max(self.flops / (devices * device.peak_flops),
                    traffic / (devices * device.memory_bandwidth))
 
@@ -309,7 +362,8 @@ def generation_costs(spec: TransformerSpec, workload: Workload) -> dict[str, Sta
     if steps:
         costs["decode"] = StageCost(decode_flops, decode_weights + decode_kv, decode_weights,
                                     sequences=b, weights=spec.params() * w.weight_bytes,
-                                    kv_per_sequence=(w.prompt_len + w.mean_response_len) * kv)
+                                    kv_per_sequence=(w.prompt_len + w.mean_response_len) * kv,
+                                    kv_bytes=decode_kv, kv_split=spec.kv_shards(spec.kv_heads))
     return costs
 
 
@@ -370,14 +424,19 @@ def stage_seconds(costs: dict[str, StageCost], device: Device, devices: int = 1,
 def decode_step_seconds(spec: TransformerSpec, device: Device, tp: int = 1, sequences: int = 1,
                         context: int = 0, step_latency: float = 0.0,
                         workload: Workload | None = None) -> float:
-    """Time of one decode step of one generation replica of ``tp`` devices: its roofline,
-    ``max(FLOPs / (tp x peak), bytes / (tp x bandwidth))``, plus a fixed ``step_latency``.
+    """Time of one decode step of one generation replica of ``tp`` devices: its roofline on one
+    device of the replica, ``max(FLOPs / (tp x peak), bytes per device / bandwidth)``, plus a
+    fixed ``step_latency``.
 
-    FLOPs: :func:`decode_step_flops` for ``sequences`` sequences at ``context`` keys; bytes: the
-    weights, read once for all of them (:func:`weight_bytes`), plus each sequence's ``context``
-    cached keys and values. ``step_latency`` (seconds) stands for what the roofline leaves out:
-    kernel launches, sampling, the scheduler and the TP collectives of every layer; it is an
-    input, to be measured on the engine at hand (chapter 05 measures the tiny model's).
+    FLOPs: :func:`decode_step_flops` for ``sequences`` sequences at ``context`` keys, split over
+    the ``tp`` devices; bytes per device: the replica's weights ``/ tp``, read once for all the
+    sequences (:func:`weight_bytes`), plus each sequence's ``context`` cached keys and values
+    ``/ kv_shards(tp)``: past the KV heads, and always for a latent cache (DeepSeek's MLA), the
+    ranks of a replica hold and read copies of the same cache
+    (:meth:`~rlm_course.cost.architectures.TransformerSpec.kv_shards`). ``step_latency``
+    (seconds) stands for what the roofline leaves out: kernel launches, sampling, the scheduler
+    and the TP collectives of every layer; it is an input, to be measured on the engine at hand
+    (chapter 05 measures the tiny model's).
 
     With one sequence (the last one of a long tail) a step is memory-bound: it takes at least the
     time to stream the replica's share of the weights, ``2 N / (tp x bandwidth)`` in bf16 (the
@@ -394,11 +453,10 @@ def decode_step_seconds(spec: TransformerSpec, device: Device, tp: int = 1, sequ
         raise ValueError(f"decode_step_seconds: context={context} and step_latency={step_latency} "
                          "must be >= 0.")
     w = workload or Workload(1, 1, 1, 1)
-    kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
+    kv = spec.kv_cache_bytes_per_token(w.kv_bytes) / spec.kv_shards(tp)
     flops = decode_step_flops(spec, context, sequences)
-    bytes_ = weight_bytes(spec, w, sequences) + sequences * context * kv
-    return max(flops / (tp * device.peak_flops),
-               bytes_ / (tp * device.memory_bandwidth)) + step_latency
+    per_device = weight_bytes(spec, w, sequences) / tp + sequences * context * kv
+    return max(flops / (tp * device.peak_flops), per_device / device.memory_bandwidth) + step_latency
 
 
 def generation_time_bounds(spec: TransformerSpec, workload: Workload, device: Device,
@@ -441,66 +499,6 @@ def generation_time_bounds(spec: TransformerSpec, workload: Workload, device: De
             "lower": max(work_seconds, depth_seconds), "upper": work_seconds + depth_seconds,
             "crossover_devices": (work / (device.peak_flops * depth_seconds) if depth_seconds
                                   else math.inf)}
-
-
-SYNC_PLACEMENTS = ("disaggregated", "colocated")
-
-
-def sync_seconds(total_bytes: float, messages: int, alpha: float, beta: float,
-                 receivers: int = 1) -> float:
-    """Alpha-beta time of a bucketed broadcast of ``total_bytes`` in ``messages`` messages from
-    one sender to ``receivers`` receivers on a binomial tree:
-    ``ceil(log2(receivers + 1)) x (messages x alpha + total_bytes / beta)``.
-
-    Raises:
-        ValueError: for a negative size, fewer than one message or receiver, a negative alpha or
-            a non-positive beta.
-    """
-    if total_bytes < 0 or messages < 1 or receivers < 1 or alpha < 0 or not beta > 0:
-        raise ValueError(f"sync_seconds: total_bytes={total_bytes}, messages={messages}, "
-                         f"receivers={receivers}, alpha={alpha}, beta={beta}: need bytes >= 0, "
-                         "at least one message and receiver, alpha >= 0 and beta > 0.")
-    rounds = math.ceil(math.log2(receivers + 1))
-    return rounds * (messages * alpha + total_bytes / beta)
-
-
-def weight_sync_seconds(spec: TransformerSpec, device: Device, placement: str = "disaggregated",
-                        receivers: int = 1, bucket_bytes: float = 512 * 2**20,
-                        weight_bytes: int = 2, inter_node: bool = True) -> dict[str, float]:
-    """Stage 4, weight sync, of a policy ``spec`` at any scale.
-
-    * ``disaggregated``: one trainer rank broadcasts the ``weight_bytes x params`` bytes to
-      ``receivers`` rollout ranks in buckets of ``bucket_bytes`` (slime and veRL use about
-      512 MB): :func:`sync_seconds` over the catalog device's inter-node link (``inter_node``) or
-      its link inside a node (per-direction bandwidth, per-message latency);
-    * ``colocated``: the rollout engine loads the weights from the trainer's on the same device:
-      one read and one write of every byte at the memory bandwidth, no network.
-
-    Returns:
-        ``{"bytes": weight bytes, "network_bytes": bytes sent by the trainer rank (colocated:
-        0), "messages", "seconds"}``.
-
-    Raises:
-        ValueError: for an unknown placement, fewer than one receiver, a non-positive bucket, or
-            a device with no link of the chosen kind.
-    """
-    if placement not in SYNC_PLACEMENTS:
-        raise ValueError(f"placement={placement!r}: choose one of {SYNC_PLACEMENTS}.")
-    if not (isinstance(receivers, int) and receivers >= 1) or not bucket_bytes > 0:
-        raise ValueError(f"weight_sync_seconds: receivers={receivers!r} must be >= 1 and "
-                         f"bucket_bytes={bucket_bytes} > 0.")
-    total = spec.params() * weight_bytes
-    if placement == "colocated":
-        return {"bytes": total, "network_bytes": 0.0, "messages": 0,
-                "seconds": 2 * total / device.memory_bandwidth}
-    beta = device.inter_node_bandwidth if inter_node else device.intra_node_bandwidth
-    alpha = device.inter_node_latency if inter_node else device.intra_node_latency
-    if not beta > 0:
-        raise ValueError(f"{device.name} has no {'inter' if inter_node else 'intra'}-node link in "
-                         "the catalog; choose another device or link.")
-    messages = max(1, math.ceil(total / bucket_bytes))
-    return {"bytes": total, "network_bytes": total * math.ceil(math.log2(receivers + 1)),
-            "messages": messages, "seconds": sync_seconds(total, messages, alpha, beta, receivers)}
 
 
 def shares(values: dict[str, float]) -> dict[str, float]:
@@ -616,13 +614,14 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
 
     ``weight_sync``: ``None`` (the default: stages 1-3 only, as chapters 05-06 show them),
     ``"colocated"`` or ``"disaggregated"``: adds stage 4, ``"weight sync"``, to the stages'
-    seconds and shares (:func:`weight_sync_seconds`, one receiver per generation replica) and a
-    sync node to the work-depth DAG.
+    seconds and shares (:func:`rlm_course.cost.weight_sync.sync_cost` with its default rates: one
+    trainer rank, one receiver per generation device) and a sync node to the work-depth DAG.
 
     Raises:
         ValueError: for an inconsistent setting (from the functions it calls).
     """
     from rlm_course.cost import workdepth as wd  # the DAG is only built when asked for
+    from rlm_course.cost.weight_sync import sync_cost
 
     costs = stage_costs(spec, config, workload)
     seconds = stage_seconds(costs, device, devices, generation_tp)
@@ -631,9 +630,9 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
     sync = None
     if weight_sync is not None:
         replicas = max(1, devices // generation_tp)
-        sync = weight_sync_seconds(spec, device, weight_sync, receivers=replicas,
-                                   weight_bytes=workload.weight_bytes)
-        seconds = {**seconds, "weight sync": sync["seconds"]}
+        sync = sync_cost(spec, device, weight_sync, generation_tp=generation_tp,
+                         replicas=replicas, weight_bytes=workload.weight_bytes)
+        seconds = {**seconds, "weight sync": sync.seconds}
     if config.use_critic:
         dag = wd.ppo_iteration(spec, workload.responses, workload.prompt_len,
                                workload.response_len, n_params, config.ppo_epochs,
@@ -647,15 +646,14 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
                                 response_lengths=workload.response_lengths)
     if sync is not None:
         receivers = 0 if weight_sync == "colocated" else max(1, devices // generation_tp)
-        dag = wd.seq(dag.name, *dag.parts, wd.weight_sync(n_params, receivers, sync["messages"]))
+        dag = wd.seq(dag.name, *dag.parts, wd.weight_sync(n_params, receivers, sync.messages))
     waves = costs["decode"].waves(device, devices, generation_tp) if "decode" in costs else 1
     generation = dag.parts[0]
     stages = {s: {"flops": c.flops, "bytes": c.bytes, "intensity": c.intensity,
                   "seconds": seconds[s]} for s, c in costs.items()}
     if sync is not None:
-        stages["weight sync"] = {"flops": 0.0, "bytes": sync["bytes"], "intensity": 0.0,
-                                 "seconds": sync["seconds"],
-                                 "network_bytes": sync["network_bytes"]}
+        stages["weight sync"] = {"flops": 0.0, "bytes": sync.bytes, "intensity": 0.0,
+                                 "seconds": sync.seconds, "network_bytes": sync.network_bytes}
     return {
         "stages": stages,
         "time_shares": shares(seconds),

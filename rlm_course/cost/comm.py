@@ -258,15 +258,38 @@ def tensor_parallel_comm(spec: TransformerSpec, tp: int, tokens: float, link: Li
     return one * count
 
 
+def engine_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
+    """An inference engine's all-reduce of ``nbytes`` inside one NVLink domain (vLLM's and
+    SGLang's custom all-reduce, ``csrc/custom_all_reduce.cuh``): every rank reads its peers'
+    buffers directly, so a call pays one latency, not one per ring step. One-shot (each rank reads
+    all ``p - 1`` peers' whole buffers: ``alpha + (p - 1) M / beta``) for small messages,
+    two-shot (a reduce-scatter then an all-gather, each in one step: ``2 alpha + 2 (p - 1) / p x
+    M / beta``) for large ones; the faster of the two. 0 for one rank.
+
+    Raises:
+        ValueError: for a negative size or ``p < 1``.
+    """
+    _check(nbytes, p)
+    if p == 1:
+        return 0.0
+    one_shot = link.alpha + (p - 1) * nbytes / link.beta
+    two_shot = 2 * link.alpha + 2 * (p - 1) / p * nbytes / link.beta
+    return min(one_shot, two_shot)
+
+
 def decode_tp_comm(spec: TransformerSpec, tp: int, sequences: int, link: Link,
-                   act_bytes: int = BF16) -> CommCost:
+                   act_bytes: int = BF16, in_node: bool = False) -> CommCost:
     """One decode step of a ``tp``-way replica with ``sequences`` sequences: two all-reduces of
-    ``sequences x d_model`` activations per layer, on the critical path of every generated token;
-    small messages, so latency-bound (the faster of ring and tree)."""
+    ``sequences x d_model`` activations per layer, on the critical path of every generated token.
+    Inside one node (``in_node``) an engine's custom all-reduce
+    (:func:`engine_all_reduce_seconds`); across nodes, NCCL's faster of ring and tree (small
+    messages, so latency-bound)."""
     if tp == 1:
         return NONE
     m = sequences * spec.d_model * act_bytes
-    one = CommCost(2 * (tp - 1) / tp * m, all_reduce_seconds(m, tp, link, "auto"), 1)
+    seconds = (engine_all_reduce_seconds(m, tp, link) if in_node
+               else all_reduce_seconds(m, tp, link, "auto"))
+    one = CommCost(2 * (tp - 1) / tp * m, seconds, 1)
     return one * (2 * spec.n_layer)
 
 

@@ -19,7 +19,10 @@ replica spans, the fewer all-reduces per token, and the more replicas decode sid
 
 * model states: weights, gradients and Adam states, 2 + 2 + 12 bytes per parameter of the device's
   share, sharded by ZeRO over the data-parallel degree (:func:`rlm_course.cost.anatomy.zero_model_state_bytes`;
-  Rajbhandari et al. 2019); the share is the dense weights ``/ (tp x pp)`` plus the experts
+  Rajbhandari et al. 2019); with ``main_grads_fp32`` the gradients are fp32 (4 bytes) and stay
+  whole under ZeRO-1: Megatron-Core's distributed optimizer with bf16 parameters keeps
+  ``6 + 12 / d`` bytes per parameter (its guide's "Distributed Optimizer" table: bf16 weights,
+  fp32 main gradients, and fp32 main weights, momentum and variance sharded over ``d``); the share is the dense weights ``/ (tp x pp)`` plus the experts
   ``/ (ep x pp)`` (``/ (tp x pp)`` without EP); ``offload`` keeps the optimizer states in host
   memory (the CPU-Adam of DeepSpeed, slime, verl); the experts' states are sharded over the
   expert-data-parallel degree ``tp x cp x dp / ep``;
@@ -31,9 +34,10 @@ replica spans, the fewer all-reduces per token, and the more replicas decode sid
 * the fp32 logits of a micro-batch, ``tokens x vocab x 4 / tp``, the RL-specific peak of
   computing log-probs and entropy (chunking removes it; not assumed);
 
-generation role (:func:`generation_memory`): the weights ``/ tp`` (bf16) and, in the rest of the
-device's usable memory, the KV cache, whose per-token bytes split over ``min(tp, kv_heads)``
-devices. A replica admits as many sequences as their KV caches fit (a paged cache holds what each
+generation role (:func:`generation_memory`): the weights ``/ tp`` (bf16, or fp8 for a quantized
+rollout) and, in the rest of the device's usable memory, the KV cache, whose per-token bytes split
+over ``min(tp, kv_heads)`` devices, or none for a latent cache that every rank holds whole
+(:meth:`~rlm_course.cost.architectures.TransformerSpec.kv_shards`). A replica admits as many sequences as their KV caches fit (a paged cache holds what each
 sequence has written: prompt plus mean response), at most ``max_batch``.
 
 A layout that does not fit raises :class:`DoesNotFit` with what does not fit and how to fix it.
@@ -69,6 +73,9 @@ class Layout:
         recompute: full activation recomputation.
         offload: optimizer states in host memory.
         overlap: overlap gradient communication with the backward (DDP buckets, FSDP prefetch).
+        main_grads_fp32: gradients accumulated and reduced in fp32 (Megatron-Core's default
+            ``accumulate_allreduce_grads_in_fp32``): 4 bytes per parameter in memory and on the
+            data-parallel wire instead of 2.
 
     Raises:
         ValueError: for non-positive degrees, an unknown ZeRO stage or an ``ep`` that does not
@@ -86,6 +93,7 @@ class Layout:
     recompute: bool = False
     offload: bool = False
     overlap: bool = True
+    main_grads_fp32: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch"):
@@ -128,7 +136,14 @@ class Layout:
             parts.append("recompute")
         if self.offload:
             parts.append("offload")
+        if self.main_grads_fp32:
+            parts.append("fp32-grads")
         return " ".join(parts)
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element, in memory and on the data-parallel wire."""
+        return 4 if self.main_grads_fp32 else 2
 
     def micro_tokens(self, seq_len: int) -> int:
         """Tokens in one micro-batch: the token budget, or ``micro_batch`` sequences of
@@ -162,16 +177,18 @@ def params_per_device(spec: TransformerSpec, layout: Layout) -> tuple[float, flo
     return dense / (layout.tp * layout.pp), experts / split
 
 
-def _states(params: float, dp: int, zero: int, offload: bool) -> dict[str, float]:
+def model_states(params: float, dp: int, zero: int, offload: bool,
+            grad_bytes: int = 2) -> dict[str, float]:
     """Weights, gradients and (device-resident) optimizer states of ``params`` parameters under
-    ZeRO ``zero`` over ``dp`` ranks, from :func:`zero_model_state_bytes`."""
+    ZeRO ``zero`` over ``dp`` ranks, from :func:`zero_model_state_bytes`; ``grad_bytes = 4``
+    (fp32 main gradients) doubles the gradients' share."""
     if params <= 0:
         return {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0}
     n = int(params)
     total = zero_model_state_bytes(n, dp, zero, ADAM_STATE_BYTES)
     no_optimizer = zero_model_state_bytes(n, dp, zero, 0)
     weights = 2 * n / dp if zero == 3 else 2.0 * n
-    return {"weights": weights, "gradients": no_optimizer - weights,
+    return {"weights": weights, "gradients": (no_optimizer - weights) * grad_bytes / 2,
             "optimizer": 0.0 if offload else total - no_optimizer}
 
 
@@ -195,7 +212,7 @@ def training_memory(spec: TransformerSpec, layout: Layout, seq_len: int,
         return {"weights": 2 * (shard(dense, dp_dense) + shard(experts, dp_expert))}
     out = {}
     for part, n in ((dense, dp_dense), (experts, dp_expert)):
-        for k, v in _states(part, n, layout.zero, layout.offload).items():
+        for k, v in model_states(part, n, layout.zero, layout.offload, layout.grad_bytes).items():
             out[k] = out.get(k, 0.0) + v
     tokens = layout.micro_tokens(seq_len)  # packed: one sequence of this many tokens
     acts = activation_bytes(spec, 1, tokens, layout.recompute)
@@ -204,10 +221,13 @@ def training_memory(spec: TransformerSpec, layout: Layout, seq_len: int,
     return out
 
 
-def generation_memory(spec: TransformerSpec, tp: int, weight_bytes: int = 2) -> dict[str, float]:
+def generation_memory(spec: TransformerSpec, tp: int, weight_bytes: int = 2,
+                      kv_bytes: int = 2) -> dict[str, float]:
     """Per device of a generation replica of ``tp`` devices: ``weights`` (all parameters at
-    ``weight_bytes``, split ``tp`` ways) and ``kv_per_token``, the KV-cache bytes of one token
-    on one device (split over ``min(tp, kv_heads)``: past the KV heads, TP replicates them).
+    ``weight_bytes``, 1 for an fp8 rollout, split ``tp`` ways) and ``kv_per_token``, the KV-cache
+    bytes of one token on one device at ``kv_bytes`` per element, split over
+    :meth:`~rlm_course.cost.architectures.TransformerSpec.kv_shards` devices (``min(tp,
+    kv_heads)``: past the KV heads TP replicates them; a latent cache, whole on every rank).
 
     Raises:
         ValueError: if ``tp`` does not divide the heads.
@@ -216,7 +236,7 @@ def generation_memory(spec: TransformerSpec, tp: int, weight_bytes: int = 2) -> 
         raise ValueError(f"generation tp={tp} does not divide {spec.name}'s {spec.n_head} heads; "
                          "choose a divisor.")
     return {"weights": spec.params() * weight_bytes / tp,
-            "kv_per_token": spec.kv_cache_bytes_per_token() / min(tp, spec.kv_heads)}
+            "kv_per_token": spec.kv_cache_bytes_per_token(kv_bytes) / spec.kv_shards(tp)}
 
 
 def usable(device: Device, memory_fraction: float) -> float:
@@ -226,15 +246,17 @@ def usable(device: Device, memory_fraction: float) -> float:
 
 
 def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence: float,
-             memory_fraction: float = 0.9, resident: float = 0.0, max_batch: int = 1024) -> int:
+             memory_fraction: float = 0.9, resident: float = 0.0, max_batch: int = 1024,
+             weight_bytes: int = 2, kv_bytes: int = 2) -> int:
     """Sequences one generation replica of ``tp`` devices can decode at once: the KV caches of
-    ``tokens_per_sequence`` tokens each that fit beside the weights and ``resident`` bytes of
-    other state per device (e.g. a colocated trainer's), at most ``max_batch``.
+    ``tokens_per_sequence`` tokens each that fit beside the weights (:func:`generation_memory`
+    at ``weight_bytes`` and ``kv_bytes``) and ``resident`` bytes of other state per device (e.g.
+    a colocated trainer's), at most ``max_batch``.
 
     Raises:
         DoesNotFit: if not even one sequence fits.
     """
-    mem = generation_memory(spec, tp)
+    mem = generation_memory(spec, tp, weight_bytes, kv_bytes)
     room = usable(device, memory_fraction) - mem["weights"] - resident
     per_sequence = mem["kv_per_token"] * tokens_per_sequence
     if room < per_sequence:
@@ -281,15 +303,19 @@ def check_training(spec: TransformerSpec, layout: Layout, device: Device, seq_le
 def replica_decode_step_seconds(spec: TransformerSpec, device: Device, tp: int, sequences: int,
                                 context: int, link, bandwidth_efficiency: float = 1.0) -> float:
     """Roofline seconds of one decode step of a ``tp``-way replica with ``sequences`` sequences
-    at ``context`` tokens: ``max(FLOPs / (tp peak), bytes / (tp x bandwidth x efficiency))``
-    (:func:`rlm_course.cost.anatomy.decode_step_seconds`) plus its two all-reduces per layer
-    (:func:`rlm_course.cost.comm.decode_tp_comm`; ``link`` may be None for ``tp = 1``)."""
+    at ``context`` tokens: ``max(FLOPs / (tp peak), bytes per device / (bandwidth x
+    efficiency))`` (:func:`rlm_course.cost.anatomy.decode_step_seconds`) plus its two
+    all-reduces per layer (:func:`rlm_course.cost.comm.decode_tp_comm`, the engine's one-shot
+    all-reduce when the replica fits in a node; ``link`` may be None for ``tp = 1``)."""
     from rlm_course.cost.anatomy import decode_step_seconds
     from rlm_course.cost.comm import decode_tp_comm
 
     scaled = replace(device, memory_bandwidth=device.memory_bandwidth * bandwidth_efficiency)
     roofline = decode_step_seconds(spec, scaled, tp, sequences, context)
-    return roofline + (decode_tp_comm(spec, tp, sequences, link).seconds if tp > 1 else 0.0)
+    if tp == 1:
+        return roofline
+    return roofline + decode_tp_comm(spec, tp, sequences, link,
+                                     in_node=tp <= device.devices_per_node).seconds
 
 
 def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, sequences: int,

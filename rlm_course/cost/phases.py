@@ -1,34 +1,48 @@
 """Seconds of each phase of an RL iteration on a cluster: a generation replica's decode steps and
-prefills, the trainer's scoring and update passes, weight synchronisation and offloading.
+prefills, the trainer's scoring and update passes, weight synchronisation and offloading. The
+one home of these costs: chapter 14's simulator (:mod:`rlm_course.cluster.simulator`) composes
+them, chapter 12's stage 4 and chapters 05-06's anatomy call the same formulas.
 
 FLOPs and bytes come from :mod:`rlm_course.cost` (:func:`~rlm_course.cost.architectures.teacher_forced_flops`
 for every teacher-forced pass, :meth:`~rlm_course.cost.architectures.TransformerSpec.forward_flops_per_token`
 for a decode step, :func:`~rlm_course.cost.anatomy.weight_bytes` for the weights a step reads,
 :func:`~rlm_course.cost.accounting.predict_passes` for which models run which passes);
-communication from :mod:`rlm_course.cost.comm`. They become seconds through **rates**
+communication from :mod:`rlm_course.cost.comm`; weight sync from
+:func:`rlm_course.cost.weight_sync.sync_cost`. They become seconds through **rates**
 (:class:`Rates`): the fraction of the peak FLOP/s and of the memory bandwidth each kind of pass
-reaches, a fixed latency per decode step, measured links. The defaults are named assumptions,
-typical of published runs; a measured run replaces them (chapter 14 measures this machine's).
+reaches, the fixed seconds real software adds (per decode step, per micro-batch, per optimizer
+step, per synced tensor), measured links. The dataclass defaults are named assumptions; rates
+calibrated on published runs live in ``data/published/rates.json``
+(:func:`rlm_course.cluster.validation.calibrated_rates`), and a measured run replaces both
+(chapter 14 measures this machine's).
 
 **A decode step** of a replica of ``tp`` devices with ``a`` sequences whose contexts sum to
-``C`` takes
+``C`` takes, on one of its devices,
 
-    max(F / (tp x peak x decode_mfu), B / (tp x bandwidth x decode_bandwidth)) + latency + TP comm
+    max(F / (tp x peak x decode_mfu), B / (bandwidth x decode_bandwidth)) + latency + TP comm
 
-with ``F = a 2 N + 4 L H d_h C`` (:meth:`forward_flops_per_token` summed over the sequences),
-``B`` = the weights the ``a`` tokens touch plus ``C + a`` tokens of KV cache (read, and one
-written per sequence), and two all-reduces per layer (:func:`~rlm_course.cost.comm.decode_tp_comm`).
+with ``F = a 2 N + 4 L H d_h C`` (:meth:`forward_flops_per_token` summed over the sequences) and
+``B`` the device's bytes: its ``1 / tp`` of the weights the ``a`` tokens touch, plus ``C + a``
+tokens of KV cache (read, and one written per sequence) divided over
+:meth:`~rlm_course.cost.architectures.TransformerSpec.kv_shards` devices only (past the KV heads,
+and always for a latent cache, the ranks read copies); two all-reduces per layer, the engine's
+one-shot all-reduce inside a node or NCCL's across nodes (:func:`~rlm_course.cost.comm.decode_tp_comm`).
 Over ``s`` steps with the same sequences, ``C`` grows by ``a`` per step, so both terms are linear
 in the step and their sum has a closed form (:meth:`DecodeCost.seconds`), which the simulator
 inverts when a weight update interrupts a replica (:meth:`DecodeCost.steps_within`).
 
 **A trainer pass** over a batch of sequences on a :class:`~rlm_course.cost.layouts.Layout`
-takes its FLOPs at ``train_mfu`` (updates) or ``forward_mfu`` (scoring) on all the layout's
-devices, divided by ``1 - bubble`` for a pipeline (``(pp - 1) / (m + pp - 1)``, ``m``
-micro-batches per optimizer step), plus the communication that cannot hide: TP and EP
-collectives (on the critical path of every layer), the fill and drain hops of the pipeline, what
-the compute cannot hide of the data-parallel gradient traffic (:func:`~rlm_course.cost.comm.exposed`;
-ZeRO-3 gathers the weights for every micro-batch) and of ring attention.
+takes its *hardware* FLOPs (``4x`` a forward for an update with activation recomputation, ``3x``
+without) at ``train_hfu`` (updates) or ``forward_mfu`` (scoring) on the layout's devices,
+divided by ``1 - bubble`` for a pipeline (``(pp - 1) / (m + pp - 1)``, ``m`` micro-batches per
+optimizer step), plus the communication that cannot hide: TP and EP collectives (on the critical
+path of every layer), the fill and drain hops of the pipeline, what the compute cannot hide of
+the data-parallel gradient traffic (:func:`~rlm_course.cost.comm.exposed`; ZeRO-3 gathers the
+weights for every micro-batch) and of ring attention; plus what does not shrink with more
+devices: ``micro_batch_seconds`` per micro-batch a device runs and, per optimizer step,
+``optimizer_step_seconds`` and the Adam update's memory traffic (every state read and written
+once). **MFU** counts the model's FLOPs only (``3x`` a forward: no recomputation); **HFU** counts
+what the hardware ran (Chowdhery et al. 2022, PaLM, appendix B; Korthikanti et al. 2022).
 """
 
 from __future__ import annotations
@@ -39,39 +53,46 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+from rlm_course.cost import comm
 from rlm_course.cost.accounting import predict_passes
 from rlm_course.cost.anatomy import Workload, weight_bytes
 from rlm_course.cost.architectures import TransformerSpec, teacher_forced_flops
-from rlm_course.cost.hardware import Device
 from rlm_course.cost.comm import Link
+from rlm_course.cost.hardware import Device
+from rlm_course.cost.layouts import Layout, model_states, axis_strides, params_per_device
+from rlm_course.cost.weight_sync import TRANSPORTS, SyncCost, sync_cost
 from rlm_course.rl.algorithms import RLConfig
-from rlm_course.cost import comm
-from rlm_course.cost.layouts import Layout, axis_strides, params_per_device
 
 
 @dataclass(frozen=True)
 class Rates:
-    """How fast the hardware really runs each kind of work: the inputs that turn FLOPs and bytes
-    into seconds. Measured on a real run where one exists; otherwise the defaults, each a named
-    assumption.
+    """How fast the hardware and the software really run each kind of work: the inputs that turn
+    FLOPs and bytes into seconds. Calibrated on published runs
+    (:func:`rlm_course.cluster.validation.calibrated_rates`) or measured on a real run; the
+    defaults here are named assumptions (a roofline with no software overheads).
 
     Attributes:
-        train_mfu: fraction of peak FLOP/s reached by training passes (forward + backward);
-            default 0.40 (Megatron-LM reports 0.52 on 3,072 A100s, arXiv:2104.04473; verl's
-            Qwen3-30B-A3B recipe 0.31-0.40).
+        train_hfu: fraction of peak FLOP/s the training passes (forward + backward, and the
+            recomputed forward) run at: hardware FLOPs utilisation; default 0.40 (Megatron-LM
+            reports 0.52 on 3,072 A100s counting the recomputed forward, arXiv:2104.04473).
         forward_mfu: the same for teacher-forced forwards (scoring, prefill); default 0.45.
         decode_mfu: for a decode step when it is compute-bound; default 0.5.
         decode_bandwidth: fraction of the memory bandwidth a memory-bound decode step reaches;
             default 0.7.
-        decode_step_latency: seconds added to every decode step (kernel launches, sampling,
-            the scheduler); default 0.
+        decode_step_latency: seconds added to every decode step (the engine's scheduler,
+            sampling, kernel launches; much larger without CUDA graphs); default 0.
+        micro_batch_seconds: seconds added to every micro-batch of a training or scoring pass
+            on a device (launches, packing, the pipeline schedule's bookkeeping); default 0.
+        optimizer_step_seconds: seconds added to every optimizer step (gradient clipping, the
+            optimizer's kernels and bookkeeping beyond its memory traffic); default 0.
+        sync_tensor_seconds, sync_fixed_seconds: the weight sync's software rates per tensor per
+            tree level and per sync (:func:`rlm_course.cost.weight_sync.sync_cost`); default 0.
+        sync_transport: ``broadcast`` (rank 0 sends whole tensors) or ``sharded``.
         reward_seconds: verifier seconds per response (on CPUs, serial per trainer); default 0.
         iteration_overhead: fixed seconds per iteration on the trainer (controller, data
             movement, logging); default 0.
-        host_bandwidth: bytes/s between a device and host memory, for offloading; default
-            25e9 (PCIe Gen4 x16 in practice).
-        weight_sync_bandwidth: bytes/s of trainer-to-rollout weight transfer; default: the
-            fabric's inter-node link.
+        host_bandwidth: bytes/s between a device and host memory, for offloading; default the
+            catalog device's host link (PCIe Gen5 on H100s, about 50 GB/s).
         intra_link, inter_link: measured links replacing the catalog's.
         memory_fraction: usable share of device memory; default 0.9.
         max_batch: most sequences a generation replica decodes at once; default 1024 (verl's
@@ -80,43 +101,62 @@ class Rates:
             finished rows still computed, and admits new sequences only then (Hugging Face
             ``generate``, this course's sampler); default False: continuous batching, a finished
             sequence's slot goes to the next one at once (vLLM, SGLang; Yu et al. 2022, Orca).
+        prefix_caching: the samples of a group share their prompt's KV cache, prefilled once
+            (vLLM's automatic prefix caching, SGLang's radix cache); default True.
 
     Raises:
-        ValueError: for an efficiency outside (0, 1] or a negative time.
+        ValueError: for an efficiency outside (0, 1], a negative or infinite time, a
+            non-positive bandwidth or an unknown transport.
     """
 
-    train_mfu: float = 0.40
+    train_hfu: float = 0.40
     forward_mfu: float = 0.45
     decode_mfu: float = 0.50
     decode_bandwidth: float = 0.70
     decode_step_latency: float = 0.0
+    micro_batch_seconds: float = 0.0
+    optimizer_step_seconds: float = 0.0
+    sync_tensor_seconds: float = 0.0
+    sync_fixed_seconds: float = 0.0
+    sync_transport: str = "broadcast"
     reward_seconds: float = 0.0
     iteration_overhead: float = 0.0
-    host_bandwidth: float = 25e9
-    weight_sync_bandwidth: float | None = None
+    host_bandwidth: float | None = None
     intra_link: Link | None = None
     inter_link: Link | None = None
     memory_fraction: float = 0.9
     max_batch: int = 1024
     static_batching: bool = False
+    prefix_caching: bool = True
+
+    #: the fields that are seconds (each finite and >= 0)
+    SECONDS = ("decode_step_latency", "micro_batch_seconds", "optimizer_step_seconds",
+               "sync_tensor_seconds", "sync_fixed_seconds", "reward_seconds",
+               "iteration_overhead")
 
     def __post_init__(self) -> None:
-        for name in ("train_mfu", "forward_mfu", "decode_mfu", "decode_bandwidth",
+        for name in ("train_hfu", "forward_mfu", "decode_mfu", "decode_bandwidth",
                      "memory_fraction"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"Rates.{name}={value} must be a fraction in (0, 1].")
-        for name in ("decode_step_latency", "reward_seconds", "iteration_overhead"):
+        for name in self.SECONDS:
             if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
                 raise ValueError(f"Rates.{name}={getattr(self, name)} must be a finite number of "
                                  "seconds >= 0.")
-        if not 0 < self.host_bandwidth < math.inf or (
-                self.weight_sync_bandwidth is not None
-                and not 0 < self.weight_sync_bandwidth < math.inf):
-            raise ValueError("Rates: host_bandwidth and weight_sync_bandwidth must be positive and "
-                             "finite (bytes/s).")
+        if self.host_bandwidth is not None and not 0 < self.host_bandwidth < math.inf:
+            raise ValueError(f"Rates.host_bandwidth={self.host_bandwidth} must be positive and "
+                             "finite (bytes/s), or None for the device's host link.")
+        if self.sync_transport not in TRANSPORTS:
+            raise ValueError(f"Rates.sync_transport={self.sync_transport!r}: choose one of "
+                             f"{TRANSPORTS}.")
         if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
             raise ValueError(f"Rates.max_batch={self.max_batch!r} must be a positive integer.")
+
+    def host(self, device: Device) -> float:
+        """Bytes/s of the host link: the rate's, else the device's, else (a device the catalog
+        knows no host link of) its memory bandwidth."""
+        return self.host_bandwidth or device.host_bandwidth or device.memory_bandwidth
 
 
 @dataclass(frozen=True)
@@ -159,27 +199,31 @@ class DecodeCost:
         s, r, tp = self.spec, self.rates, self.tp
         self.per_token = 2 * s.matmul_params()            # FLOPs of one token's matmuls
         self.attention = 4 * s.n_layer * s.n_head * s.head_dim  # FLOPs per key attended
-        self.kv = s.kv_cache_bytes_per_token(self.workload.kv_bytes)
+        # KV bytes of one token on one device: split over the ranks that hold distinct KV heads
+        self.kv = s.kv_cache_bytes_per_token(self.workload.kv_bytes) / s.kv_shards(tp)
         self.flop_rate = tp * self.device.peak_flops * r.decode_mfu
-        self.byte_rate = tp * self.device.memory_bandwidth * r.decode_bandwidth
+        self.byte_rate = self.device.memory_bandwidth * r.decode_bandwidth  # one device's
         self.prefill_rate = tp * self.device.peak_flops * r.forward_mfu
         self.link = self.fabric.link(tp) if tp > 1 and self.fabric is not None else None
         if tp > 1 and self.link is None:
             raise ValueError(f"a tp={tp} replica needs links; give the cluster's fabric.")
+        self.in_node = self.fabric is not None and tp <= self.fabric.devices_per_node
         self._fixed: dict[int, float] = {}
         self._weights: dict[int, float] = {}
 
     def _constant(self, active: int) -> float:
         """Per-step seconds that do not depend on the context: latency and the TP all-reduces."""
         if active not in self._fixed:
-            tp_comm = (comm.decode_tp_comm(self.spec, self.tp, active, self.link).seconds
+            tp_comm = (comm.decode_tp_comm(self.spec, self.tp, active, self.link,
+                                           in_node=self.in_node).seconds
                        if self.tp > 1 else 0.0)
             self._fixed[active] = self.rates.decode_step_latency + tp_comm
         return self._fixed[active]
 
     def _weight_bytes(self, active: int) -> float:
+        """The weights ``active`` tokens touch, on one device of the replica."""
         if active not in self._weights:
-            self._weights[active] = weight_bytes(self.spec, self.workload, active)
+            self._weights[active] = weight_bytes(self.spec, self.workload, active) / self.tp
         return self._weights[active]
 
     def _terms(self, active: int, context_sum: float) -> tuple[float, float, float, float]:
@@ -236,8 +280,8 @@ class DecodeCost:
         return lo
 
     def prefill_seconds(self, contexts: dict[int, int]) -> float:
-        """Seconds to prefill ``{context length: sequences}`` (compute-bound roofline, weights
-        read once, their keys and values written); counts their FLOPs."""
+        """Seconds to prefill ``{context length: sequences}`` (compute-bound roofline, each
+        device's weights read once, their keys and values written); counts their FLOPs."""
         if not contexts:
             return 0.0
         flops = sum(teacher_forced_flops(self.spec, c, n) for c, n in contexts.items())
@@ -253,7 +297,8 @@ def pass_flops(spec: TransformerSpec, config: RLConfig, prompt_len: int, lengths
     """FLOPs of the trainer's stages for sequences of ``prompt_len + length`` tokens: ``scoring``
     (the forwards :func:`~rlm_course.cost.accounting.predict_passes` prescribes: old policy,
     reference, critic values), ``policy update`` and ``critic update`` (epochs x forward +
-    backward, ``3x`` a forward, ``4x`` with recomputation), as
+    backward, ``3x`` a forward, ``4x`` with recomputation: the hardware's FLOPs; the model's
+    FLOPs, for MFU, are those with ``recompute=False``), as
     :func:`rlm_course.cost.anatomy.stage_costs` counts them. With ``engine_log_probs`` the
     rollout engine's log-probs stand for ``pi_old`` and the old policy's forward is skipped
     (verl's ``use_rollout_log_probs``, at the price of the engine/trainer mismatch that
@@ -310,8 +355,9 @@ class TrainerCost:
         mini-batches) go to the ``dp`` replicas longest first, each to the least loaded one
         (the LPT rule; verl and AReaL balance their ranks the same way, with Karmarkar-Karp),
         and the step lasts as long as the replica with the most FLOPs. With equal lengths that
-        is ``FLOPs / (devices x peak x mfu)``; with a long tail, a replica holding one of the
-        longest sequences can outlast the average by far, and adding replicas no longer helps."""
+        is ``FLOPs / (devices x peak x hfu)``; with a long tail, a replica holding one of the
+        longest sequences can outlast the average by far, and adding replicas no longer helps.
+        To that come the exposed communication and the fixed costs (the module docstring)."""
         lay, spec, dev, r = self.layout, self.spec, self.device, self.rates
         lengths = list(lengths)
         if not lengths:
@@ -327,7 +373,7 @@ class TrainerCost:
         out = {}
         for stage in per_sequence[lengths[0]]:
             backward = stage != "scoring"
-            mfu = r.train_mfu if backward else r.forward_mfu
+            mfu = r.train_hfu if backward else r.forward_mfu
             cut = max(1, min(steps, sequences)) if backward else 1
             busiest = sum(_busiest([per_sequence[lengths[i]][stage] for i in order[k::cut]], lay.dp)
                           for k in range(cut))
@@ -360,8 +406,28 @@ class TrainerCost:
                 total += comm.exposed(micro * ring * layers / spec.n_layer, compute, 1, True)
             if lay.dp * lay.cp > 1 or lay.ep > 1:
                 total += self._data_parallel(compute, opt_steps, m, backward)
+            total += micro * r.micro_batch_seconds
+            if backward:
+                total += opt_steps * (r.optimizer_step_seconds + self.adam_seconds())
             out[stage] = total
         return out
+
+    def adam_seconds(self) -> float:
+        """Seconds of one Adam step on one device: its weights, gradients and optimizer states
+        (after ZeRO's sharding) read once and the updated ones written once, at the memory
+        bandwidth (the update is memory-bound); with offload, the gradients go to the host and
+        the new weights come back over the host link (the CPU's Adam left out)."""
+        lay = self.layout
+        dense, experts = params_per_device(self.spec, lay)
+        dp_dense = lay.dp * lay.cp
+        dp_expert = lay.tp * dp_dense // lay.ep if lay.ep > 1 else dp_dense
+        states = {}
+        for part, n in ((dense, dp_dense), (experts, dp_expert)):
+            for k, v in model_states(part, n, lay.zero, False, lay.grad_bytes).items():
+                states[k] = states.get(k, 0.0) + v
+        if lay.offload:
+            return (states["gradients"] + states["weights"]) / self.rates.host(self.device)
+        return 2 * sum(states.values()) / self.device.memory_bandwidth
 
     def _data_parallel(self, compute: float, opt_steps: int, micro: int, backward: bool) -> float:
         """Exposed data-parallel seconds of a stage: ZeRO-0/1/2 sync the gradients once per
@@ -378,7 +444,8 @@ class TrainerCost:
         cost = comm.NONE
         for params, n, stride in groups:
             if n > 1:
-                cost = cost + comm.data_parallel_comm(params, n, self.fabric.link(n, stride), lay.zero)
+                cost = cost + comm.data_parallel_comm(params, n, self.fabric.link(n, stride),
+                                                      lay.zero, grad_bytes=lay.grad_bytes)
         if lay.zero == 3:
             per_micro = cost if backward else cost * (1 / 3)  # a forward gathers the weights once
             total = per_micro.seconds * micro * opt_steps
@@ -403,35 +470,20 @@ def _busiest(loads: list[float], replicas: int) -> float:
 
 
 # ---------------------------------------------------------------------- moving weights and state
-def weight_sync_seconds(spec: TransformerSpec, colocated: bool, generation_tp: int,
-                        fabric: comm.Fabric | None, rates: Rates, gpus: int,
-                        trainer_devices: int = 1, weight_bytes_per_param: int = 2) -> float:
-    """Seconds to bring the rollout engines the new weights after an update.
-
-    * colocated (hybrid engine): each device all-gathers its generation shard
-      (``params x 2 / generation_tp`` bytes) from the training shards on its node, over NVLink
-      (HybridFlow's 3D-HybridEngine, arXiv:2409.19256, section 5); nothing to do on one device;
-    * disaggregated: the bf16 weights cross the network, every trainer device sending its
-      share and every rollout device receiving its generation shard, in pipelined broadcasts
-      (NCCL): as long as the larger of ``W / trainer_devices`` and ``W / generation_tp`` takes
-      over one device's NIC, plus the broadcast's latency; or the full ``W`` at
-      ``rates.weight_sync_bandwidth`` when given (a single-source transfer, e.g. verl's rank-0
-      broadcast, or a measured rate).
-    """
-    full = spec.params() * weight_bytes_per_param
-    if colocated:
-        group = min(gpus, fabric.devices_per_node if fabric else 1)
-        if group <= 1:
-            return 0.0
-        return comm.all_gather_seconds(full / generation_tp, group, fabric.link(group))
-    if rates.weight_sync_bandwidth is not None:
-        return full / rates.weight_sync_bandwidth
-    replicas = max(1, (gpus - trainer_devices) // generation_tp)
-    per_device = max(full / trainer_devices, full / generation_tp)
-    return comm.broadcast_seconds(per_device, replicas + 1, fabric.link(fabric.devices_per_node + 1),
-                                  pipelined=True)
+def weight_sync(spec: TransformerSpec, device: Device, placement: str, generation_tp: int,
+                replicas: int, trainer: Layout, rates: Rates, fabric: comm.Fabric | None = None,
+                weight_bytes: int = 2) -> SyncCost:
+    """One weight sync from ``trainer`` to ``replicas`` generation replicas of ``generation_tp``
+    devices: :func:`rlm_course.cost.weight_sync.sync_cost` with the software rates, transport and
+    links of ``rates`` (the model chapter 12's stage 4 uses too)."""
+    fabric = fabric or comm.Fabric.of(device, rates.intra_link, rates.inter_link)
+    return sync_cost(spec, device, placement, generation_tp=generation_tp, replicas=replicas,
+                     trainer=trainer, fabric=fabric, transport=rates.sync_transport,
+                     weight_bytes=weight_bytes, tensor_seconds=rates.sync_tensor_seconds,
+                     fixed_seconds=rates.sync_fixed_seconds)
 
 
-def offload_seconds(nbytes: float, rates: Rates) -> float:
-    """Seconds to move ``nbytes`` per device to host memory and back (both ways)."""
-    return 2 * nbytes / rates.host_bandwidth
+def offload_seconds(nbytes: float, rates: Rates, device: Device) -> float:
+    """Seconds to move ``nbytes`` per device to host memory and back (both ways) over the host
+    link (:meth:`Rates.host`)."""
+    return 2 * nbytes / rates.host(device)

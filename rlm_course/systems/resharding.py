@@ -24,7 +24,7 @@ all-gather inside that group builds it: each rank receives ``M / t_g - M / t`` b
 training shard becomes part of its generation shard (zero redundancy). With pipeline degrees
 ``p``, ``p_g`` the paper's formulas (its Table 2) are ``(tp - 1) / (tp) M`` (naive) against
 ``(t p - t_g p_g) / (t_g p_g t p) M`` (HybridFlow) bytes per rank, peak ``M`` against
-``M / (t_g p_g)``: :func:`predict_transition`. The paper reports the transition time cut by up to
+``M / (t_g p_g)``: :func:`rlm_course.cost.weight_sync.predict_transition`. The paper reports the transition time cut by up to
 89.1% for a 70B model (its baseline, DeepSpeed-Chat, gathers over every GPU of the job).
 
 :func:`reshard` runs either scheme inside a worker of a real process group (chapter 12 runs it
@@ -258,44 +258,6 @@ def _distinct_bytes(*dicts: dict[str, Tensor]) -> int:
 
 def _held(*dicts: dict[str, Tensor]) -> int:
     return _distinct_bytes(*dicts)
-
-
-# ---------------------------------------------------------------------------------- at scale
-def predict_transition(model_bytes: float, tp: int, tp_gen: int, pp: int = 1, pp_gen: int = 1,
-                       link=None) -> dict[str, dict[str, float]]:
-    """Bytes received, peak and redundant memory per rank of both schemes for a model of
-    ``model_bytes`` (the split weights, e.g. ``2 x parameters`` in bf16), training on TP ``tp``
-    x PP ``pp`` and generating on TP ``tp_gen`` x PP ``pp_gen`` (HybridFlow, arXiv:2409.19256,
-    Table 2); with a ``link`` (:class:`~rlm_course.parallel.world.Link`), the seconds of each
-    all-gather on a ring: ``(g - 1) (alpha + model_bytes / (t p) / beta)`` for a group of ``g``.
-
-    Returns:
-        ``{"naive": {...}, "hybridflow": {...}}``, each with ``received_bytes``, ``peak_bytes``,
-        ``redundant_bytes`` (and ``seconds`` with a link), and ``"reduction"``: the fraction of
-        bytes (and seconds) HybridFlow saves.
-
-    Raises:
-        ValueError: unless ``tp_gen x pp_gen`` divides ``tp x pp``.
-    """
-    train, gen = tp * pp, tp_gen * pp_gen
-    if train % gen or min(tp, pp, tp_gen, pp_gen) < 1:
-        raise ValueError(f"generation TP x PP = {gen} must be a positive divisor of training "
-                         f"TP x PP = {train}.")
-    m = model_bytes
-    naive = {"received_bytes": (train - 1) / train * m, "peak_bytes": m + m / train,
-             "redundant_bytes": m / train, "group": train}
-    hybrid = {"received_bytes": (train - gen) / (gen * train) * m, "peak_bytes": m / gen,
-              "redundant_bytes": 0.0, "group": train // gen}
-    out = {"naive": naive, "hybridflow": hybrid,
-           "reduction": {"bytes": 1 - hybrid["received_bytes"] / naive["received_bytes"]
-                         if naive["received_bytes"] else 0.0}}
-    if link is not None:
-        for scheme in (naive, hybrid):
-            g = scheme["group"]
-            scheme["seconds"] = (g - 1) * (link.alpha + m / train / link.beta) if g > 1 else 0.0
-        out["reduction"]["seconds"] = (1 - hybrid["seconds"] / naive["seconds"]
-                                       if naive["seconds"] else 0.0)
-    return out
 
 
 def check_identical(generation: dict[str, Tensor], full: dict[str, Tensor], rank: int, tp: int,

@@ -14,7 +14,7 @@ about 512 MB).
 are loaded from the trainer's in place (:func:`handover`): a memory copy, no network (on GPUs,
 CUDA IPC handles pass the buffers between the two engines' processes).
 
-**Cost model** (Hockney's alpha-beta, as :class:`rlm_course.parallel.world.Link`): one broadcast
+**Cost model** (Hockney's alpha-beta, as :class:`rlm_course.cost.comm.Link`): one broadcast
 of ``n`` bytes from one sender to one receiver takes ``alpha + n / beta``; ``B`` buckets of
 ``M`` bytes in all take
 
@@ -23,10 +23,11 @@ of ``n`` bytes from one sender to one receiver takes ``alpha + n / beta``; ``B``
 and with ``r`` receivers on a binomial tree ``ceil(log2(r + 1)) (B alpha + M / beta)``
 (:func:`predict_sync_seconds`). ``alpha`` and ``beta`` are measured on the same workers
 (:func:`measure_link`: bursts of broadcasts of 1 KiB to 16 MiB, the way a bucketed sync sends
-them, least squares on the relative error, :func:`fit_alpha_beta`).
-Packing and unpacking add two memory copies of ``M`` bytes on each side, which the model leaves
-out. At scale the same formula costs stage 4 of :mod:`rlm_course.cost.anatomy`
-(:func:`rlm_course.cost.anatomy.weight_sync_seconds`).
+them, least squares on the relative error, :func:`rlm_course.distributed.collectives.fit_link`).
+Packing and unpacking add a memory copy of ``M`` bytes on each side (a read and a write each,
+``4 M / bandwidth`` in all), the copies term of the model. At scale the same model, with the
+gather, software and fixed terms real systems pay, is :func:`rlm_course.cost.weight_sync.sync_cost`,
+which chapter 12 (stage 4) and chapter 14 (the simulator) both call.
 """
 
 from __future__ import annotations
@@ -162,45 +163,27 @@ def sync_message_count(total_bytes: int, bucket_bytes: int | None, sizes: Sequen
     return max(1, math.ceil(total_bytes / bucket_bytes))
 
 
-def predict_sync_seconds(total_bytes: float, messages: int, link: Link, receivers: int = 1) -> float:
-    """Alpha-beta time of a bucketed broadcast: ``ceil(log2(receivers + 1)) x (messages x alpha
-    + total_bytes / beta)`` (one sender; a binomial tree doubles the holders each round, as
-    :meth:`rlm_course.parallel.world.World.broadcast`); the formula of
-    :func:`rlm_course.cost.anatomy.sync_seconds`, with a measured ``link``.
+def predict_sync_seconds(total_bytes: float, messages: int, link: Link, receivers: int = 1,
+                         memory_bandwidth: float | None = None) -> float:
+    """Seconds of a bucketed broadcast of ``total_bytes`` in ``messages`` buckets from one sender:
+    the transfer term of the one weight-sync model, :func:`rlm_course.cost.weight_sync.sync_cost`
+    (:func:`rlm_course.cost.weight_sync.broadcast_seconds`, unpipelined as gloo sends it:
+    ``ceil(log2(receivers + 1)) x (messages x alpha + total_bytes / beta)``) with a measured
+    ``link``; with ``memory_bandwidth`` (bytes/s), plus its copies term: packing the buckets on
+    the sender and unpacking them on the receivers, ``4 x total_bytes / memory_bandwidth``.
 
     Raises:
-        ValueError: for a negative size, fewer than one message or receiver.
+        ValueError: for a negative size, fewer than one message or receiver, or a non-positive
+            memory bandwidth.
     """
-    from rlm_course.cost.anatomy import sync_seconds
+    from rlm_course.cost.weight_sync import broadcast_seconds
 
-    return sync_seconds(total_bytes, messages, link.alpha, link.beta, receivers)
-
-
-def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float]) -> Link:
-    """Fit ``seconds = alpha + size / beta`` (Hockney's model) to measured message times by
-    least squares on the *relative* error (weights ``1 / seconds^2``), so that the small,
-    latency-bound messages weigh as much as the large ones. Returns a
-    :class:`~rlm_course.parallel.world.Link`; ``alpha`` is clipped at 0 (a negative intercept is
-    noise).
-
-    Raises:
-        ValueError: for fewer than two distinct sizes, a non-positive time, or times that do not
-            grow with size.
-    """
-    if len(sizes) != len(seconds) or len(set(sizes)) < 2:
-        raise ValueError("fit_alpha_beta: need matching lists with at least two distinct sizes.")
-    if min(seconds) <= 0:
-        raise ValueError("fit_alpha_beta: every time must be positive.")
-    w = [1.0 / y**2 for y in seconds]
-    sw = sum(w)
-    mx = sum(wi * x for wi, x in zip(w, sizes)) / sw
-    my = sum(wi * y for wi, y in zip(w, seconds)) / sw
-    sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, sizes))
-    slope = sum(wi * (x - mx) * (y - my) for wi, x, y in zip(w, sizes, seconds)) / sxx
-    if slope <= 0:
-        raise ValueError("fit_alpha_beta: the times do not grow with the message size; measure "
-                         "larger messages or more repeats.")
-    return Link(alpha=max(0.0, my - slope * mx), beta=1.0 / slope)
+    transfer = broadcast_seconds(total_bytes, messages, link, receivers, pipelined=False)
+    if memory_bandwidth is None:
+        return transfer
+    if not memory_bandwidth > 0:
+        raise ValueError(f"memory_bandwidth={memory_bandwidth} must be positive (bytes/s).")
+    return transfer + 4 * total_bytes / memory_bandwidth
 
 
 # ---------------------------------------------------------------------------------- in workers
@@ -243,8 +226,10 @@ def measure_link(controller, workers, group: str = "sync", sizes: Sequence[int] 
                  repeats: int = 5) -> tuple[Link, dict[int, float]]:
     """Fit alpha and beta of the link between ``workers`` (the first one broadcasts) over the
     controller's named ``group``. Returns ``(link, {size: median seconds})``."""
+    from rlm_course.distributed.collectives import fit_link
+
     src = workers[0].rank
     results = controller.call(workers, "time_broadcasts", list(sizes), repeats, group, src,
                               what="measuring the link")
     medians = slowest_median(results)
-    return fit_alpha_beta(list(medians), list(medians.values())), medians
+    return fit_link("broadcast", list(medians), list(medians.values()), len(workers)), medians

@@ -1,0 +1,279 @@
+"""Weight sync, stage 4 of an RL iteration, at any scale: the one model that chapters 12 (stage 4,
+the Ray run's prediction) and 14 (the simulator and planner) price it with.
+
+After every update the rollout engine needs the trainer's new weights. What a real system pays
+(verl, slime, NeMo-RL, AReaL, checkpoint-engine; the reference notes, section 5) is rarely the
+wire alone: the software around it usually dominates (slime cut a Qwen3-235B sync from 8 minutes
+to 1 by removing one cache-clearing call per update; verl's per-tensor path takes 15.8 s for
+Qwen3-30B-A3B on 16 + 16 H20s, its checkpoint engine 4.4 s, for the same 61 GB). :func:`sync_cost`
+adds five terms, each with its source:
+
+* **gather** (reshard): the training shards become what is sent. Colocated (a hybrid engine), the
+  generation shard each device needs, gathered inside its micro data-parallel group with
+  HybridFlow's scheme (:func:`predict_transition`, arXiv:2409.19256, Table 2) when the trainer is
+  TP x PP, or from every FSDP rank (``full_tensor()``) when it is ZeRO-3. Disaggregated, a
+  rank-0 ``broadcast`` first assembles whole tensors (FSDP's ``full_tensor()``, Megatron's TP and
+  EP gathers per pipeline stage); a ``sharded`` transfer sends each trainer rank's shard as it is
+  (checkpoint-engine, slime's distributed path), no gather;
+* **transfer**: none colocated (CUDA IPC handles or the same process); disaggregated, a
+  pipelined broadcast of the whole model from one rank to every rollout device (verl's
+  one-step-off and fully-async recipes, NeMo-RL's NCCL refit): ``B x ceil(log2(r + 1)) x alpha +
+  M / beta`` over the sender's link, ``B`` buckets, ``r`` receivers; or shard-parallel, every
+  trainer device sending its ``M / trainer`` and every rollout device receiving its
+  ``M / generation_tp`` (the larger decides);
+* **copies** at the memory bandwidth: packing the buckets on the sender and unpacking them on the
+  receiver, one read and one write of every byte each (``4 M / bandwidth`` in all for a
+  broadcast), or colocated the engine's load of its shard (``2 M / (generation_tp bandwidth)``);
+  the term the course's Ray run measures (chapter 12) and the alpha-beta model alone leaves out;
+* **software**: a fixed cost per tensor per level of the sync group's tree,
+  ``tensors x tensor_seconds x ceil(log2 n)`` (``n`` ranks in the per-tensor collectives: the
+  Python loop over the state dict, one collective launch and one ``load_weights`` call per
+  tensor; an MoE of 128 experts has about 400 tensors per layer, which is why MoE syncs are slow);
+* **fixed**: pausing and draining the engine, clearing and re-allocating its KV cache, resuming
+  (``fixed_seconds``).
+
+``tensor_seconds`` and ``fixed_seconds`` are rates measured on published runs (chapter 14's
+calibration); with both at 0 the model is the wire plus the copies. :attr:`SyncCost.ideal` is the
+lower bound no system beats: the busiest device's bytes over its own link, nothing else.
+
+The bucketed broadcast of one sender (``broadcast_seconds``) is the alpha-beta formula chapter 12
+fits and measures on real processes (Hockney's model; a binomial tree doubles the holders each
+round, as :meth:`rlm_course.parallel.world.World.broadcast`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rlm_course.cost.architectures import TransformerSpec
+from rlm_course.cost.comm import Fabric, Link, all_gather_seconds
+from rlm_course.cost.hardware import Device
+
+if TYPE_CHECKING:
+    from rlm_course.cost.layouts import Layout
+
+PLACEMENTS = ("colocated", "disaggregated")
+TRANSPORTS = ("broadcast", "sharded")
+BUCKET_BYTES = 512 * 2**20  # slime's and verl's bucket size
+
+
+def tensor_count(spec: TransformerSpec) -> int:
+    """Tensors of a Hugging Face state dict of ``spec``: per layer the q, k, v and output
+    projections (and their biases), two norms (and QK-norms when the spec's norms have more than
+    two vectors), the MLP's two or three matrices (and biases) per expert, the shared experts and
+    the router; the embedding, the output head unless tied, the final norm."""
+    per_layer = 4 + (3 if spec.qkv_bias else 0) + (1 if spec.out_bias else 0)
+    norms = 2 if spec.norm_params_per_layer is None else max(
+        2, round(spec.norm_params_per_layer / spec.d_model))
+    per_layer += norms
+    mlp = (3 if spec.glu else 2) * (2 if spec.mlp_bias else 1)
+    per_layer += (spec.n_experts + spec.n_shared_experts) * mlp if spec.is_moe else mlp
+    per_layer += 1 if spec.is_moe else 0  # the router
+    return spec.n_layer * per_layer + 2 + (0 if spec.tied_embeddings else 1)
+
+
+def broadcast_seconds(total_bytes: float, messages: int, link: Link, receivers: int = 1,
+                      pipelined: bool = False) -> float:
+    """Alpha-beta seconds of a bucketed broadcast of ``total_bytes`` in ``messages`` messages
+    from one sender to ``receivers`` receivers on a binomial tree: ``ceil(log2(receivers + 1))
+    x (messages x alpha + total_bytes / beta)``, or ``pipelined`` in chunks (NCCL's broadcast:
+    every round forwards while the next chunk arrives) ``ceil(log2(receivers + 1)) x messages x
+    alpha + total_bytes / beta``. With one receiver both are ``B alpha + M / beta``.
+
+    Raises:
+        ValueError: for a negative size, fewer than one message or receiver.
+    """
+    if total_bytes < 0 or not (messages >= 1 and receivers >= 1):
+        raise ValueError(f"broadcast_seconds: total_bytes={total_bytes}, messages={messages}, "
+                         f"receivers={receivers}: need bytes >= 0 and at least one message and "
+                         "receiver.")
+    rounds = math.ceil(math.log2(receivers + 1))
+    if pipelined:
+        return rounds * messages * link.alpha + total_bytes / link.beta
+    return rounds * (messages * link.alpha + total_bytes / link.beta)
+
+
+def predict_transition(model_bytes: float, tp: int, tp_gen: int, pp: int = 1, pp_gen: int = 1,
+                       link: Link | None = None) -> dict[str, dict[str, float]]:
+    """Resharding a colocated actor from its training layout to its generation layout: bytes
+    received, peak and redundant memory per rank of both schemes for a model of ``model_bytes``
+    (the split weights, e.g. ``2 x parameters`` in bf16), training on TP ``tp`` x PP ``pp`` and
+    generating on TP ``tp_gen`` x PP ``pp_gen`` (HybridFlow, arXiv:2409.19256, Table 2; its
+    "HybridFlow-V" row is the naive scheme here). Derivation of HybridFlow's row: a micro
+    data-parallel group of ``g = tp pp / (tp_gen pp_gen)`` ranks all-gathers one
+    ``M / (tp_gen pp_gen)`` generation shard, of which each rank holds ``M / (tp pp)``, so each
+    rank receives ``(g - 1) M / (tp pp) = (tp pp - tp_gen pp_gen) / (tp_gen pp_gen tp pp) M``.
+    With a ``link``, the seconds of each all-gather on a ring:
+    ``(g - 1) (alpha + model_bytes / (tp pp) / beta)`` for a group of ``g``.
+
+    Returns:
+        ``{"naive": {...}, "hybridflow": {...}}``, each with ``received_bytes``, ``peak_bytes``,
+        ``redundant_bytes`` and ``group`` (and ``seconds`` with a link), and ``"reduction"``: the
+        fraction of bytes (and seconds) HybridFlow saves.
+
+    Raises:
+        ValueError: unless ``tp_gen x pp_gen`` divides ``tp x pp``.
+    """
+    train, gen = tp * pp, tp_gen * pp_gen
+    if min(tp, pp, tp_gen, pp_gen) < 1 or train % gen:
+        raise ValueError(f"generation TP x PP = {gen} must be a positive divisor of training "
+                         f"TP x PP = {train}.")
+    m = model_bytes
+    naive = {"received_bytes": (train - 1) / train * m, "peak_bytes": m + m / train,
+             "redundant_bytes": m / train, "group": train}
+    hybrid = {"received_bytes": (train - gen) / (gen * train) * m, "peak_bytes": m / gen,
+              "redundant_bytes": 0.0, "group": train // gen}
+    out = {"naive": naive, "hybridflow": hybrid,
+           "reduction": {"bytes": 1 - hybrid["received_bytes"] / naive["received_bytes"]
+                         if naive["received_bytes"] else 0.0}}
+    if link is not None:
+        for scheme in (naive, hybrid):
+            g = scheme["group"]
+            scheme["seconds"] = (g - 1) * (link.alpha + m / train / link.beta) if g > 1 else 0.0
+        out["reduction"]["seconds"] = (1 - hybrid["seconds"] / naive["seconds"]
+                                       if naive["seconds"] else 0.0)
+    return out
+
+
+@dataclass(frozen=True)
+class SyncCost:
+    """What one weight sync costs (see the module docstring); seconds unless named bytes.
+
+    Attributes:
+        placement, transport: how the weights move.
+        bytes: the model's weights at the rollout's precision.
+        network_bytes: bytes the busiest sender puts on its link (0 colocated).
+        messages: buckets per sync.
+        tensors: tensors in the state dict.
+        gather, transfer, copies, software, fixed: the five terms.
+        ideal: the lower bound: the busiest device's bytes over its own link.
+    """
+
+    placement: str
+    transport: str
+    bytes: float
+    network_bytes: float
+    messages: int
+    tensors: int
+    gather: float
+    transfer: float
+    copies: float
+    software: float
+    fixed: float
+    ideal: float
+
+    @property
+    def seconds(self) -> float:
+        return self.gather + self.transfer + self.copies + self.software + self.fixed
+
+    def terms(self) -> dict[str, float]:
+        """``{term: seconds}`` of the five terms."""
+        return {"gather": self.gather, "transfer": self.transfer, "copies": self.copies,
+                "software": self.software, "fixed": self.fixed}
+
+
+def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggregated", *,
+              generation_tp: int = 1, replicas: int = 1, trainer: "Layout | None" = None,
+              fabric: Fabric | None = None, transport: str = "broadcast",
+              bucket_bytes: float = BUCKET_BYTES, weight_bytes: int = 2,
+              tensor_seconds: float = 0.0, fixed_seconds: float = 0.0,
+              link: Link | None = None, memory_bandwidth: float | None = None,
+              pipelined: bool = True) -> SyncCost:
+    """Seconds of one weight sync of ``spec`` from a trainer laid out as ``trainer`` (default:
+    one device) to ``replicas`` generation replicas of ``generation_tp`` devices of ``device``
+    (see the module docstring for the terms).
+
+    Args:
+        placement: ``colocated`` (a hybrid engine: the same devices train and generate) or
+            ``disaggregated`` (separate pools).
+        fabric: the cluster's links (default: the device's catalog links).
+        transport: ``broadcast`` (rank 0 sends every whole tensor to every rollout device) or
+            ``sharded`` (every trainer device sends its shard); disaggregated only.
+        bucket_bytes: bytes per message of the transfer.
+        weight_bytes: bytes per weight the rollout holds (1: fp8, quantized on the way).
+        tensor_seconds, fixed_seconds: the software rates.
+        link: the transfer's link (default: the fabric's link for a group of trainer and rollout
+            devices, inter-node unless both pools fit in one node).
+        memory_bandwidth: bytes/s of the copies (default the device's).
+        pipelined: the transfer's broadcast is pipelined (NCCL); ``False``: a binomial tree of
+            whole messages (gloo, chapter 12's run on CPUs).
+
+    Raises:
+        ValueError: for an unknown placement or transport, non-positive sizes or degrees, or a
+            colocated generation shard larger than a device's memory.
+    """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r}: choose one of {PLACEMENTS}.")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport={transport!r}: choose one of {TRANSPORTS}.")
+    for name, value in (("generation_tp", generation_tp), ("replicas", replicas),
+                        ("weight_bytes", weight_bytes)):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ValueError(f"sync_cost: {name}={value!r} must be a positive integer.")
+    if not bucket_bytes > 0 or tensor_seconds < 0 or fixed_seconds < 0:
+        raise ValueError(f"sync_cost: bucket_bytes={bucket_bytes} must be positive and "
+                         f"tensor_seconds={tensor_seconds}, fixed_seconds={fixed_seconds} >= 0.")
+    fabric = fabric or Fabric.of(device)
+    bandwidth = memory_bandwidth or device.memory_bandwidth
+    total = spec.params() * weight_bytes
+    shard = total / generation_tp
+    tensors = tensor_count(spec)
+    tp, pp = (trainer.tp, trainer.pp) if trainer is not None else (1, 1)
+    dp = trainer.dp * trainer.cp if trainer is not None else 1
+    zero3 = trainer is not None and trainer.zero == 3 and dp > 1
+    trainer_devices = trainer.devices if trainer is not None else 1
+    rollout_devices = replicas * generation_tp
+
+    def tree(ranks: int) -> int:
+        return max(1, math.ceil(math.log2(max(ranks, 2))))
+
+    if placement == "colocated":
+        if shard > device.memory_bytes:
+            raise ValueError(f"a colocated generation shard of {spec.name} at tp={generation_tp} "
+                             f"is {shard / 1e9:,.1f} GB, more than a {device.name} holds "
+                             f"({device.memory_bytes / 1e9:,.0f} GB); raise the generation tp.")
+        if zero3:  # FSDP: every rank gathers its generation shard from all the data-parallel ranks
+            gather = all_gather_seconds(shard, dp, fabric.link(dp, tp * trainer.cp))
+            received, group = shard * (dp - 1) / dp, dp
+            near = fabric.link(dp, tp * trainer.cp)
+        elif (tp * pp) % generation_tp == 0:
+            node = fabric.link(tp * pp)
+            hybrid = predict_transition(total, tp, generation_tp, pp, 1, node)["hybridflow"]
+            gather, received, group, near = hybrid["seconds"], hybrid["received_bytes"], \
+                hybrid["group"], node
+        else:  # a generation shard larger than a model-parallel group: gather it across groups
+            group = generation_tp
+            near = fabric.link(group)
+            gather = all_gather_seconds(shard, group, near)
+            received = shard * (group - 1) / group
+        copies = 2 * shard / bandwidth
+        return SyncCost(placement, "in place", total, 0.0, 0, tensors, gather, 0.0, copies,
+                        tensors * tensor_seconds * tree(group), fixed_seconds,
+                        received / near.beta if received else 0.0)
+    messages = max(1, math.ceil(total / bucket_bytes))
+    ranks = trainer_devices + rollout_devices
+    wire = link or fabric.link(ranks)
+    if transport == "broadcast":
+        if zero3:
+            gather = all_gather_seconds(total, dp, fabric.link(dp, tp * trainer.cp))
+        elif tp > 1:
+            gather = all_gather_seconds(total / pp, tp, fabric.link(tp))
+        else:
+            gather = 0.0
+        transfer = broadcast_seconds(total, messages, wire, rollout_devices, pipelined)
+        sent, packed, unpacked = total, total, total
+        software = tensors * tensor_seconds * tree(ranks)
+    else:  # each model-parallel shard leaves from the device that holds it
+        senders = dp if zero3 else tp * pp * (trainer.ep if trainer is not None else 1)
+        sent = total / senders
+        gather = 0.0
+        per = max(sent, shard)
+        transfer = broadcast_seconds(per, max(1, math.ceil(per / bucket_bytes)), wire, 1, pipelined)
+        packed, unpacked = sent, shard
+        software = tensors * tensor_seconds * tree(ranks) / senders
+    copies = 2 * (packed + unpacked) / bandwidth
+    ideal = max(total / trainer_devices, shard) / wire.beta
+    return SyncCost(placement, transport, total, sent, messages, tensors, gather, transfer, copies,
+                    software, fixed_seconds, ideal)
