@@ -162,6 +162,39 @@ def all_reduce_seconds(nbytes: float, p: int, link: Link, algorithm: str = "auto
     return tree if algorithm == "tree" else min(ring, tree)
 
 
+#: NCCL's latencies for small messages (the LL protocol, tree algorithm), seconds: a base per
+#: collective, a step over NVLink, a step over the network (``baseLat`` and ``hwLat`` in NVIDIA's
+#: ``src/graph/tuning.cc``: 6.8, 0.52 and 5.0 microseconds).
+NCCL_LL_TREE_LATENCY = {"base": 6.8e-6, "intra": 0.52e-6, "inter": 5.0e-6}
+
+
+def node_tree_all_reduce_seconds(nbytes: float, p: int, fabric: "Fabric") -> float:
+    """NCCL's tree all-reduce of a small message of ``nbytes`` over ``p`` ranks spread over whole
+    nodes of ``fabric.devices_per_node``: inside each node a chain of ``ppn - 1`` NVLink steps,
+    between nodes a pipelined binary tree of ``ceil(log2 nodes)`` network steps, up (reduce) and
+    down (broadcast), and the message crossing the network link once each way. The latency is
+    NCCL's own tuning model for its low-latency protocol (``src/graph/tuning.cc``:
+    ``baseLat + 2 ((ppn - 1) intraLat + log2(nNodes) interLat)``,
+    :data:`NCCL_LL_TREE_LATENCY`), what a decode step's all-reduce across nodes pays:
+    ``base + 2 ((ppn - 1) lat_intra + ceil(log2 nodes) lat_inter) + 2 M / beta_inter``. A group
+    inside one node is the ring/tree of :func:`all_reduce_seconds` over the intra-node link.
+
+    Raises:
+        ValueError: for negative sizes, ``p < 1``, or a fabric without the links it needs.
+    """
+    _check(nbytes, p)
+    if p == 1:
+        return 0.0
+    per_node = min(p, fabric.devices_per_node)
+    nodes = -(-p // per_node)
+    if nodes == 1:
+        return all_reduce_seconds(nbytes, p, fabric.link(p))
+    lat = NCCL_LL_TREE_LATENCY
+    return (lat["base"] + 2 * ((per_node - 1) * lat["intra"]
+                               + math.ceil(math.log2(nodes)) * lat["inter"])
+            + 2 * nbytes / fabric.link(p).beta)
+
+
 def reduce_scatter_seconds(nbytes: float, p: int, link: Link) -> float:
     """Ring reduce-scatter of an ``nbytes`` tensor: ``(p - 1) (alpha + M / (p beta))``."""
     _check(nbytes, p)
@@ -245,17 +278,23 @@ def data_parallel_comm(params: float, dp: int, link: Link, zero_stage: int = 0,
 
 def tensor_parallel_comm(spec: TransformerSpec, tp: int, tokens: float, link: Link,
                          backward: bool = True, act_bytes: int = BF16,
-                         layers: int | None = None) -> CommCost:
+                         layers: int | None = None, recompute: bool = False) -> CommCost:
     """Megatron TP over ``tp`` devices on ``tokens`` tokens through ``layers`` layers (default
     all): two all-reduces of ``tokens x d_model`` activations per layer forward, two more
-    backward (ring)."""
+    backward (ring), and two more with full activation recomputation, which runs the forward
+    (and its all-reduces) again: 6 per layer (Korthikanti et al. 2022)."""
     if tp == 1:
         return NONE
     layers = spec.n_layer if layers is None else layers
     m = tokens * spec.d_model * act_bytes
-    count = layers * (4 if backward else 2)
+    count = layers * ((6 if recompute else 4) if backward else 2)
     one = CommCost(2 * (tp - 1) / tp * m, ring_all_reduce_seconds(m, tp, link), 1)
     return one * count
+
+
+#: The largest message an engine's custom all-reduce takes (vLLM's ``CustomAllreduce``
+#: ``max_size``, 8 MiB); larger ones go to NCCL.
+ENGINE_ALL_REDUCE_MAX_BYTES = 8 * 2**20
 
 
 def engine_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
@@ -264,7 +303,8 @@ def engine_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
     buffers directly, so a call pays one latency, not one per ring step. One-shot (each rank reads
     all ``p - 1`` peers' whole buffers: ``alpha + (p - 1) M / beta``) for small messages,
     two-shot (a reduce-scatter then an all-gather, each in one step: ``2 alpha + 2 (p - 1) / p x
-    M / beta``) for large ones; the faster of the two. 0 for one rank.
+    M / beta``) for large ones; the faster of the two. Messages above
+    :data:`ENGINE_ALL_REDUCE_MAX_BYTES` go to NCCL (:func:`all_reduce_seconds`). 0 for one rank.
 
     Raises:
         ValueError: for a negative size or ``p < 1``.
@@ -272,23 +312,31 @@ def engine_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
     _check(nbytes, p)
     if p == 1:
         return 0.0
+    if nbytes > ENGINE_ALL_REDUCE_MAX_BYTES:
+        return all_reduce_seconds(nbytes, p, link, "auto")
     one_shot = link.alpha + (p - 1) * nbytes / link.beta
     two_shot = 2 * link.alpha + 2 * (p - 1) / p * nbytes / link.beta
     return min(one_shot, two_shot)
 
 
 def decode_tp_comm(spec: TransformerSpec, tp: int, sequences: int, link: Link,
-                   act_bytes: int = BF16, in_node: bool = False) -> CommCost:
+                   act_bytes: int = BF16, in_node: bool = False,
+                   fabric: Fabric | None = None) -> CommCost:
     """One decode step of a ``tp``-way replica with ``sequences`` sequences: two all-reduces of
     ``sequences x d_model`` activations per layer, on the critical path of every generated token.
     Inside one node (``in_node``) an engine's custom all-reduce
-    (:func:`engine_all_reduce_seconds`); across nodes, NCCL's faster of ring and tree (small
-    messages, so latency-bound)."""
+    (:func:`engine_all_reduce_seconds`); across the nodes of a ``fabric``, NCCL's node tree
+    (:func:`node_tree_all_reduce_seconds`); else the faster of ring and tree over ``link``
+    (small messages, so latency-bound)."""
     if tp == 1:
         return NONE
     m = sequences * spec.d_model * act_bytes
-    seconds = (engine_all_reduce_seconds(m, tp, link) if in_node
-               else all_reduce_seconds(m, tp, link, "auto"))
+    if in_node:
+        seconds = engine_all_reduce_seconds(m, tp, link)
+    elif fabric is not None:
+        seconds = node_tree_all_reduce_seconds(m, tp, fabric)
+    else:
+        seconds = all_reduce_seconds(m, tp, link, "auto")
     one = CommCost(2 * (tp - 1) / tp * m, seconds, 1)
     return one * (2 * spec.n_layer)
 
