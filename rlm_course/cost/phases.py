@@ -21,12 +21,16 @@ calibrated on published runs live in ``data/published/rates.json``
 
     max(F / (tp x peak x decode_mfu), B / (bandwidth x decode_bandwidth)) + latency + TP comm
 
+(``latency = decode_step_latency + a x decode_sequence_latency``, plus a cost per layer without
+CUDA graphs)
+
 with ``F = a 2 N + 4 L H d_h C`` (:meth:`forward_flops_per_token` summed over the sequences) and
 ``B`` the device's bytes: its ``1 / tp`` of the weights the ``a`` tokens touch, plus ``C + a``
 tokens of KV cache (read, and one written per sequence) divided over
 :meth:`~rlm_course.cost.architectures.TransformerSpec.kv_shards` devices only (past the KV heads,
 and always for a latent cache, the ranks read copies); two all-reduces per layer, the engine's
-one-shot all-reduce inside a node or NCCL's across nodes (:func:`~rlm_course.cost.comm.decode_tp_comm`).
+one-shot all-reduce inside a node or NCCL's node tree across nodes
+(:func:`~rlm_course.cost.comm.decode_tp_comm`).
 Over ``s`` steps with the same sequences, ``C`` grows by ``a`` per step, so both terms are linear
 in the step and their sum has a closed form (:meth:`DecodeCost.seconds`), which the simulator
 inverts when a weight update interrupts a replica (:meth:`DecodeCost.steps_within`).
@@ -47,6 +51,7 @@ what the hardware ran (Chowdhery et al. 2022, PaLM, appendix B; Korthikanti et a
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -80,13 +85,26 @@ class Rates:
         decode_bandwidth: fraction of the memory bandwidth a memory-bound decode step reaches;
             default 0.7.
         decode_step_latency: seconds added to every decode step (the engine's scheduler,
-            sampling, kernel launches; much larger without CUDA graphs); default 0.
+            sampling, what launching its captured CUDA graph costs); default 0.
+        decode_sequence_latency: seconds each sequence in the batch adds to a decode step (the
+            engine's per-sequence scheduling, sampling and detokenizing on the CPU): a step of
+            ``a`` sequences pays ``decode_step_latency + a x decode_sequence_latency`` beyond its
+            roofline, so a long tail of few sequences decodes faster per step than a full batch;
+            default 0.
+        cuda_graphs: the engine replays each decode step as captured CUDA graphs (vLLM's default;
+            ``enforce_eager`` turns them off); default True.
+        eager_layer_seconds: without CUDA graphs, seconds each layer adds to a decode step by
+            launching its kernels one by one from Python (about 10-20 kernels of a few
+            microseconds each); default 0.
         micro_batch_seconds: seconds added to every micro-batch of a training or scoring pass
             on a device (launches, packing, the pipeline schedule's bookkeeping); default 0.
         optimizer_step_seconds: seconds added to every optimizer step (gradient clipping, the
             optimizer's kernels and bookkeeping beyond its memory traffic); default 0.
         sync_tensor_seconds, sync_fixed_seconds: the weight sync's software rates per tensor per
             tree level and per sync (:func:`rlm_course.cost.weight_sync.sync_cost`); default 0.
+        colocated_tensor_seconds: the same per tensor for a colocated hand-over (converting each
+            tensor to the engine's layout and passing it in process or by CUDA IPC, a different
+            code path from a network sync's); default 0.
         sync_transport: ``broadcast`` (rank 0 sends whole tensors) or ``sharded``.
         reward_seconds: verifier seconds per response (on CPUs, serial per trainer); default 0.
         iteration_overhead: fixed seconds per iteration on the trainer (controller, data
@@ -95,6 +113,15 @@ class Rates:
             catalog device's host link (PCIe Gen5 on H100s, about 50 GB/s).
         intra_link, inter_link: measured links replacing the catalog's.
         memory_fraction: usable share of device memory; default 0.9.
+        rollout_memory_fraction: the share of a device the rollout engine takes for its weights and
+            KV cache (vLLM's ``gpu_memory_utilization``); default None: what the trainer's state
+            leaves of ``memory_fraction``.
+        train_flops_factor: training and scoring GEMMs run at this multiple of the catalog's bf16
+            peak (2 for FP8 on Hopper and Blackwell tensor cores); default 1.
+        moe_efficiency: the training and scoring efficiencies of a mixture-of-experts model, as a
+            fraction of a dense model's (``train_hfu``, ``forward_mfu``): at RL's few tokens per
+            device, expert parallelism's all-to-alls, token permutation and grouped GEMMs of few
+            tokens per expert run far below a dense layer's rate; default 1.
         max_batch: most sequences a generation replica decodes at once; default 1024 (verl's
             rollout ``max_num_seqs``).
         static_batching: the engine decodes a batch in lockstep until its longest sequence ends,
@@ -114,9 +141,13 @@ class Rates:
     decode_mfu: float = 0.50
     decode_bandwidth: float = 0.70
     decode_step_latency: float = 0.0
+    decode_sequence_latency: float = 0.0
+    cuda_graphs: bool = True
+    eager_layer_seconds: float = 0.0
     micro_batch_seconds: float = 0.0
     optimizer_step_seconds: float = 0.0
     sync_tensor_seconds: float = 0.0
+    colocated_tensor_seconds: float = 0.0
     sync_fixed_seconds: float = 0.0
     sync_transport: str = "broadcast"
     reward_seconds: float = 0.0
@@ -125,18 +156,24 @@ class Rates:
     intra_link: Link | None = None
     inter_link: Link | None = None
     memory_fraction: float = 0.9
+    rollout_memory_fraction: float | None = None
+    train_flops_factor: float = 1.0
+    moe_efficiency: float = 1.0
     max_batch: int = 1024
     static_batching: bool = False
     prefix_caching: bool = True
 
     #: the fields that are seconds (each finite and >= 0)
-    SECONDS = ("decode_step_latency", "micro_batch_seconds", "optimizer_step_seconds",
-               "sync_tensor_seconds", "sync_fixed_seconds", "reward_seconds",
+    SECONDS = ("decode_step_latency", "decode_sequence_latency", "eager_layer_seconds",
+               "micro_batch_seconds",
+               "optimizer_step_seconds",
+               "sync_tensor_seconds", "colocated_tensor_seconds", "sync_fixed_seconds",
+               "reward_seconds",
                "iteration_overhead")
 
     def __post_init__(self) -> None:
         for name in ("train_hfu", "forward_mfu", "decode_mfu", "decode_bandwidth",
-                     "memory_fraction"):
+                     "memory_fraction", "moe_efficiency"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"Rates.{name}={value} must be a fraction in (0, 1].")
@@ -144,6 +181,12 @@ class Rates:
             if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
                 raise ValueError(f"Rates.{name}={getattr(self, name)} must be a finite number of "
                                  "seconds >= 0.")
+        if self.rollout_memory_fraction is not None and not 0 < self.rollout_memory_fraction <= 1:
+            raise ValueError(f"Rates.rollout_memory_fraction={self.rollout_memory_fraction} must be "
+                             "a fraction in (0, 1], or None.")
+        if not (1 <= self.train_flops_factor <= 8):
+            raise ValueError(f"Rates.train_flops_factor={self.train_flops_factor} must be in [1, 8] "
+                             "(2 for FP8 training on Hopper).")
         if self.host_bandwidth is not None and not 0 < self.host_bandwidth < math.inf:
             raise ValueError(f"Rates.host_bandwidth={self.host_bandwidth} must be positive and "
                              "finite (bytes/s), or None for the device's host link.")
@@ -152,6 +195,32 @@ class Rates:
                              f"{TRANSPORTS}.")
         if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
             raise ValueError(f"Rates.max_batch={self.max_batch!r} must be a positive integer.")
+
+    def to_dict(self) -> dict:
+        """The fields as JSON-ready values (links as ``[alpha, beta]``)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = [value.alpha, value.beta] if isinstance(value, Link) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict | None, base: "Rates | None" = None) -> "Rates":
+        """``base`` (default: the defaults) with the fields of ``values`` (links as ``[alpha,
+        beta]``).
+
+        Raises:
+            ValueError: for an unknown field (the message lists the known ones) or a bad value.
+        """
+        values = dict(values or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown rate(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
+        for key in ("intra_link", "inter_link"):
+            if isinstance(values.get(key), (list, tuple)):
+                values[key] = Link(*values[key])
+        return dataclasses.replace(base or cls(), **values)
 
     def host(self, device: Device) -> float:
         """Bytes/s of the host link: the rate's, else the device's, else (a device the catalog
@@ -215,9 +284,11 @@ class DecodeCost:
         """Per-step seconds that do not depend on the context: latency and the TP all-reduces."""
         if active not in self._fixed:
             tp_comm = (comm.decode_tp_comm(self.spec, self.tp, active, self.link,
-                                           in_node=self.in_node).seconds
+                                           in_node=self.in_node, fabric=self.fabric).seconds
                        if self.tp > 1 else 0.0)
-            self._fixed[active] = self.rates.decode_step_latency + tp_comm
+            eager = 0.0 if self.rates.cuda_graphs else self.spec.n_layer * self.rates.eager_layer_seconds
+            self._fixed[active] = (self.rates.decode_step_latency + eager + tp_comm
+                                   + active * self.rates.decode_sequence_latency)
         return self._fixed[active]
 
     def _weight_bytes(self, active: int) -> float:
@@ -344,6 +415,25 @@ class TrainerCost:
         strides = axis_strides(self.layout)
         self.links = {axis: (self.fabric.link(size, stride) if size > 1 else None)
                       for axis, (size, stride) in strides.items()}
+        self._flops: dict[tuple[int, bool], dict[str, float]] = {}
+
+    def sequence_flops(self, length: int, recompute: bool | None = None) -> dict[str, float]:
+        """:func:`pass_flops` of one sequence of ``length`` response tokens (hardware FLOPs with
+        the layout's recomputation, or as ``recompute`` says), computed once per length."""
+        recompute = self.layout.recompute if recompute is None else recompute
+        key = (length, recompute)
+        if key not in self._flops:
+            self._flops[key] = pass_flops(self.spec, self.config, self.prompt_len, [length],
+                                          recompute, self.engine_log_probs)
+        return self._flops[key]
+
+    def flops(self, lengths, recompute: bool | None = None) -> dict[str, float]:
+        """``{stage: FLOPs}`` of a batch (:meth:`sequence_flops` summed)."""
+        out: dict[str, float] = {}
+        for t, n in Counter(lengths).items():
+            for stage, value in self.sequence_flops(t, recompute).items():
+                out[stage] = out.get(stage, 0.0) + n * value
+        return out
 
     def seconds(self, lengths, optimizer_steps: int | None = None) -> dict[str, float]:
         """``{stage: seconds}`` for a batch of responses of ``lengths`` tokens (each after a
@@ -366,20 +456,20 @@ class TrainerCost:
         sequences = len(lengths)
         tokens = sum(self.prompt_len + t for t in lengths)
         mean_seq = tokens / sequences
-        per_sequence = {t: pass_flops(spec, self.config, self.prompt_len, [t], lay.recompute,
-                                      self.engine_log_probs) for t in set(lengths)}
+        per_sequence = {t: self.sequence_flops(t) for t in set(lengths)}
         order = list(range(sequences))
         random.Random(0).shuffle(order)
         out = {}
         for stage in per_sequence[lengths[0]]:
             backward = stage != "scoring"
-            mfu = r.train_hfu if backward else r.forward_mfu
+            mfu = (r.train_hfu if backward else r.forward_mfu) * (
+                r.moe_efficiency if spec.is_moe else 1.0)
             cut = max(1, min(steps, sequences)) if backward else 1
             busiest = sum(_busiest([per_sequence[lengths[i]][stage] for i in order[k::cut]], lay.dp)
                           for k in range(cut))
             epochs = self.config.ppo_epochs if backward else 1  # (in the FLOPs already)
             replica = lay.tp * lay.pp * lay.cp
-            compute = busiest / (replica * dev.peak_flops * mfu)
+            compute = busiest / (replica * dev.peak_flops * r.train_flops_factor * mfu)
             opt_steps = cut * epochs if backward else 1
             per_rank = sequences / (lay.dp * cut)
             mb_seq = lay.micro_tokens(round(mean_seq)) / mean_seq  # sequences per micro-batch
@@ -391,8 +481,9 @@ class TrainerCost:
             layers = spec.n_layer / lay.pp
             total = compute
             if lay.tp > 1:
-                total += micro * comm.tensor_parallel_comm(spec, lay.tp, mb_tokens, self.links["tp"],
-                                                           backward, layers=1).seconds * layers
+                total += micro * comm.tensor_parallel_comm(
+                    spec, lay.tp, mb_tokens, self.links["tp"], backward, layers=1,
+                    recompute=lay.recompute).seconds * layers
             if lay.ep > 1:
                 per_layer = comm.expert_parallel_comm(spec, lay.ep, mb_tokens, self.links["ep"],
                                                       backward).seconds / spec.n_layer
@@ -477,9 +568,11 @@ def weight_sync(spec: TransformerSpec, device: Device, placement: str, generatio
     devices: :func:`rlm_course.cost.weight_sync.sync_cost` with the software rates, transport and
     links of ``rates`` (the model chapter 12's stage 4 uses too)."""
     fabric = fabric or comm.Fabric.of(device, rates.intra_link, rates.inter_link)
+    tensor_seconds = (rates.colocated_tensor_seconds if placement == "colocated"
+                      else rates.sync_tensor_seconds)
     return sync_cost(spec, device, placement, generation_tp=generation_tp, replicas=replicas,
                      trainer=trainer, fabric=fabric, transport=rates.sync_transport,
-                     weight_bytes=weight_bytes, tensor_seconds=rates.sync_tensor_seconds,
+                     weight_bytes=weight_bytes, tensor_seconds=tensor_seconds,
                      fixed_seconds=rates.sync_fixed_seconds)
 
 

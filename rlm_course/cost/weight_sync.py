@@ -27,8 +27,11 @@ adds five terms, each with its source:
   the term the course's Ray run measures (chapter 12) and the alpha-beta model alone leaves out;
 * **software**: a fixed cost per tensor per level of the sync group's tree,
   ``tensors x tensor_seconds x ceil(log2 n)`` (``n`` ranks in the per-tensor collectives: the
-  Python loop over the state dict, one collective launch and one ``load_weights`` call per
-  tensor; an MoE of 128 experts has about 400 tensors per layer, which is why MoE syncs are slow);
+  Python loop over the state dict, one gather and one broadcast launch and one ``load_weights``
+  call per tensor; an MoE of 128 experts has about 400 tensors per layer, which is why MoE syncs
+  are slow); a sharded transfer sends each shard point to point, and a colocated hand-over
+  converts each tensor in the same process or passes it by a CUDA IPC handle: ``tensors x
+  tensor_seconds``, no tree (the simulator's rates give the colocated path its own rate);
 * **fixed**: pausing and draining the engine, clearing and re-allocating its KV cache, resuming
   (``fixed_seconds``).
 
@@ -61,13 +64,11 @@ BUCKET_BYTES = 512 * 2**20  # slime's and verl's bucket size
 
 def tensor_count(spec: TransformerSpec) -> int:
     """Tensors of a Hugging Face state dict of ``spec``: per layer the q, k, v and output
-    projections (and their biases), two norms (and QK-norms when the spec's norms have more than
-    two vectors), the MLP's two or three matrices (and biases) per expert, the shared experts and
+    projections (and their biases), two norms (four tensors with LayerNorm biases or QK-norms), the MLP's two or three matrices (and biases) per expert, the shared experts and
     the router; the embedding, the output head unless tied, the final norm."""
     per_layer = 4 + (3 if spec.qkv_bias else 0) + (1 if spec.out_bias else 0)
-    norms = 2 if spec.norm_params_per_layer is None else max(
-        2, round(spec.norm_params_per_layer / spec.d_model))
-    per_layer += norms
+    norm_params = spec.norm_params_per_layer or 2 * spec.d_model
+    per_layer += 4 if norm_params > 2 * spec.d_model else 2  # LayerNorm biases, or QK-norms
     mlp = (3 if spec.glu else 2) * (2 if spec.mlp_bias else 1)
     per_layer += (spec.n_experts + spec.n_shared_experts) * mlp if spec.is_moe else mlp
     per_layer += 1 if spec.is_moe else 0  # the router
@@ -238,6 +239,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
             gather = all_gather_seconds(shard, dp, fabric.link(dp, tp * trainer.cp))
             received, group = shard * (dp - 1) / dp, dp
             near = fabric.link(dp, tp * trainer.cp)
+        elif tp * pp == generation_tp:  # the training shard is the generation shard
+            gather, received, group, near = 0.0, 0.0, 1, None
         elif (tp * pp) % generation_tp == 0:
             node = fabric.link(tp * pp)
             hybrid = predict_transition(total, tp, generation_tp, pp, 1, node)["hybridflow"]
@@ -249,8 +252,10 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
             gather = all_gather_seconds(shard, group, near)
             received = shard * (group - 1) / group
         copies = 2 * shard / bandwidth
+        # the hand-over converts and passes every tensor in the same process or by CUDA IPC
+        # handles (verl's hybrid engine, NeMo-RL's ZMQ stream): no tree, a cost per tensor
         return SyncCost(placement, "in place", total, 0.0, 0, tensors, gather, 0.0, copies,
-                        tensors * tensor_seconds * tree(group), fixed_seconds,
+                        tensors * tensor_seconds, fixed_seconds,
                         received / near.beta if received else 0.0)
     messages = max(1, math.ceil(total / bucket_bytes))
     ranks = trainer_devices + rollout_devices
@@ -272,7 +277,7 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
         per = max(sent, shard)
         transfer = broadcast_seconds(per, max(1, math.ceil(per / bucket_bytes)), wire, 1, pipelined)
         packed, unpacked = sent, shard
-        software = tensors * tensor_seconds * tree(ranks) / senders
+        software = tensors * tensor_seconds  # point to point per shard: no tree
     copies = 2 * (packed + unpacked) / bandwidth
     ideal = max(total / trainer_devices, shard) / wire.beta
     return SyncCost(placement, transport, total, sent, messages, tensors, gather, transfer, copies,
