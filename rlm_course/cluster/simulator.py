@@ -78,7 +78,7 @@ from rlm_course.systems.async_rl import rollout_capacity
 from rlm_course.cost.layouts import (Layout, check_training, generation_memory, kv_slots,
                                     training_memory, usable)
 from rlm_course.cost.phases import (Cluster, DecodeCost, Rates, TrainerCost, offload_seconds,
-                                   pass_flops, weight_sync)
+                                   weight_sync)
 
 PLACEMENTS = ("colocated", "disaggregated")
 
@@ -266,8 +266,11 @@ def memory_plan(s: Scenario) -> dict:
     resident = 0.0
     if s.placement == "colocated" and not s.offload_trainer:
         resident = sum(v for k, v in trainer.items() if k not in ("activations", "logits"))
+    fraction = r.memory_fraction
+    if r.rollout_memory_fraction is not None:  # the engine takes its share, the trainer the rest
+        fraction, resident = r.rollout_memory_fraction, 0.0
     per_sequence = w.prompt_len + w.mean_response_len
-    slots = kv_slots(spec, s.generation_tp, dev, per_sequence, r.memory_fraction, resident,
+    slots = kv_slots(spec, s.generation_tp, dev, per_sequence, fraction, resident,
                      r.max_batch, w.weight_bytes, w.kv_bytes)
     gen = generation_memory(spec, s.generation_tp, w.weight_bytes, w.kv_bytes)
     rollout = {"weights": gen["weights"], "kv cache": slots * per_sequence * gen["kv_per_token"]}
@@ -408,21 +411,25 @@ class _Replica:
                 yield env.timeout(cost.prefill_seconds(contexts))
                 self._busy(start, env.now)
                 self.needs_recompute = False
-            admitted, prefill = Counter(), Counter()
             static = sim.s.rates.static_batching
             shared = sim.s.rates.prefix_caching
             if static and not self.active:
                 self.rows = self.rows_context = 0
+            admitted = prefill = None
             while (self.hold != "pause" and self.queue and len(self.active) < sim.slots
                    and not (static and self.rows)):
-                group, length, prompt = self.queue.popleft()
-                finish = self.step + max(0, length - 1)   # the prefill samples the first token
+                if admitted is None:
+                    admitted, prefill = Counter(), Counter()
+                group, length, prompt, steps, fresh = self.queue.popleft()
+                finish = self.step + steps   # the prefill samples the first token
                 # the first decode step attends over the prompt and the token the prefill sampled
                 heapq.heappush(self.active, [finish, sim.next_id(), group, prompt + 1, self.step,
                                              length])
                 self.base += prompt + 1 - self.step
                 admitted[prompt] += 1
-                if not shared or group not in self.prefilled:  # a group's prompt, prefilled once
+                # a group's shared prompt is prefilled once; a migrated sequence's own context
+                # is prefilled again in full
+                if not (shared and fresh) or group not in self.prefilled:
                     prefill[prompt] += 1
                     self.prefilled.add(group)
             if static and admitted:  # the batch runs in lockstep from here until it all ends
@@ -468,6 +475,20 @@ class _Replica:
             self.base -= context - admit
             self.sim.sample_done(group, length)
 
+    def take_unfinished(self) -> list[tuple]:
+        """Remove every sequence this (paused) replica holds, queued or decoding, as queue items
+        that continue where they stopped: a decoding sequence re-prefills its context so far
+        (RLHFuse migrates the tail this way, arXiv:2409.13221, section 4)."""
+        items = list(self.queue)
+        for finish, _, group, context, admit, length in self.active:
+            now = context + self.step - admit  # the tokens it has attended over so far
+            items.append((group, length, now - 1, finish - self.step, False))
+        self.queue.clear()
+        self.active = []
+        self.base = 0
+        self.rows = self.rows_context = 0
+        return items
+
     def request(self, kind: str) -> simpy.Event:
         self.hold = kind
         self.parked = self.sim.env.event()
@@ -504,6 +525,7 @@ class _Sim:
         g = w.group_size
         self.prompt_lengths = [lengths[i:i + g] for i in range(0, len(lengths), g)]
         self.replicas = [_Replica(self, i) for i in range(s.replicas)]
+        self.tail_replicas = min(s.replicas - 1, max(1, round(s.mode.fusion_tail * s.replicas)))
         self.cursor = 0
         self.admitted = 0
         self.dropped = 0.0
@@ -563,7 +585,7 @@ class _Sim:
             rep = self.replicas[self.cursor]
             self.cursor = (self.cursor + 1) % len(self.replicas)
             for length in self.prompt_lengths[prompt]:
-                rep.queue.append((group, length, s.workload.prompt_len))
+                rep.queue.append((group, length, s.workload.prompt_len, max(0, length - 1), True))
             touched.add(rep.index)
             self.admitted += 1
         if touched:
@@ -611,10 +633,8 @@ class _Sim:
             self.log("trainer", "reward", start, it)
             stages["reward"] = stages.get("reward", 0.0) + env.now - start
         seconds = self.trainer_cost.seconds(lengths, optimizer_steps)
-        model = pass_flops(s.spec, s.config, s.workload.prompt_len, lengths, False,
-                           s.engine_log_probs)
-        hardware = (pass_flops(s.spec, s.config, s.workload.prompt_len, lengths, True,
-                               s.engine_log_probs) if s.trainer_layout.recompute else model)
+        model = self.trainer_cost.flops(lengths, recompute=False)
+        hardware = self.trainer_cost.flops(lengths)
         for stage, t in seconds.items():
             if stage == "scoring" and skip_scoring:
                 continue
@@ -720,8 +740,18 @@ class _Sim:
                 yield from self._wait(
                     lambda: len(self.finished) >= math.ceil(s.mode.fusion_threshold * total))
                 reached, head = env.now, list(self.finished)
-                fused_scoring = (self.trainer_cost.seconds(head).get("scoring", 0.0)
-                                 / (1 - s.mode.fusion_tail))
+                # the unfinished sequences migrate to the tail replicas (longest first, each to
+                # the least loaded), re-prefilling their contexts there
+                yield simpy.AllOf(env, [rep.request("pause") for rep in self.replicas])
+                tail = self.replicas[:self.tail_replicas]
+                moved = [item for rep in self.replicas for item in rep.take_unfinished()]
+                for item in sorted(moved, key=lambda it: -it[3]):
+                    min(tail, key=lambda rep: (rep.load, rep.index)).queue.append(item)
+                self.all_idle = env.event()
+                for rep in self.replicas:
+                    rep.release(False)
+                share = self.tail_replicas / len(self.replicas)
+                fused_scoring = self.trainer_cost.seconds(head).get("scoring", 0.0) / (1 - share)
                 if not self.all_idle.triggered:
                     yield self.all_idle
             else:
