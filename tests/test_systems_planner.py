@@ -8,7 +8,7 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost.layouts import DoesNotFit
-from rlm_course.cluster.planner import format_plan, plan, trainer_layouts
+from rlm_course.cluster.planner import format_plan, plan, sensitivity, trainer_layouts
 from rlm_course.cluster.planner_widget import PlannerWidget
 from rlm_course.cluster.simulator import algorithm
 
@@ -16,14 +16,14 @@ H100 = get_device("H100-SXM-80GB")
 WORKLOAD = Workload.long_tailed(64, 8, 256, 1000, 0.8, 4096, seed=0)
 
 
-def test_the_plan_is_the_fastest_simulated_candidate_and_says_why_others_lose():
+def test_the_plan_is_the_cheapest_simulated_candidate_and_says_why_others_lose():
     result = plan(get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4), WORKLOAD, H100, 16)
-    steps = [c.step for c in result.ranked]
-    assert steps == sorted(steps) and result.best.step == min(steps)
+    costs = [c.cost for c in result.ranked]
+    assert costs == sorted(costs) and result.best.cost == min(costs)
     assert {c.scenario.placement for c in result.ranked} == {"colocated", "disaggregated"}
     text = format_plan(result, top=2)
     assert text.startswith("1. ") and "why the others lose:" in text
-    assert "x slower" in text and "memory per device" in text
+    assert "memory per device" in text and "HFU" in text and "staleness" in text
 
 
 def test_layouts_that_do_not_fit_are_refused_with_their_reason():
@@ -135,3 +135,30 @@ def test_more_threads_than_cores_are_allowed_but_explained():
     threads, why = choose_threads(cores + 1)
     assert threads == cores + 1 and f"more than the {cores} cores" in why
     assert choose_threads(1) == (1, "as requested")
+
+
+def test_staleness_is_priced_in_the_ranking_and_the_sensitivity_table_says_what_flips():
+    spec, grpo = get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4)
+    free = plan(spec, grpo, WORKLOAD, H100, 16, staleness_penalty=0.0)
+    dear = plan(spec, grpo, WORKLOAD, H100, 16, staleness_penalty=5.0)
+    for result, penalty in ((free, 0.0), (dear, 5.0)):
+        costs = [c.cost for c in result.ranked]
+        assert costs == sorted(costs)
+        for c in result.ranked:
+            assert c.cost == pytest.approx(c.step * (1 + penalty * c.result.staleness))
+    # at a high price of staleness no plan that trains on stale samples can be cheaper than the
+    # best synchronous one it beats by less than that price
+    assert dear.best.result.staleness <= free.best.result.staleness
+    with pytest.raises(ValueError, match="staleness_penalty"):
+        plan(spec, grpo, WORKLOAD, H100, 16, staleness_penalty=-1)
+    rows = sensitivity(spec, grpo, WORKLOAD, H100, 16,
+                       variations={"decode_step_latency": (0.0, 0.05),
+                                   "staleness_penalty": (0.0, 5.0)})
+    assert [(r["rate"], r["value"]) for r in rows] == [
+        ("decode_step_latency", 0.0), ("decode_step_latency", 0.05),
+        ("staleness_penalty", 0.0), ("staleness_penalty", 5.0)]
+    assert rows[3]["best"] == dear.best.name and rows[2]["best"] == free.best.name
+    for r in rows:
+        assert r["step"] > 0 and r["cost"] >= r["step"] and isinstance(r["flips"], bool)
+    with pytest.raises(ValueError, match="not a rate"):
+        sensitivity(spec, grpo, WORKLOAD, H100, 16, variations={"luck": (1,)})

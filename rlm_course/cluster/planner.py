@@ -22,9 +22,11 @@ To stay fast it prunes: the trainer layouts of each pool size are ranked by the 
 seconds on the workload (:class:`~rlm_course.cost.phases.TrainerCost`), the generation layouts
 by :func:`generation_estimate` (waves of mean-length responses, then the longest one alone), and
 only the best two of each are simulated whole (:func:`~rlm_course.cluster.simulator.simulate`, with
-the response lengths rounded to 64 levels): colocated, crossed with its modes (offloading the
-trainer when the rollout's KV cache would not fit beside it); disaggregated, first each split with
-the best layouts in the streaming asynchronous mode, then every layout and mode at the best split.
+the response lengths rounded to 64 levels): colocated, every mode with the best-ranked layouts,
+then the other layouts in the best mode (offloading the trainer when the rollout's KV cache
+would not fit beside it); disaggregated, first the best layouts in the streaming
+asynchronous mode at the two splits whose pools' estimates balance best, then, at the better
+split, every mode with the best layouts and the other layouts in the best mode.
 Every candidate that does not fit memory is kept with its reason.
 
 :func:`format_plan` prints the best few with their step time, throughput, memory per device and
@@ -174,7 +176,7 @@ def _best_trainers(spec, config, workload, device, devices, rates, keep=2):
         cost = TrainerCost(spec, config, lay, device, rates, fabric, workload.prompt_len)
         scored.append((sum(cost.seconds(workload.lengths).values()), lay))
     scored.sort(key=lambda x: x[0])
-    return [lay for _, lay in scored[:keep]], refused
+    return [lay for _, lay in scored[:keep]], refused, (scored[0][0] if scored else math.inf)
 
 
 def generation_estimate(spec: TransformerSpec, workload: Workload, device: Device, devices: int,
@@ -212,8 +214,8 @@ def _best_generation(spec, workload, device, devices, rates, keep=2):
             refused.append(str(err))
     if not times:
         return [], refused or [f"no generation tp in {tuple(candidates)} divides {devices} devices "
-                               f"and {spec.name}'s {spec.n_head} heads."]
-    return sorted(times, key=lambda t: (times[t], t))[:keep], []
+                               f"and {spec.name}'s {spec.n_head} heads."], math.inf
+    return sorted(times, key=lambda t: (times[t], t))[:keep], [], min(times.values())
 
 
 def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device, gpus: int,
@@ -303,7 +305,7 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         return c
 
     def search(rollout, names, first_only=False):
-        (trainers, t_refused), (gens, g_refused) = layouts_for(rollout)
+        (trainers, t_refused, _), (gens, g_refused, _) = layouts_for(rollout)
         pool = "colocated" if rollout is None else f"disaggregated {rollout}:{gpus - rollout}"
         if not trainers:
             out.candidates.append(Candidate(f"{pool}: trainer", refused=_closest(t_refused)))
@@ -314,8 +316,21 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         if first_only:
             trainers, gens = trainers[:1], gens[:1]
         pool_devices = gpus if rollout is None else rollout
-        return [evaluate(rollout, tp, lay, name) for tp in gens for lay in trainers for name in names
-                if not (MODES[name].stage_fusion and pool_devices // tp < 2)]
+
+        def runs(tp, name):
+            return not (MODES[name].stage_fusion and pool_devices // tp < 2)
+
+        # every mode with the best-ranked layouts, then the other layouts in the best mode
+        first = [evaluate(rollout, gens[0], trainers[0], name) for name in names
+                 if runs(gens[0], name)]
+        simulated = [c for c in first if c.result]
+        if not simulated:
+            return first
+        mode = min(simulated, key=lambda c: c.cost).scenario.mode
+        name = next(n for n in names if MODES[n] == mode)
+        rest = [evaluate(rollout, tp, lay, name) for tp in gens for lay in trainers
+                if (tp, lay) != (gens[0], trainers[0]) and runs(tp, name)]
+        return first + rest
 
     if "colocated" in placements:
         search(None, runnable["colocated"])
@@ -329,9 +344,13 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
                 splits.append(rollout)
         names = runnable["disaggregated"]
         probe = "async" if "async" in names else names[-1]
+        # rank the splits by the longer of the two pools' estimates (an overlapped step), then
+        # simulate the two best in the probe mode, then every layout and mode at the better one
+        estimate = {r: max(layouts_for(r)[0][2], layouts_for(r)[1][2]) for r in splits}
+        shortlist = sorted(splits, key=lambda r: estimate[r])[:2]
         tried = {r: min((c.step for c in search(r, [probe], first_only=True)), default=math.inf)
-                 for r in splits}
-        best = min(tried, key=tried.get)  # then every layout and mode at the best split
+                 for r in shortlist}
+        best = min(tried, key=tried.get)
         if tried[best] < math.inf:
             search(best, names)
     if not out.ranked:
@@ -410,3 +429,55 @@ def format_plan(result: Plan, top: int = 5) -> str:
         for c in others:
             lines.append(f" - {c.name}: {why(c, best)}")
     return "\n".join(lines)
+
+
+#: The rates (and the staleness price) whose plausible range decides most plans: decode latency
+#: per step (0 for a roofline engine; tens of ms measured under vLLM), training HFU, the weight
+#: sync's fixed seconds, and how much a version of staleness costs.
+SENSITIVITY = {"decode_step_latency": (0.0, 0.01, 0.03), "train_hfu": (0.2, 0.3, 0.5),
+               "sync_fixed_seconds": (0.0, 10.0, 60.0), "staleness_penalty": (0.0, 0.1, 0.3)}
+
+
+def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device,
+                gpus: int, rates: Rates | None = None, variations: dict | None = None,
+                staleness_penalty: float = STALENESS_PENALTY, **options) -> list[dict]:
+    """Plan again with one rate (or the staleness penalty) changed at a time, the others held at
+    ``rates`` (default: the calibrated ones): which plan wins at each value, and whether that
+    flips the ranking. ``variations``: ``{rate or "staleness_penalty": values}`` (default
+    :data:`SENSITIVITY`); ``options`` go to :func:`plan`.
+
+    Returns:
+        one row per (rate, value): ``rate, value, best (its name), step, cost, flips`` (the best
+        plan differs from the one at the calibrated rates).
+
+    Raises:
+        ValueError: for an unknown rate or a value :class:`~rlm_course.cost.phases.Rates` refuses.
+    """
+    from dataclasses import fields, replace
+
+    if rates is None:
+        from rlm_course.cluster.calibration import calibrated_rates
+
+        rates = calibrated_rates(device)
+    variations = SENSITIVITY if variations is None else variations
+    known = {f.name for f in fields(Rates)} | {"staleness_penalty"}
+    for name in variations:
+        if name not in known:
+            raise ValueError(f"sensitivity: {name!r} is not a rate; choose among "
+                             f"{', '.join(sorted(known))}.")
+    base = plan(spec, config, workload, device, gpus, rates=rates,
+                staleness_penalty=staleness_penalty, **options).best
+    rows = []
+    for name, values in variations.items():
+        for value in values:
+            if name == "staleness_penalty":
+                result = plan(spec, config, workload, device, gpus, rates=rates,
+                              staleness_penalty=value, **options)
+            else:
+                result = plan(spec, config, workload, device, gpus,
+                              rates=replace(rates, **{name: value}),
+                              staleness_penalty=staleness_penalty, **options)
+            best = result.best
+            rows.append({"rate": name, "value": value, "best": best.name, "step": best.step,
+                         "cost": best.cost, "flips": best.name != base.name})
+    return rows
