@@ -146,11 +146,18 @@ def test_kv_slots_and_the_generation_tp_choice():
     assert 1 not in times and best in (2, 4, 8)
     assert times[best] == min(times.values())
     # a few sequences per device: decode is memory-bound, and splitting the weight reads wins;
-    # many: the KV caches and the compute dominate, and the collectives of a wide TP cost more
+    # many: an engine's one-shot all-reduce inside a node keeps a wide TP's collectives cheap,
+    # and the weights it splits leave more room for KV caches (fewer waves)
     few, t_few = choose_generation_tp(get_spec("llama-3-8b"), H100, 64, 64, 4096, link)
     many, t_many = choose_generation_tp(get_spec("llama-3-8b"), H100, 64, 65536, 4096, link)
     assert few == 8 and t_few[1] > 2 * t_few[8]
-    assert many == 2 and t_many[8] > t_many[2]
+    assert many == 8 and t_many[2] > t_many[8]
+    # across nodes the network's latency returns: a TP-16 step of Llama-3-70B pays NCCL's
+    # all-reduces over the NICs, several times the TP-8 step's in-node ones
+    spec70, fabric = get_spec("llama-3-70b"), comm.Fabric.of(H100)
+    inside = comm.decode_tp_comm(spec70, 8, 64, fabric.link(8), in_node=True).seconds
+    across = comm.decode_tp_comm(spec70, 16, 64, fabric.link(16)).seconds
+    assert across > 5 * inside
 
 
 # ---------------------------------------------------------------------- phases
@@ -197,7 +204,16 @@ def test_trainer_pipeline_bubble_is_the_1f1b_bubble():
     ideal = flops / (4 * H100.peak_flops * rates.train_hfu)
     bubble = simulate_pipeline(schedule_table("1f1b", 4, 8)).bubble_fraction
     hops = 3 * comm.pipeline_comm(SPEC, 600, comm.Fabric.of(H100).link(4)).seconds
-    assert seconds == pytest.approx(ideal / (1 - bubble) + hops, rel=1e-9)
+    # the optimizer step: a device's weights, gradients and Adam states (16 bytes per parameter
+    # of its quarter of the model) read and written once at the memory bandwidth
+    adam = 2 * 16 * SPEC.params() / 4 / H100.memory_bandwidth
+    assert cost.adam_seconds() == pytest.approx(adam, rel=1e-9)
+    assert seconds == pytest.approx(ideal / (1 - bubble) + hops + adam, rel=1e-9)
+    # fixed seconds per micro-batch and per optimizer step add as counted: 8 micro-batches
+    slow = TrainerCost(SPEC, config, lay, H100, Rates(micro_batch_seconds=0.01,
+                                                        optimizer_step_seconds=0.5),
+                       comm.Fabric.of(H100), 100).seconds(lengths)["policy update"]
+    assert slow == pytest.approx(seconds + 8 * 0.01 + 0.5, rel=1e-9)
 
 
 # ---------------------------------------------------------------------- whole iterations
@@ -212,19 +228,26 @@ def test_a_synchronous_step_is_the_sum_of_its_stages():
     result = simulate(s, iterations=3, warmup=1)
     st = result.stages
     assert result.step_seconds == pytest.approx(sum(st.values()), rel=1e-9)
-    # generation: one prefill and 1023 decode steps of 16 sequences on each of 16 replicas
+    # generation: one prefill of each group's prompt (prefix caching: 2 groups of 8 per replica)
+    # and 1023 decode steps of 16 sequences on each of 16 replicas
     w = s.workload
     cost = DecodeCost(SPEC, H100, 1, s.rates, None, w)
     n = w.responses // 16
-    gen = cost.prefill_seconds({256: n}) + cost.seconds(1023, n, n * 257)
+    gen = cost.prefill_seconds({256: n // 8}) + cost.seconds(1023, n, n * 257)
     assert st["generation"] == pytest.approx(gen, rel=1e-9)
+    # without prefix caching every sample prefills its prompt
+    plain = simulate(_scenario(trainer=Layout(dp=16, zero=3), rates=Rates(prefix_caching=False)),
+                     iterations=3, warmup=1)
+    assert plain.stages["generation"] == pytest.approx(
+        cost.prefill_seconds({256: n}) + cost.seconds(1023, n, n * 257), rel=1e-9)
     trainer = TrainerCost(SPEC, s.config, s.trainer_layout, H100, s.rates,
                           comm.Fabric.of(H100), 256).seconds([1024] * w.responses)
     for stage, seconds in trainer.items():
         assert st[stage] == pytest.approx(seconds, rel=1e-9)
-    # the FLOPs the replicas count are anatomy's generation FLOPs (independent code)
+    # the FLOPs the replicas count are anatomy's generation FLOPs (independent code), the prompt
+    # of a group prefilled once
     costs = generation_costs(SPEC, w)
-    flops = costs["prefill"].flops + costs["decode"].flops
+    flops = costs["prefill"].flops / w.group_size + costs["decode"].flops
     trained = sum(pass_flops(SPEC, s.config, 256, [1024] * w.responses).values())
     assert result.mfu == pytest.approx((flops + trained) / (16 * H100.peak_flops * result.step_seconds),
                                        rel=1e-9)
@@ -254,19 +277,22 @@ def test_stage_fusion_hides_scoring_behind_a_long_tail_and_cannot_without_one():
     fused = simulate(_scenario(workload=tail, config=config, trainer=Layout(dp=16, zero=3),
                                mode=fusion))
     assert fused.step_seconds < base.step_seconds
-    # closed form: when the short 7/8 of the samples are done (each replica: a prefill of 16 and
-    # 255 steps of 16), they are scored on 7/8 of the devices while the tail decodes; the tail's
-    # samples are scored after it
+    # closed form: when the short 7/8 of the samples are done (each replica: a prefill of its 2
+    # groups' prompts and 255 steps of 16), the 32 long samples migrate to 2 of the 16 replicas
+    # (1/8), re-prefill their 511-token contexts there and decode their last 3,840 tokens, while
+    # the short ones are scored on the other 7/8 of the devices; the tail's samples are scored
+    # after it
     s = _scenario(workload=tail, config=config, trainer=Layout(dp=16, zero=3))
     cost = DecodeCost(SPEC, H100, 1, s.rates, None, tail)
-    t_short = cost.prefill_seconds({256: 16}) + cost.seconds(255, 16, 16 * 257)
+    t_short = cost.prefill_seconds({256: 2}) + cost.seconds(255, 16, 16 * 257)
+    t_tail = cost.prefill_seconds({511: 16}) + cost.seconds(3840, 16, 16 * 512)
     trainer = TrainerCost(SPEC, config, s.trainer_layout, H100, s.rates, comm.Fabric.of(H100), 256)
     head = trainer.seconds([256] * 224)["scoring"]
     whole = trainer.seconds(list(lengths))
-    gen = base.stages["generation"]
-    expected = (max(gen, t_short + head / (1 - 1 / 8)) + whole["scoring"] - head
+    expected = (max(t_short + t_tail, t_short + head / (1 - 1 / 8)) + whole["scoring"] - head
                 + whole["policy update"] + base.stages["weight sync"])
     assert fused.step_seconds == pytest.approx(expected, rel=1e-9)
+    assert fused.stages["generation"] == pytest.approx(t_short + t_tail, rel=1e-9)
     uniform = simulate(_scenario(trainer=Layout(dp=16, zero=3), mode=fusion))
     plain = simulate(_scenario(trainer=Layout(dp=16, zero=3)))
     assert uniform.step_seconds >= plain.step_seconds  # nothing to overlap without a tail

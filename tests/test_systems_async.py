@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlm_course.cost import workdepth as wd
-from rlm_course.cost.anatomy import Workload, iteration_report, sync_seconds, weight_sync_seconds
+from rlm_course.cost.anatomy import Workload, iteration_report
+from rlm_course.cost.weight_sync import broadcast_seconds, predict_transition, sync_cost
 from rlm_course.cost.architectures import SPECS
 from rlm_course.cost.hardware import get_device
 from rlm_course.lm.model import ModelConfig, TinyGPT
@@ -27,11 +28,12 @@ from rlm_course.systems.async_rl import (DecoupledObjective, PartialRollout, Pip
                                          tag_versions)
 from rlm_course.systems.controller import DeviceMapping
 from rlm_course.systems.resharding import (Split, generation_index, megatron_splits, merge,
-                                           micro_dp_groups, predict_transition, shard, shard_major,
+                                           micro_dp_groups, shard, shard_major,
                                            training_shards)
 from rlm_course.systems.timeline import (Event, Recorder, busy_seconds, clock_offset,
                                          overlap_seconds, utilisation)
-from rlm_course.systems.weight_sync import (bucket_plan, bucketed_broadcast, fit_alpha_beta,
+from rlm_course.distributed.collectives import fit_link
+from rlm_course.systems.weight_sync import (bucket_plan, bucketed_broadcast,
                                             handover, predict_sync_seconds)
 from rlm_course.tasks import get_task
 from rlm_course.tasks.eval_sets import load_eval_set
@@ -206,12 +208,19 @@ def test_alpha_beta_model_and_fit():
     link = Link(alpha=1e-4, beta=1e9)
     assert predict_sync_seconds(1e6, 4, link) == pytest.approx(4e-4 + 1e-3)
     assert predict_sync_seconds(1e6, 4, link, receivers=3) == pytest.approx(2 * (4e-4 + 1e-3))
-    assert sync_seconds(1e6, 4, 1e-4, 1e9) == predict_sync_seconds(1e6, 4, link)
+    assert broadcast_seconds(1e6, 4, link) == predict_sync_seconds(1e6, 4, link)
+    # pipelined (NCCL): the bytes cross once whatever the tree's depth
+    assert broadcast_seconds(1e6, 4, link, 3, pipelined=True) == pytest.approx(2 * 4e-4 + 1e-3)
+    # the copies term: packing and unpacking, a read and a write of every byte on each side
+    assert predict_sync_seconds(1e6, 4, link, memory_bandwidth=1e10) == pytest.approx(
+        4e-4 + 1e-3 + 4e6 / 1e10)
+    with pytest.raises(ValueError, match="memory_bandwidth"):
+        predict_sync_seconds(1e6, 4, link, memory_bandwidth=0)
     sizes = [2**k for k in range(10, 25, 2)]
-    fitted = fit_alpha_beta(sizes, [link.seconds(s) for s in sizes])
+    fitted = fit_link("broadcast", sizes, [link.seconds(s) for s in sizes], 2)
     assert fitted.alpha == pytest.approx(1e-4) and fitted.beta == pytest.approx(1e9)
     with pytest.raises(ValueError, match="grow"):
-        fit_alpha_beta([1, 2], [2.0, 1.0])
+        fit_link("broadcast", [1, 2], [2.0, 1.0], 2)
 
 
 # ---------------------------------------------------------------------------------- resharding
@@ -266,15 +275,18 @@ def test_transition_predictions_are_hybridflows_table():
 # ---------------------------------------------------------------------------------- cost models
 def test_stage_four_in_the_anatomy_and_the_dag():
     spec, h100 = SPECS["llama-3-70b"], get_device("H100-SXM-80GB")
-    dis = weight_sync_seconds(spec, h100)
-    assert dis["bytes"] == 2 * spec.params()
-    assert dis["messages"] == math.ceil(dis["bytes"] / 2**29)
-    assert dis["seconds"] == pytest.approx(dis["messages"] * h100.inter_node_latency
-                                           + dis["bytes"] / h100.inter_node_bandwidth)
-    col = weight_sync_seconds(spec, h100, "colocated")
-    assert col["network_bytes"] == 0 and col["seconds"] < dis["seconds"] / 10
+    dis = sync_cost(spec, h100, generation_tp=8, replicas=1)
+    assert dis.bytes == 2 * spec.params()
+    assert dis.messages == math.ceil(dis.bytes / 2**29)
+    # one trainer rank, 8 receivers on 9 devices (two nodes): the network link, pipelined
+    assert dis.transfer == pytest.approx(dis.messages * 4 * h100.inter_node_latency
+                                         + dis.bytes / h100.inter_node_bandwidth)
+    assert dis.copies == pytest.approx(4 * dis.bytes / h100.memory_bandwidth)
+    assert dis.seconds == pytest.approx(dis.transfer + dis.copies) and dis.ideal <= dis.seconds
+    col = sync_cost(spec, h100, "colocated", generation_tp=8, replicas=1)
+    assert col.network_bytes == 0 and col.seconds < dis.seconds / 10
     with pytest.raises(ValueError, match="placement"):
-        weight_sync_seconds(spec, h100, "nearby")
+        sync_cost(spec, h100, "nearby")
     w = Workload(8, 4, 128, 256)
     plain = iteration_report(spec, preset("grpo"), w, h100, devices=16, generation_tp=8)
     synced = iteration_report(spec, preset("grpo"), w, h100, devices=16, generation_tp=8,

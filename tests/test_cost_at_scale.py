@@ -1,0 +1,176 @@
+"""The cost model at scale holds the right values where it was once wrong (chapters 05, 12, 14):
+KV caches that TP ranks replicate, Megatron's distributed optimizer, the link a TP group spans,
+MFU against HFU, the one weight-sync model and its bounds, the engine's all-reduce, the lengths
+of a GRPO group."""
+
+import math
+
+import pytest
+
+from rlm_course.cluster.planner import generation_estimate
+from rlm_course.cluster.simulator import Scenario, algorithm, simulate
+from rlm_course.cost import comm
+from rlm_course.cost.anatomy import Workload, decode_step_seconds, iteration_report, lognormal_lengths
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.cost.layouts import Layout, generation_memory, training_memory
+from rlm_course.cost.phases import Cluster, DecodeCost, Rates
+from rlm_course.cost.weight_sync import sync_cost, tensor_count
+
+H100 = get_device("H100-SXM-80GB")
+DSV3, LLAMA70 = get_spec("deepseek-v3"), get_spec("llama-3-70b")
+
+
+def test_mla_and_gqa_kv_caches_are_replicated_past_their_heads():
+    # DeepSeek-V3's latent: (512 + 64) values x 61 layers x 2 bytes per token, whole on every rank
+    assert DSV3.kv_cache_bytes_per_token() == 576 * 61 * 2
+    for tp in (1, 8, 32):
+        assert DSV3.kv_shards(tp) == 1
+        assert generation_memory(DSV3, tp)["kv_per_token"] == 576 * 61 * 2
+    # Llama-3-70B: 8 KV heads, split up to TP 8, copied beyond
+    per_token = LLAMA70.kv_cache_bytes_per_token()
+    assert [LLAMA70.kv_shards(tp) for tp in (1, 4, 8, 16, 32)] == [1, 4, 8, 8, 8]
+    assert generation_memory(LLAMA70, 16)["kv_per_token"] == per_token / 8
+    # a memory-bound decode step of 256 sequences at 8,192 tokens on a TP-32 replica reads the
+    # whole latent cache on each device: 32x what a split cache would cost
+    bytes_per_device = 2 * DSV3.params(active=False) * 0 + 256 * 8192 * 576 * 61 * 2
+    step = decode_step_seconds(DSV3, H100, 32, 256, 8192)
+    assert step >= bytes_per_device / H100.memory_bandwidth
+    cost = DecodeCost(DSV3, H100, 32, Rates(decode_bandwidth=1.0, decode_mfu=1.0),
+                      comm.Fabric.of(H100), Workload(1, 1, 1, 1))
+    _, _, b0, _ = cost._terms(256, 256 * 8192)
+    weights = cost._weight_bytes(256)
+    assert b0 * H100.memory_bandwidth == pytest.approx(weights + 256 * 8193 * 576 * 61 * 2)
+
+
+def test_megatron_distributed_optimizer_keeps_fp32_main_gradients():
+    # Llama-3-70B on TP 8 x PP 2 x DP 8: 6 + 12/8 bytes per parameter of a device's sixteenth
+    per_device = LLAMA70.params() / 16
+    lay = Layout(dp=8, tp=8, pp=2, zero=1, main_grads_fp32=True, recompute=True)
+    mem = training_memory(LLAMA70, lay, 4096)
+    assert mem["weights"] == pytest.approx(2 * per_device)
+    assert mem["gradients"] == pytest.approx(4 * per_device)
+    assert mem["optimizer"] == pytest.approx(12 * per_device / 8)
+    bf16 = training_memory(LLAMA70, Layout(dp=8, tp=8, pp=2, zero=1, recompute=True), 4096)
+    # about 8.8 GB per device more than 2 + 2 + 12/d bytes per parameter
+    extra = sum(mem.values()) - sum(bf16.values())
+    assert extra == pytest.approx(2 * per_device) and 8.7e9 < extra < 8.9e9
+    assert lay.grad_bytes == 4 and "fp32-grads" in lay.describe()
+
+
+def test_generation_tp_across_nodes_is_priced_on_the_network_and_the_tail():
+    fabric = comm.Fabric.of(H100)
+    rates = Rates(decode_step_latency=0.01)
+    for tp, beta in ((8, H100.intra_node_bandwidth), (16, H100.inter_node_bandwidth)):
+        cost = DecodeCost(LLAMA70, H100, tp, rates, fabric)
+        assert cost.link.beta == beta and cost.in_node == (tp <= 8)
+    w = Workload.long_tailed(64, 16, 512, 2000, 0.8, 16384, seed=0)
+    estimate = generation_estimate(LLAMA70, w, H100, 64, 16, rates)
+    # the longest response decodes alone after the others: at least its remaining steps at one
+    # sequence, each at least the per-step latency
+    tail_steps = w.max_response_len - round(w.mean_response_len)
+    assert estimate > tail_steps * rates.decode_step_latency
+    # the TP-16 replica's all-reduces cross the network: NCCL's tree over 2 nodes of 8, by hand
+    m = 4 * LLAMA70.d_model * 2  # 4 sequences' activations, bf16
+    lat = comm.NCCL_LL_TREE_LATENCY
+    by_hand = lat["base"] + 2 * (7 * lat["intra"] + 1 * lat["inter"]) + 2 * m / H100.inter_node_bandwidth
+    assert comm.node_tree_all_reduce_seconds(m, 16, fabric) == pytest.approx(by_hand)
+    per_step = comm.decode_tp_comm(LLAMA70, 16, 4, fabric.link(16), fabric=fabric).seconds
+    assert per_step == pytest.approx(2 * LLAMA70.n_layer * by_hand)
+    in_node = comm.decode_tp_comm(LLAMA70, 8, 4, fabric.link(8), in_node=True).seconds
+    assert per_step > 2 * in_node  # the NIC's latency per all-reduce, not NVLink's
+
+
+def test_mfu_counts_no_recomputation_and_hfu_does():
+    spec = get_spec("qwen2.5-7b")
+    workload = Workload(16, 8, 256, 512)
+    scenario = Scenario(spec, algorithm("grpo", minibatches=2), workload, Cluster(H100, 8),
+                        generation_tp=1, trainer=Layout(dp=8, zero=3, recompute=True))
+    result = simulate(scenario)
+    assert result.training_hfu == pytest.approx(4 / 3 * result.training_mfu, rel=1e-9)
+    plain = simulate(Scenario(spec, algorithm("grpo", minibatches=2), workload, Cluster(H100, 8),
+                              generation_tp=1, trainer=Layout(dp=8, zero=3)))
+    assert plain.training_hfu == pytest.approx(plain.training_mfu, rel=1e-9)
+    assert result.training_mfu < plain.training_mfu  # the recomputed forward is not model work
+
+
+def test_a_colocated_sync_never_copies_more_than_a_device_holds():
+    for spec in (LLAMA70, get_spec("qwen3-235b-a22b")):
+        for tp in (4, 8, 16):
+            if spec.n_head % tp:
+                continue
+            try:
+                cost = sync_cost(spec, H100, "colocated", generation_tp=tp, replicas=1,
+                                 trainer=Layout(dp=1, tp=8, pp=2))
+            except ValueError:
+                assert 2 * spec.params() / tp > H100.memory_bytes
+                continue
+            shard = 2 * spec.params() / tp
+            assert shard <= H100.memory_bytes
+            assert cost.copies == pytest.approx(2 * shard / H100.memory_bandwidth)
+            assert cost.network_bytes == 0 and cost.ideal <= cost.seconds
+    with pytest.raises(ValueError, match="raise the generation tp"):
+        sync_cost(LLAMA70, H100, "colocated", generation_tp=1)  # 141 GB on an 80 GB device
+
+
+def test_chapter_12_stage_4_equals_the_simulators_weight_sync():
+    spec = get_spec("r1-distill-qwen-1.5b")  # a trainer on one device
+    w = Workload(8, 4, 128, 256)
+    report = iteration_report(spec, algorithm("grpo"), w, H100, devices=8, generation_tp=2,
+                              weight_sync="disaggregated")
+    scenario = Scenario(spec, algorithm("grpo"), w, Cluster(H100, 9), placement="disaggregated",
+                        rollout_gpus=8, generation_tp=2, trainer=Layout(dp=1))
+    result = simulate(scenario, iterations=2, warmup=1)
+    assert result.stages["weight sync"] == pytest.approx(
+        report["stages"]["weight sync"]["seconds"], rel=1e-12)
+    assert result.sync.seconds == pytest.approx(report["stages"]["weight sync"]["seconds"])
+
+
+def test_weight_sync_terms_and_the_ideal_bound():
+    # verl's per-tensor path for Qwen3-30B-A3B from 16 trainer to 16 rollout devices: the
+    # software term is a cost per tensor per level of the 32-rank tree
+    moe = get_spec("qwen3-30b-a3b")
+    assert tensor_count(moe) == 48 * (4 + 4 + 128 * 3 + 1) + 3
+    lay = Layout(dp=4, tp=2, ep=8, zero=1)
+    fast = sync_cost(moe, H100, generation_tp=4, replicas=4, trainer=lay)
+    slow = sync_cost(moe, H100, generation_tp=4, replicas=4, trainer=lay, tensor_seconds=1e-4,
+                     fixed_seconds=2.0)
+    assert slow.software == pytest.approx(tensor_count(moe) * 1e-4 * 5)
+    assert slow.seconds == pytest.approx(fast.seconds + slow.software + 2.0)
+    sharded = sync_cost(moe, H100, generation_tp=4, replicas=4, trainer=lay, transport="sharded")
+    assert sharded.network_bytes == pytest.approx(2 * moe.params() / 16)  # each shard leaves once
+    for cost in (fast, slow, sharded):
+        assert 0 < cost.ideal <= cost.seconds
+    with pytest.raises(ValueError, match="transport"):
+        sync_cost(moe, H100, transport="carrier pigeon")
+
+
+def test_the_engine_all_reduce_pays_one_latency_inside_a_node():
+    link = comm.Link(alpha=3.4e-6, beta=450e9)
+    m = 64 * 8192 * 2
+    one_shot = link.alpha + 7 * m / link.beta
+    two_shot = 2 * link.alpha + 2 * 7 / 8 * m / link.beta
+    assert comm.engine_all_reduce_seconds(m, 8, link) == pytest.approx(min(one_shot, two_shot))
+    assert comm.engine_all_reduce_seconds(m, 8, link) < comm.all_reduce_seconds(m, 8, link)
+    big = comm.ENGINE_ALL_REDUCE_MAX_BYTES * 2  # past vLLM's custom all-reduce: NCCL's
+    assert comm.engine_all_reduce_seconds(big, 8, link) == comm.all_reduce_seconds(big, 8, link)
+    assert comm.engine_all_reduce_seconds(m, 1, link) == 0.0
+
+
+def test_group_lengths_share_their_prompt_and_the_mean_after_the_cap():
+    n, g = 4096, 16
+    free = lognormal_lengths(n, 2000, 0.8, 8192, seed=3, group_size=g)
+    shared = lognormal_lengths(n, 2000, 0.8, 8192, seed=3, group_size=g, group_share=0.8)
+
+    def within_group_spread(lengths):
+        logs = [math.log(t) for t in lengths]
+        groups = [logs[i:i + g] for i in range(0, n, g)]
+        return sum(max(x) - min(x) for x in groups) / len(groups)
+
+    assert within_group_spread(shared) < 0.6 * within_group_spread(free)
+    capped = lognormal_lengths(n, 3000, 0.6, 4000, seed=0, mean_after_cap=True)
+    assert sum(capped) / n == pytest.approx(3000, rel=2e-3) and max(capped) == 4000
+    with pytest.raises(ValueError, match="group_size"):
+        lognormal_lengths(10, 100, 0.5, 200, group_size=3)
+    with pytest.raises(ValueError, match="group_share"):
+        lognormal_lengths(10, 100, 0.5, 200, group_share=1.5)
