@@ -1,593 +1,391 @@
-"""Does the simulator tell the truth? Two checks.
+"""Does the simulator predict published runs it was not fitted to?
 
-**(a) Against measured runs.** :func:`check_real_run` takes the record of a run (its model,
-workload, algorithm, cluster, the rates measured on it and the seconds each stage took),
-simulates the same iteration and compares stage by stage. The course's own single-process GRPO
-and PPO runs on this machine are such runs: :func:`course_run_record` runs a few iterations of
-:class:`~rlm_course.rl.trainer.RLTrainer` and measures, with micro-benchmarks of the same passes
-at the same shapes interleaved with them (:class:`TinyRateBench`), the rates they ran at: a decode step's fixed
-latency and compute rate (from ``generate`` at two batch sizes), a scoring forward's and a
-training step's fraction of the catalog's peak. The simulator then has to get the composition
-right: how many decode steps, which scoring forwards the algorithm runs, how many gradient
-steps, what a prefill costs. Multi-process runs (``torch.distributed``, Ray) produce the same
-kind of record, with measured link alpha and beta, and go through the same function.
+``data/published/rl_systems.json`` holds figures published by open RL systems (verl's
+one-step-off and fully-async tables at every scale, NeMo-RL's performance tables across versions
+and devices, verl's weight-sync and DeepSeek-V3 figures, AReaL's synchronous against asynchronous
+hours), each with its source, the verbatim row, the **setup** the source and its recipe give
+(model, devices, batch, lengths, layouts, execution mode) and the **assumptions** for what they
+leave open, said in words. Each figure belongs to a **family** of rates (a system: its engine,
+trainer and the software around them) and is either part of the family's declared
+**calibration** set or a **prediction**:
 
-The course's sampler and trainer compute on padded rectangles (every row of a batch runs until
-its longest response ends), so a course record's workload gives every response the batch's
-response columns, and its rates say ``static_batching``.
+* the rates of each family are fitted once on its calibration figures
+  (:func:`rlm_course.cluster.calibration.calibrate`, ``python -m rlm_course validate
+  --calibrate``) and stored in ``data/published/rates.json`` with the number of free parameters;
+* every other figure is predicted with those rates, without refitting (:func:`validation_table`).
 
-**(b) Against published figures.** ``data/published/rl_systems.json`` holds figures from the RL
-systems of the reference survey (verl's one-step-off and fully-async recipes, AReaL's synchronous
-against asynchronous hours, NeMo-RL's on-policy against one-step-off step times, verl's
-DeepSeek-V3 rollout and step seconds, generation shares of long chain-of-thought runs), each with
-its source, the **inputs** the source gives (model, devices, batch, lengths, layouts, mode, and
-where it publishes one, the per-stage seconds of its baseline run) and the **assumptions** for
-what it leaves open (response-length distribution, batch where not given, efficiencies), and the
-tolerance the comparison allows. :func:`reproduce` builds the baseline and target scenarios,
-**calibrates** the rates on the baseline's published stage seconds when there are some
-(:func:`calibrate`: the efficiency of generation, scoring and updates scaled until the simulated
-baseline matches, the rest of the step a fixed overhead), simulates both, and reports predicted
-against published. The tests check every figure's direction, and its size within the tolerance
-for the figures recorded as reproduced; a figure recorded as not reproduced carries the reason.
+**What is compared.** A seconds figure (a step, a generation phase, a weight sync) is within
+tolerance when ``|predicted / published - 1| <= 30%``; a speed-up (the ratio of two step figures
+of the table, each simulated) when its **gain** ``speedup - 1`` is within 25% of the published
+gain; a speed-up predicted on the wrong side of 1 is a **direction error**. Beside each figure a
+**null model** shows what the simulator adds over arithmetic (:func:`null_model`): for a step or
+a generation phase, the family's first calibration step scaled by the model FLOPs per device; for a
+speed-up, ``(G + T) / max(G, T)`` from the baseline's published generation ``G`` and training
+``T`` seconds when given (perfect overlap), else the ratio of devices; for a weight sync, the
+bytes over the network link (the ideal).
+
+A figure that misses stays in the table with its reason (``reason`` in the data file).
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
+import math
 from pathlib import Path
 
-import torch
-
-from rlm_course.cost.anatomy import Workload
-from rlm_course.cost.architectures import TransformerSpec, from_model_config, get_spec
-from rlm_course.cost.hardware import Device, get_device
-from rlm_course.cost.comm import Link
-from rlm_course.rl.algorithms import preset
-from rlm_course.cost.layouts import Layout
-from rlm_course.cost.phases import Cluster, Rates
 from rlm_course.cluster.simulator import MODES, Mode, Scenario, SimResult, algorithm, simulate
-from rlm_course.utils import best_seconds, data_dir
+from rlm_course.cost.anatomy import Workload
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.cost.layouts import DoesNotFit, Layout
+from rlm_course.cost.phases import Cluster, Rates, weight_sync
+from rlm_course.utils import data_dir
 
-#: Stages compared between a run's timers and the simulation (the trainer's ``training`` is the
-#: simulator's policy and critic updates together).
-COMPARED = ("generation", "scoring", "training")
-
-
-# ---------------------------------------------------------------------- (a) measured runs
-class TinyRateBench:
-    """Micro-benchmarks of the passes of a course iteration at its shapes, to measure the rates
-    the course's tiny model runs at on this machine (``prompts (batch, P)`` with ``mask``,
-    ``response_len`` response columns, ``minibatch_rows`` rows per gradient step):
-
-    * **decode**: :func:`~rlm_course.lm.sampling.generate` with an end token that never comes,
-      for 1 and ``response_len`` new tokens, at batch 1 and at the full batch; the difference
-      divided by the extra steps is one decode step (forward and sampling), ``t(b)``; with
-      ``t(b) = latency + b F_1 / (peak x decode_mfu)`` the two batch sizes give both;
-    * **scoring**: one :func:`~rlm_course.lm.sampling.response_log_probs` pass over the batch at
-      ``P + response_len`` columns: ``forward_mfu = FLOPs / (peak x seconds)``;
-    * **training**: one gradient step (log-probs with entropy, the clipped loss, backward,
-      clipping, AdamW) on ``minibatch_rows`` rows: ``train_hfu = 3 x forward FLOPs / (peak x
-      seconds)``.
-
-    FLOPs by :func:`~rlm_course.cost.architectures.teacher_forced_flops` and
-    :meth:`~rlm_course.cost.architectures.TransformerSpec.forward_flops_per_token`; ``peak`` is
-    ``device.peak_flops`` (the catalog's measured peak of this machine). :meth:`run` times each
-    benchmark once and keeps the fastest time so far, so that calls interleaved with the run
-    being measured see the same machine.
-    """
-
-    def __init__(self, model, prompts: torch.Tensor, mask: torch.Tensor, response_len: int,
-                 device: Device, config, minibatch_rows: int, tokenizer) -> None:
-        from rlm_course.lm.sampling import generate
-
-        self.model, self.prompts, self.mask = model, prompts, mask
-        self.response_len, self.device, self.config = response_len, device, config
-        self.tokenizer, self.rows = tokenizer, minibatch_rows
-        self.spec = from_model_config(model.config)
-        self.best: dict[str, float] = {}
-        rollout = generate(model, prompts, mask, response_len, eos_id=-1, pad_id=tokenizer.pad_id,
-                           generator=torch.Generator().manual_seed(0))
-        self.rollout = rollout
-        self.trained = copy.deepcopy(model).train()
-        self.optimizer = torch.optim.AdamW(self.trained.parameters(), lr=0.0)
-        self._train_step()  # AdamW allocates its state
-
-    def _generate(self, rows: int, k: int) -> None:
-        from rlm_course.lm.sampling import generate
-
-        generate(self.model, self.prompts[:rows], self.mask[:rows], k, eos_id=-1,
-                 pad_id=self.tokenizer.pad_id, generator=torch.Generator().manual_seed(0))
-
-    def _train_step(self) -> None:
-        from rlm_course.lm.sampling import response_log_probs
-        from rlm_course.rl.losses import policy_loss
-
-        r, c = self.rollout, self.config
-        rows = slice(0, self.rows)
-        log_probs, _ = response_log_probs(self.trained, r.tokens[rows], r.attention_mask[rows],
-                                          r.prompt_len, with_entropy=True)
-        loss, _ = policy_loss(log_probs, log_probs.detach(), torch.ones(self.rows) / 2,
-                              r.response_mask[rows], c.ratio_level, c.clip_eps, c.clip_high,
-                              c.loss_agg, self.response_len)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.trained.parameters(), 1.0)
-        self.optimizer.step()
-
-    def run(self) -> None:
-        """Time every benchmark once; keep the fastest of all runs so far."""
-        from rlm_course.lm.sampling import response_log_probs
-
-        self.model.eval()
-        batch, k = self.prompts.shape[0], max(2, self.response_len)
-        r = self.rollout
-        benches = {
-            "decode 1 x 1": lambda: self._generate(1, 1),
-            f"decode 1 x {k}": lambda: self._generate(1, k),
-            "decode b x 1": lambda: self._generate(batch, 1),
-            f"decode b x {k}": lambda: self._generate(batch, k),
-            "scoring": lambda: response_log_probs(self.model, r.tokens, r.attention_mask, r.prompt_len),
-            "training": self._train_step,
-        }
-        with torch.no_grad():
-            for name, fn in benches.items():
-                if name == "training":
-                    continue
-                self.best[name] = min(self.best.get(name, float("inf")), best_seconds(fn, 1))
-        self.best["training"] = min(self.best.get("training", float("inf")),
-                                    best_seconds(self._train_step, 1))
-
-    def rates(self) -> Rates:
-        """The rates of the fastest timings: :class:`~rlm_course.cost.phases.Rates` with
-        ``static_batching`` (the course's sampler runs rows in lockstep) and the memory-bandwidth
-        term left at 1 (the tiny model's decode is compute- and latency-bound)."""
-        from rlm_course.cost.architectures import teacher_forced_flops
-
-        b, k, peak = self.prompts.shape[0], max(2, self.response_len), self.device.peak_flops
-        t1 = (self.best[f"decode 1 x {k}"] - self.best["decode 1 x 1"]) / (k - 1)
-        tb = (self.best[f"decode b x {k}"] - self.best["decode b x 1"]) / (k - 1)
-        f1 = self.spec.forward_flops_per_token(self.prompts.shape[1] + k // 2)
-        per_flop = max(tb - t1, 1e-12) / (f1 * (b - 1))
-        seq = self.rollout.tokens.shape[1]
-        return Rates(
-            train_hfu=min(1.0, 3 * teacher_forced_flops(self.spec, seq, self.rows)
-                          / (peak * self.best["training"])),
-            forward_mfu=min(1.0, teacher_forced_flops(self.spec, seq, b) / (peak * self.best["scoring"])),
-            decode_mfu=min(1.0, 1 / (per_flop * peak)), decode_bandwidth=1.0,
-            decode_step_latency=max(0.0, t1 - f1 * per_flop), static_batching=True)
+#: Tolerances: on seconds, relative; on a speed-up, relative on its gain (speed-up - 1).
+TOLERANCE = {"seconds": 0.30, "gain": 0.25}
+#: What a figure may be.
+WHAT = ("step_seconds", "generation_seconds", "sync_seconds", "speedup")
+SAMPLES = ("calibration", "prediction")
+#: Response lengths are rounded to this many levels when simulating figures (fewer events).
+LENGTH_BUCKETS = 256
 
 
-def course_run_record(variant: str = "grpo", rounds: int = 4, task_name: str = "addition",
-                      seed: int = 0) -> dict:
-    """Run ``rounds`` iterations of the course's trainer (the warm-start policy of ``task_name``,
-    preset ``variant``) on this machine, each followed by one round of :class:`TinyRateBench`
-    at the shapes the iterations ran; return the record :func:`check_real_run` takes, with the
-    fastest iteration's seconds per stage and the rates of the fastest benchmark times (the
-    least disturbed by whatever else the machine runs).
-
-    Raises:
-        ValueError: for a preset with dynamic sampling (its rounds vary from step to step).
-    """
-    from rlm_course.lm.tokenizer import CharTokenizer
-    from rlm_course.rl.runs import load_sft_policy
-    from rlm_course.rl.trainer import RLTrainer
-    from rlm_course.tasks import get_task
-
-    config = preset(variant, eval_every=10**6, seed=seed)
-    if config.dynamic_sampling:
-        raise ValueError(f"{variant}: dynamic sampling runs a varying number of generation rounds; "
-                         "validate a preset without it.")
-    task, tokenizer = get_task(task_name), CharTokenizer()
-    policy, _ = load_sft_policy(task, tokenizer, progress=False, log=lambda *a: None)
-    trainer = RLTrainer(policy, task, tokenizer, config, [])
-    device = get_device("this-machine")
-    rows, bench = [], None
-    problems = task.problems(config.prompts_per_step * config.group_size, seed)
-    for _ in range(rounds):
-        rows.append(trainer.step())
-        if bench is None:
-            prompt_len, response_len = rows[0]["prompt_columns"], rows[0]["response_columns"]
-            prompts, mask = tokenizer.encode_prompts([pr.prompt for pr in problems])
-            prompts, mask = _pad_left(prompts, mask, prompt_len, tokenizer.pad_id)
-            bench = TinyRateBench(copy.deepcopy(trainer.policy), prompts, mask, response_len,
-                                  device, config, -(-prompts.shape[0] // config.minibatches),
-                                  tokenizer)
-        bench.run()
-    shapes = {(r["prompt_columns"], r["response_columns"]) for r in rows}
-    if len(shapes) != 1:  # keep the iterations of the benchmarked shape
-        rows = [r for r in rows if (r["prompt_columns"], r["response_columns"])
-                == (prompt_len, response_len)]
-    best = {s: min(r[f"seconds_{s}"] for r in rows) for s in COMPARED + ("reward",)}
-    verifier = best_seconds(lambda: [task.verify(pr, "1") for pr in problems], 3) / len(problems)
-    rates = dataclasses.replace(bench.rates(), reward_seconds=verifier)
-    return {
-        "model": {"model_config": policy.config.to_dict()},
-        "device": "this-machine", "gpus": 1,
-        "algorithm": {"preset": variant, "minibatches": config.minibatches,
-                      "ppo_epochs": config.ppo_epochs},
-        "workload": {"prompts": config.prompts_per_step, "group_size": config.group_size,
-                     "prompt_len": prompt_len, "response_len": response_len,
-                     "weight_bytes": 4, "kv_bytes": 4},
-        "placement": "colocated", "mode": "sync",
-        "rates": _rates_dict(rates),
-        "measured": best,
-    }
-
-
-def _pad_left(prompts: torch.Tensor, mask: torch.Tensor, columns: int, pad_id: int):
-    """Left-pad (or cut) a prompt batch to ``columns`` columns, as the trainer's batch had."""
-    extra = columns - prompts.shape[1]
-    if extra <= 0:
-        return prompts[:, -columns:], mask[:, -columns:]
-    pad = torch.full((prompts.shape[0], extra), pad_id, dtype=prompts.dtype)
-    return torch.cat([pad, prompts], 1), torch.cat([torch.zeros_like(pad, dtype=torch.bool), mask], 1)
-
-
-def _rates_dict(rates: Rates) -> dict:
-    out = {}
-    for f in dataclasses.fields(rates):
-        value = getattr(rates, f.name)
-        if isinstance(value, Link):
-            value = [value.alpha, value.beta]
-        out[f.name] = value
-    return out
-
-
-def _rates(values: dict | None, base: Rates | None = None) -> Rates:
-    values = dict(values or {})
-    for key in ("intra_link", "inter_link"):
-        if isinstance(values.get(key), (list, tuple)):
-            values[key] = Link(*values[key])
-    return dataclasses.replace(base or Rates(), **values)
-
-
-def _device(value) -> Device:
-    if isinstance(value, str):
-        return get_device(value)
-    return Device(**{"name": "measured", "source": "a run's record", **value})
-
-
-def _spec(model: dict | str) -> TransformerSpec:
-    if isinstance(model, str):
-        return get_spec(model)
-    if "spec" in model:
-        return get_spec(model["spec"])
-    from rlm_course.lm.model import ModelConfig
-
-    return from_model_config(ModelConfig(**model["model_config"]))
-
-
-def scenario_from_record(record: dict) -> Scenario:
-    """The :class:`~rlm_course.cluster.simulator.Scenario` of a run record (see
-    :func:`check_real_run`).
-
-    Raises:
-        ValueError: for an unknown model, device, preset or mode, or inconsistent settings.
-    """
-    algo = dict(record["algorithm"])
-    config = preset(algo.pop("preset"), **algo)
-    w = dict(record["workload"])
-    workload = Workload(**w)
-    mode = record.get("mode", "sync")
-    if isinstance(mode, str):
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}.")
-        mode = MODES[mode]
-    else:
-        mode = Mode(**mode)
-    trainer = record.get("trainer")
-    return Scenario(_spec(record["model"]), config, workload,
-                    Cluster(_device(record["device"]), record["gpus"]),
-                    placement=record.get("placement", "colocated"),
-                    rollout_gpus=record.get("rollout_gpus"),
-                    generation_tp=record.get("generation_tp", 1),
-                    trainer=Layout(**trainer) if trainer else None, mode=mode,
-                    rates=_rates(record.get("rates")),
-                    engine_log_probs=record.get("engine_log_probs", False))
-
-
-def predicted_stages(result: SimResult) -> dict[str, float]:
-    """A simulation's stage seconds under the names a run's timers use (``training`` = policy
-    and critic updates)."""
-    st = result.stages
-    return {"generation": st.get("generation", 0.0), "scoring": st.get("scoring", 0.0),
-            "training": st.get("policy update", 0.0) + st.get("critic update", 0.0),
-            "reward": st.get("reward", 0.0), "step": result.step_seconds}
-
-
-def compare_with_measured(predicted: dict[str, float], measured: dict[str, float],
-                          tolerance: float = 0.2) -> list[dict]:
-    """One row per stage both sides have: ``stage, predicted, measured, ratio`` (predicted over
-    measured) and ``ok`` (``|ratio - 1| <= tolerance``)."""
-    rows = []
-    for stage in measured:
-        if stage not in predicted or not measured[stage]:
-            continue
-        ratio = predicted[stage] / measured[stage]
-        rows.append({"stage": stage, "predicted": predicted[stage], "measured": measured[stage],
-                     "ratio": ratio, "ok": abs(ratio - 1) <= tolerance})
-    return rows
-
-
-def check_real_run(record: dict, tolerance: float = 0.2, stages=COMPARED) -> list[dict]:
-    """Compare a measured run with the simulation of the same iteration: the hook for every real
-    run, single-process or distributed.
-
-    ``record`` holds: ``model`` (``{"spec": name}`` or ``{"model_config": {...}}``), ``device``
-    (a catalog name, or its figures measured), ``gpus``, ``algorithm`` (``{"preset": name,
-    ...overrides}``), ``workload`` (:class:`~rlm_course.cost.anatomy.Workload` fields),
-    ``placement``, ``rollout_gpus``, ``generation_tp``, ``trainer`` (:class:`Layout` fields),
-    ``mode`` (a name of :data:`~rlm_course.cluster.simulator.MODES` or :class:`Mode` fields),
-    ``rates`` (:class:`~rlm_course.cost.phases.Rates` fields; links as ``[alpha, beta]``,
-    e.g. fitted on the run's process groups) and ``measured`` (``{stage: seconds}``, stages
-    ``generation``, ``scoring``, ``training``, ``reward``, ``step``).
-
-    Returns:
-        :func:`compare_with_measured`'s rows for ``stages``.
-
-    Raises:
-        ValueError: for a record the simulator cannot build (the message says what).
-    """
-    result = simulate(scenario_from_record(record), iterations=2, warmup=1)
-    measured = {k: v for k, v in record["measured"].items() if k in stages}
-    return compare_with_measured(predicted_stages(result), measured, tolerance)
-
-
-# ---------------------------------------------------------------------- (b) published figures
 def figures_path() -> Path:
     return data_dir() / "published" / "rl_systems.json"
 
 
-def load_figures() -> list[dict]:
-    """The published figures of ``data/published/rl_systems.json``.
+def load_document() -> dict:
+    """The whole figures file: ``about``, ``families`` and ``figures``.
 
     Raises:
-        ValueError: if the file is missing or not valid JSON.
+        ValueError: if the file is missing, not valid JSON or has no figures.
     """
     path = figures_path()
     try:
-        return json.loads(path.read_text())["figures"]
+        doc = json.loads(path.read_text())
+        doc["figures"]
     except (OSError, json.JSONDecodeError, KeyError) as err:
         raise ValueError(f"{path} is unreadable ({err}); restore it from git.") from None
+    return doc
 
 
-def figure(figure_id: str) -> dict:
+def load_figures() -> list[dict]:
+    """The published figures (see the module docstring)."""
+    return load_document()["figures"]
+
+
+def figure(figure_id: str, figures: list[dict] | None = None) -> dict:
     """One figure by its ``id``.
 
     Raises:
         ValueError: for an unknown id (the message lists the known ones).
     """
-    figures = load_figures()
+    figures = load_figures() if figures is None else figures
     for f in figures:
         if f["id"] == figure_id:
             return f
     raise ValueError(f"unknown figure {figure_id!r}; known: {', '.join(f['id'] for f in figures)}.")
 
 
-def _merge(base: dict, over: dict) -> dict:
-    """``over`` on top of ``base``, dictionaries merged key by key, recursively."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
+def check_figure(fig: dict, ids: set[str]) -> None:
+    """Raise ``ValueError`` naming the figure and the field if ``fig`` is malformed."""
+    name = fig.get("id", "?")
+    for key in ("id", "system", "family", "sample", "what", "published", "source"):
+        if key not in fig:
+            raise ValueError(f"figure {name}: missing {key!r}.")
+    if fig["what"] not in WHAT:
+        raise ValueError(f"figure {name}: what={fig['what']!r}; choose one of {WHAT}.")
+    if fig["sample"] not in SAMPLES:
+        raise ValueError(f"figure {name}: sample={fig['sample']!r}; choose one of {SAMPLES}.")
+    if not (isinstance(fig["published"], (int, float)) and fig["published"] > 0):
+        raise ValueError(f"figure {name}: published={fig['published']!r} must be a positive number.")
+    if fig["what"] == "speedup":
+        for key in ("baseline", "target"):
+            if fig.get(key) not in ids:
+                raise ValueError(f"figure {name}: {key}={fig.get(key)!r} is not a figure of the file.")
+    elif "setup" not in fig:
+        raise ValueError(f"figure {name}: missing its 'setup'.")
 
 
-def _setting(fig: dict) -> dict:
-    """The figure's inputs with its assumptions filling what the source leaves open."""
-    return _merge(fig["assumptions"], fig["inputs"])
+# ---------------------------------------------------------------------- building a scenario
+_WORKLOADS: dict[str, Workload] = {}  # a workload depends on its setup only, not on the rates
 
 
-def infer_mean_response(cfg: dict, spec: TransformerSpec, config, device: Device,
-                        layout: Layout, seconds: float, rates: Rates | None = None) -> float:
-    """The mean response length (of the figure's log-normal shape) at which the trainer's
-    policy update of one batch takes ``seconds`` at ``rates`` (default: the default rates): the
-    batch's size in tokens, read off a published update time, when the source gives the time
-    but not the lengths."""
-    from rlm_course.cost.phases import TrainerCost
-
-    rates = rates or Rates()
-    fabric = Cluster(device, layout.devices).fabric(rates) if layout.devices > 1 else None
-    cost = TrainerCost(spec, config, layout, device, rates, fabric, cfg["prompt_len"])
-
-    def update(mean: float) -> float:
-        w = Workload.long_tailed(cfg["prompts"], cfg["group_size"], cfg["prompt_len"], mean,
-                                 cfg["sigma"], cfg["max_response"], seed=cfg.get("seed", 0))
-        return cost.seconds(w.lengths)["policy update"]
-
-    lo, hi = 1.0, cfg["max_response"] / 2
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if update(mid) < seconds else (lo, mid)
-    return round((lo + hi) / 2, 1)
-
-
-def build_scenarios(fig: dict) -> tuple[Scenario, Scenario, dict]:
-    """The baseline and target scenarios of a figure, and its merged setting.
-
-    Two assumptions may be resolved from the source's own numbers rather than given:
-    ``mean_response: "from update"`` (:func:`infer_mean_response` on the baseline's published
-    ``policy update`` seconds) and ``rollout_gpus: "balanced"`` (the target's split, among
-    eighths of the devices, that gives the shortest step: the allocation of a system that
-    balances its generation and training pools)."""
-    cfg = _setting(fig)
-    spec, device = get_spec(cfg["model"]), get_device(cfg["device"])
-    config = algorithm(cfg["algorithm"], **cfg.get("algorithm_overrides", {}))
-    rates = _rates(cfg.get("rates"))
-
-    def layout(s: dict, pool: int) -> Layout:
-        lay = dict(s.get("trainer", {}))
-        per = lay.get("tp", 1) * lay.get("pp", 1) * lay.get("cp", 1)
-        lay.setdefault("dp", pool // per)
-        return Layout(**lay)
-
-    if cfg.get("mean_response") == "from update":
-        base = _merge(cfg.get("both", {}), cfg["baseline"])
-        cfg["mean_response"] = infer_mean_response(
-            cfg, spec, config, device, layout(base, cfg["gpus"]),
-            cfg["baseline_stages"]["policy update"])
-    workload = Workload.long_tailed(cfg["prompts"], cfg["group_size"], cfg["prompt_len"],
-                                    cfg["mean_response"], cfg["sigma"], cfg["max_response"],
-                                    seed=cfg.get("seed", 0))
-
-    def side(name: str, rollout_gpus=None) -> Scenario:
-        s = _merge(cfg.get("both", {}), cfg[name])
-        gpus = s.get("gpus", cfg["gpus"])
-        placement = s.get("placement", "colocated")
-        rollout = rollout_gpus if rollout_gpus is not None else s.get("rollout_gpus")
-        pool = gpus if placement == "colocated" else gpus - rollout
-        mode = s.get("mode", "sync")
-        mode = MODES[mode] if isinstance(mode, str) else Mode(**mode)
-        return Scenario(spec, config, workload, Cluster(device, gpus), placement=placement,
-                        rollout_gpus=rollout, generation_tp=s.get("generation_tp", 1),
-                        trainer=layout(s, pool), mode=mode, rates=_rates(s.get("rates"), rates),
-                        offload_trainer=s.get("offload_trainer", False),
-                        engine_log_probs=s.get("engine_log_probs", False),
-                        oversample=s.get("oversample", 1.0))
-
-    baseline = side("baseline")
-    if cfg["target"].get("rollout_gpus") == "balanced":
-        candidates = [cfg["gpus"] * k // 8 for k in range(1, 8)]
-        target = min((side("target", g) for g in candidates),
-                     key=lambda sc: simulate(sc, length_buckets=256).step_seconds)
-        cfg["target"]["rollout_gpus"] = target.rollout_gpus
-    else:
-        target = side("target")
-    return baseline, target, cfg
-
-
-#: the stages a published breakdown may give, and the rate each one calibrates
-CALIBRATED = {"generation": ("decode_step_latency",), "scoring": ("forward_mfu",),
-              "policy update": ("train_hfu",)}
-
-
-def calibrate(scenario: Scenario, measured: dict[str, float], rounds: int = 8,
-              length_buckets: int | None = 256) -> Rates:
-    """Rates under which ``scenario`` reproduces a published breakdown ``measured``
-    (``{"generation", "scoring", "policy update", "step"}`` seconds, any of them):
-
-    * generation: the engine's fixed seconds per decode step (``decode_step_latency``: what a
-      real engine spends on scheduling, sampling and kernel launches beyond the roofline), found
-      by the secant method, since generation time grows linearly with it (by the number of decode
-      steps on the slowest replica); if generation at the roofline rates is already slower than
-      measured, the decode efficiencies are raised instead (at most to 1);
-    * scoring and updates: ``forward_mfu`` and ``train_hfu`` scaled by simulated over measured
-      seconds, ``rounds`` times (the stage is nearly inversely proportional to them), at most 1;
-    * then the part of the measured ``step`` that no stage explains becomes
-      ``iteration_overhead``.
+def resolve(setup: dict, fitted: dict | None) -> dict:
+    """``setup`` with its fitted values filled in: a ``mean_response`` given as a name is a
+    workload parameter the family's calibration fitted (``fitted[name]``), the mean response
+    length of runs that do not publish it.
 
     Raises:
-        ValueError: if ``measured`` has no stage to calibrate.
+        ValueError: for a name the calibration does not know.
     """
-    keys = [k for k in CALIBRATED if measured.get(k)]
-    if not keys:
-        raise ValueError(f"nothing to calibrate in {sorted(measured)}; give seconds of "
-                         f"{', '.join(CALIBRATED)}.")
-
-    def run(rates: Rates) -> SimResult:  # as the prediction will simulate it
-        return simulate(dataclasses.replace(scenario, rates=rates), length_buckets=length_buckets)
-
-    rates = scenario.rates
-    for _ in range(3):  # the prefill runs at forward_mfu: let the two fits settle together
-        if "generation" in keys:
-            rates = _fit_generation(run, rates, measured["generation"],
-                                    scenario.workload.max_response_len, rounds)
-        for _ in range(rounds):
-            result = run(rates)
-            factors = {s: result.stages.get(s, 0.0) / measured[s] for s in keys}
-            if all(abs(f - 1) <= 1e-4 for f in factors.values()):
-                break
-            changes = {name: min(1.0, getattr(rates, name) * factors[stage])
-                       for stage in keys if stage != "generation" for name in CALIBRATED[stage]}
-            rates = dataclasses.replace(rates, **changes)
-    if measured.get("step"):
-        explained = sum(v for k, v in run(rates).stages.items() if k != "overhead")
-        rates = dataclasses.replace(rates, iteration_overhead=max(0.0, measured["step"] - explained))
-    return rates
+    value = setup.get("mean_response")
+    if not isinstance(value, str):
+        return setup
+    if not fitted or value not in fitted:
+        raise ValueError(f"mean_response {value!r} is a fitted workload parameter the stored "
+                         "calibration does not have; run python -m rlm_course validate --calibrate.")
+    return {**setup, "mean_response": fitted[value]}
 
 
-def _fit_generation(run, rates: Rates, target: float, steps: int, rounds: int) -> Rates:
-    """The decode latency (secant method) that makes generation last ``target`` seconds; or, if
-    even none is too slow, decode efficiencies raised by the excess (at most to 1)."""
-    rates = dataclasses.replace(rates, decode_step_latency=0.0)
-    g0 = run(rates).stages.get("generation", 0.0)
-    if g0 > target:
-        factor = g0 / target
-        return dataclasses.replace(rates, decode_bandwidth=min(1.0, rates.decode_bandwidth * factor),
-                                   decode_mfu=min(1.0, rates.decode_mfu * factor))
-    lo, g_lo, hi = 0.0, g0, (target - g0) / steps
-    for _ in range(rounds):
-        g_hi = run(dataclasses.replace(rates, decode_step_latency=hi)).stages["generation"]
-        if abs(g_hi - target) <= 1e-4 * target or g_hi == g_lo:
-            break
-        lo, g_lo, hi = hi, g_hi, max(0.0, hi + (target - g_hi) * (hi - lo) / (g_hi - g_lo))
-    return dataclasses.replace(rates, decode_step_latency=hi)
+def workload(setup: dict) -> Workload:
+    """The figure's batch: ``prompts x group_size`` responses after ``prompt_len``-token prompts,
+    log-normal lengths (``sigma``, ``group_share`` of the log-variance shared by a group) whose
+    mean *after* the ``max_response`` cap is ``mean_response``
+    (:meth:`~rlm_course.cost.anatomy.Workload.long_tailed`)."""
+    keys = ("prompts", "group_size", "prompt_len", "mean_response", "sigma", "max_response",
+            "seed", "group_share", "weight_bytes")
+    key = json.dumps([setup.get(k) for k in keys])
+    if key not in _WORKLOADS:
+        _WORKLOADS[key] = Workload.long_tailed(
+            setup["prompts"], setup["group_size"], setup["prompt_len"], setup["mean_response"],
+            setup["sigma"], setup["max_response"], seed=setup.get("seed", 0),
+            group_share=setup.get("group_share", 0.0), mean_after_cap=True,
+            weight_bytes=setup.get("weight_bytes", 2))
+    return _WORKLOADS[key]
 
 
-_CALIBRATIONS: dict[str, Rates] = {}  # figures that share a baseline share its calibration
+def scenario(setup: dict, rates: Rates) -> Scenario:
+    """The :class:`~rlm_course.cluster.simulator.Scenario` of a figure's ``setup`` at ``rates``
+    (the setup's own ``rates`` entries, settings the source states such as ``max_batch``, on top).
+
+    Raises:
+        ValueError: for an unknown model, device, preset or mode, or inconsistent settings.
+    """
+    spec, device = get_spec(setup["model"]), get_device(setup["device"])
+    config = algorithm(setup["algorithm"], **setup.get("algorithm_overrides", {}))
+    gpus = setup["gpus"]
+    placement = setup.get("placement", "colocated")
+    rollout = setup.get("rollout_gpus")
+    pool = gpus if placement == "colocated" else gpus - rollout
+    lay = dict(setup.get("trainer", {}))
+    lay.setdefault("dp", pool // (lay.get("tp", 1) * lay.get("pp", 1) * lay.get("cp", 1)))
+    mode = setup.get("mode", "sync")
+    mode = MODES[mode] if isinstance(mode, str) else Mode(**mode)
+    return Scenario(spec, config, workload(setup), Cluster(device, gpus), placement=placement,
+                    rollout_gpus=rollout, generation_tp=setup.get("generation_tp", 1),
+                    trainer=Layout(**lay), mode=mode,
+                    rates=Rates.from_dict(setup.get("rates"), rates),
+                    offload_trainer=setup.get("offload_trainer", False),
+                    engine_log_probs=setup.get("engine_log_probs", False),
+                    oversample=setup.get("oversample", 1.0))
 
 
-def _measure(result: SimResult, what: str) -> float:
-    if what == "step_seconds":
+def sync_seconds(setup: dict, rates: Rates) -> float:
+    """A weight-sync figure's seconds: :func:`rlm_course.cost.phases.weight_sync` from the
+    setup's trainer to its rollout pool."""
+    spec, device = get_spec(setup["model"]), get_device(setup["device"])
+    lay = dict(setup["trainer"])
+    lay.setdefault("dp", setup["trainer_gpus"] // (lay.get("tp", 1) * lay.get("pp", 1)))
+    rates = Rates.from_dict(setup.get("rates"), rates)
+    tp = setup.get("generation_tp", 1)
+    return weight_sync(spec, device, setup.get("placement", "disaggregated"), tp,
+                       setup["rollout_gpus"] // tp, Layout(**lay), rates,
+                       weight_bytes=setup.get("weight_bytes", 2)).seconds
+
+
+class Predictor:
+    """Predictions of figures at given rates per family (and the families' fitted workload
+    parameters, ``{family: {name: value}}``), each simulation done once."""
+
+    def __init__(self, figures: list[dict], rates: dict[str, Rates],
+                 fitted: dict[str, dict] | None = None) -> None:
+        self.figures = {f["id"]: f for f in figures}
+        self.rates = rates
+        self.fitted = fitted or {}
+        self.results: dict[str, SimResult | float] = {}
+
+    def family_rates(self, fig: dict) -> Rates:
+        try:
+            return self.rates[fig["family"]]
+        except KeyError:
+            raise ValueError(f"figure {fig['id']}: no calibrated rates for family "
+                             f"{fig['family']!r}; run python -m rlm_course validate "
+                             "--calibrate.") from None
+
+    def simulated(self, fig_id: str) -> SimResult | float:
+        """The simulation of a step or generation figure (its SimResult), or a sync figure's
+        seconds."""
+        if fig_id not in self.results:
+            fig = self.figures[fig_id]
+            rates = self.family_rates(fig)
+            setup = resolve(fig["setup"], self.fitted.get(fig["family"]))
+            if fig["what"] == "sync_seconds":
+                self.results[fig_id] = sync_seconds(setup, rates)
+            else:
+                self.results[fig_id] = simulate(scenario(setup, rates),
+                                                length_buckets=LENGTH_BUCKETS)
+        return self.results[fig_id]
+
+    def predict(self, fig: dict) -> float:
+        """The predicted value of ``fig`` (seconds, or a speed-up)."""
+        what = fig["what"]
+        if what == "speedup":
+            return (self.predict(self.figures[fig["baseline"]])
+                    / self.predict(self.figures[fig["target"]]))
+        result = self.simulated(fig["id"])
+        if what == "sync_seconds":
+            return result
+        if what == "generation_seconds":
+            return result.stages.get("generation", 0.0)
         return result.step_seconds
+
+    def stages(self, fig: dict) -> dict[str, float]:
+        """A step figure's simulated seconds under the names published breakdowns use:
+        ``generation``, ``scoring``, ``update`` (policy and critic)."""
+        st = self.simulated(fig["id"]).stages
+        return {"generation": st.get("generation", 0.0), "scoring": st.get("scoring", 0.0),
+                "update": st.get("policy update", 0.0) + st.get("critic update", 0.0)}
+
+
+# ---------------------------------------------------------------------- errors and null models
+def error(fig: dict, predicted: float, published: float | None = None) -> float:
+    """The signed relative error the tolerance applies to: on the gain for a speed-up,
+    ``(predicted - 1) / (published - 1) - 1``; on the value otherwise."""
+    published = fig["published"] if published is None else published
+    if fig["what"] == "speedup":
+        return (predicted - 1) / (published - 1) - 1
+    return predicted / published - 1
+
+
+def within(fig: dict, predicted: float) -> bool:
+    limit = TOLERANCE["gain" if fig["what"] == "speedup" else "seconds"]
+    return math.isfinite(predicted) and abs(error(fig, predicted)) <= limit + 1e-12
+
+
+def direction_error(fig: dict, predicted: float) -> bool:
+    """A speed-up predicted on the other side of 1 than published."""
+    return (fig["what"] == "speedup" and math.isfinite(predicted)
+            and (predicted - 1) * (fig["published"] - 1) < 0)
+
+
+def _work_per_device(setup: dict) -> float | None:
+    """Model FLOPs of a step per device: ``2 N_active`` per token of every sequence, times the
+    passes (generation, scoring, ``3x`` for the update), over the devices."""
+    spec = get_spec(setup["model"])
+    if isinstance(setup["mean_response"], str):  # fitted, not published: no null model
+        return None
+    tokens = setup["prompts"] * setup["group_size"] * (setup["prompt_len"] + setup["mean_response"])
+    return 2 * spec.params(active=True) * tokens * 5 / setup["gpus"]
+
+
+def null_model(fig: dict, figures: dict[str, dict], reference: dict | None) -> float | None:
+    """The arithmetic a practitioner would do without a simulator (see the module docstring), or
+    ``None`` where it has nothing to say."""
+    what = fig["what"]
+    if what == "speedup":
+        base, target = figures[fig["baseline"]], figures[fig["target"]]
+        stages = base.get("published_stages") or {}
+        if "generation" in stages and "update" in stages:
+            g, t = stages["generation"], stages["update"] + stages.get("scoring", 0.0)
+            return (g + t) / max(g, t)
+        return target["setup"]["gpus"] / base["setup"]["gpus"]
+    if what == "sync_seconds":
+        s = fig["setup"]
+        spec, device = get_spec(s["model"]), get_device(s["device"])
+        return 2 * spec.params() / device.inter_node_bandwidth
+    if reference is None or reference["id"] == fig["id"]:
+        return None
+    work, base = _work_per_device(fig["setup"]), _work_per_device(reference["setup"])
+    if work is None or base is None:
+        return None
+    value = reference["published"] * work / base
     if what == "generation_seconds":
-        return result.stages.get("generation", 0.0)
-    if what == "generation_share":
-        return result.generation_share
-    raise ValueError(f"unknown figure quantity {what!r}.")
+        share = (reference.get("published_stages") or {}).get("generation")
+        return share / reference["published"] * value if share else None
+    return value
 
 
-def reproduce(fig: dict | str, length_buckets: int | None = 256) -> dict:
-    """Simulate a published figure (a dict of :func:`load_figures`, or its id).
-
-    ``fig["what"]`` says what is compared: ``speedup`` (the baseline's step over the target's),
-    or ``step_seconds``, ``generation_seconds``, ``generation_share`` of the target. With
-    ``inputs.baseline_stages``, the rates are first calibrated on the baseline
-    (:func:`calibrate`).
+# ---------------------------------------------------------------------- the table
+def validation_table(rates: dict[str, Rates] | None = None,
+                     figures: list[dict] | None = None,
+                     fitted: dict[str, dict] | None = None) -> list[dict]:
+    """Predict every figure with the families' calibrated rates and fitted workload parameters
+    (default: those stored in ``data/published/rates.json``) and compare.
 
     Returns:
-        ``{"id", "what", "predicted", "published", "ratio" (predicted / published), "tolerance",
-        "within" (|ratio - 1| <= tolerance), "direction" (for a speedup: both above 1, or both
-        below), "baseline", "target" (the two SimResults), "rates"}``.
+        one row per figure: ``id, system, family, sample, what, published, predicted, null,
+        error, null_error, within, direction_error, reason, source``.
+
+    Raises:
+        ValueError: for a malformed figure or a family without calibrated rates.
     """
-    if isinstance(fig, str):
-        fig = figure(fig)
-    baseline, target, cfg = build_scenarios(fig)
-    measured = cfg.get("baseline_stages")
-    rates = baseline.rates
-    if measured:  # the target runs at the rates the baseline was measured at
-        key = json.dumps([{k: v for k, v in cfg.items() if k != "target"}, length_buckets],
-                         sort_keys=True, default=str)
-        if key not in _CALIBRATIONS:
-            _CALIBRATIONS[key] = calibrate(baseline, measured, length_buckets=length_buckets)
-        rates = _CALIBRATIONS[key]
-        baseline = dataclasses.replace(baseline, rates=rates)
-        target = dataclasses.replace(target, rates=_rates(cfg["target"].get("rates"), rates))
-    base = simulate(baseline, length_buckets=length_buckets)
-    tgt = simulate(target, length_buckets=length_buckets)
-    if fig["what"] == "speedup":
-        predicted = base.step_seconds / tgt.step_seconds
-    else:
-        predicted = _measure(tgt, fig["what"])
-    published = fig["published"]
-    ratio = predicted / published
-    direction = (predicted > 1) == (published > 1) if fig["what"] == "speedup" else True
-    return {"id": fig["id"], "what": fig["what"], "predicted": predicted, "published": published,
-            "ratio": ratio, "tolerance": fig["tolerance"], "within": abs(ratio - 1) <= fig["tolerance"],
-            "direction": direction, "baseline": base, "target": tgt, "rates": rates,
-            "source": fig["source"], "status": fig.get("status", "reproduced")}
+    from rlm_course.cluster.calibration import family_rates, fitted_workload
 
-
-def validation_table(ids=None, length_buckets: int | None = 256) -> list[dict]:
-    """:func:`reproduce` for every figure (or those in ``ids``), without the SimResults."""
+    figures = load_figures() if figures is None else figures
+    ids = {f["id"] for f in figures}
+    for f in figures:
+        check_figure(f, ids)
+    if rates is None:
+        rates, fitted = family_rates(), fitted_workload()
+    predictor = Predictor(figures, rates, fitted)
+    by_id = {f["id"]: f for f in figures}
+    references = {}
+    for f in figures:  # a family's null-model reference: its first calibration step figure
+        if f["sample"] == "calibration" and f["what"] == "step_seconds":
+            references.setdefault(f["family"], f)
     rows = []
-    for fig in load_figures():
-        if ids is not None and fig["id"] not in ids:
-            continue
-        row = reproduce(fig, length_buckets)
-        rows.append({k: v for k, v in row.items() if k not in ("baseline", "target", "rates")})
+    for f in figures:
+        refused = ""
+        try:
+            predicted = predictor.predict(f)
+        except DoesNotFit as err:  # the memory model refuses a layout that ran: a miss
+            predicted, refused = math.nan, str(err)
+        null = null_model(f, by_id, references.get(f["family"]))
+        rows.append({"id": f["id"], "system": f["system"], "family": f["family"],
+                     "sample": f["sample"], "what": f["what"], "published": f["published"],
+                     "predicted": predicted, "null": null, "error": error(f, predicted),
+                     "null_error": None if null is None else error(f, null),
+                     "within": within(f, predicted), "refused": refused,
+                     "null_within": None if null is None else within(f, null),
+                     "direction_error": direction_error(f, predicted),
+                     "reason": f.get("reason", "") or (f"refused: {refused}" if refused else ""),
+                     "source": f["source"]})
     return rows
+
+
+def summary(rows: list[dict], free_parameters: int | None = None) -> dict:
+    """The counts the table ends with: out-of-sample hits and total, the null model's hits on the
+    same figures, direction errors, in-sample hits, and the free parameters fitted."""
+    from rlm_course.cluster.calibration import free_parameter_count
+
+    out = [r for r in rows if r["sample"] == "prediction"]
+    inside = [r for r in rows if r["sample"] == "calibration"]
+    nulls = [r for r in out if r["null_within"] is not None]
+    return {"out_of_sample_hits": sum(r["within"] for r in out),
+            "out_of_sample_total": len(out),
+            "out_of_sample_share": (sum(r["within"] for r in out) / len(out)) if out else 0.0,
+            "null_hits": sum(r["null_within"] for r in nulls), "null_total": len(nulls),
+            "simulator_hits_where_null_applies": sum(r["within"] for r in nulls),
+            "direction_errors": sum(r["direction_error"] for r in rows),
+            "in_sample_hits": sum(r["within"] for r in inside), "in_sample_total": len(inside),
+            "free_parameters": (free_parameter_count() if free_parameters is None
+                                else free_parameters),
+            "figures": len(rows)}
+
+
+def format_validation(rows: list[dict]) -> str:
+    """The table: figure, in or out of sample, predicted, published, null model, error (on the
+    gain for a speed-up), within tolerance; misses with their reason below it."""
+    from rlm_course.utils import format_table
+
+    def value(r, v):
+        if v is None:
+            return "-"
+        return f"{v:.2f}x" if r["what"] == "speedup" else f"{v:,.3g} s"
+
+    def pct(v):
+        return "-" if v is None else f"{v:+.0%}"
+
+    table = [[r["id"], "in" if r["sample"] == "calibration" else "out", value(r, r["predicted"]),
+              value(r, r["published"]), value(r, r["null"]),
+              ("gain " if r["what"] == "speedup" else "") + pct(r["error"]), pct(r["null_error"]),
+              ("yes" if r["within"] else "NO") + (" (direction)" if r["direction_error"] else "")]
+             for r in rows]
+    lines = [format_table(table, ["figure", "sample", "predicted", "published", "null model",
+                                  "error", "null error", "within"])]
+    misses = [r for r in rows if not r["within"]]
+    if misses:
+        lines.append("misses:")
+        lines += [f" - {r['id']}: {r['reason'] or 'no reason recorded'}" for r in misses]
+    return "\n".join(lines)

@@ -1,0 +1,269 @@
+"""Rates calibrated once on a declared set of published figures, then used everywhere.
+
+A **family** is one system's software on top of the hardware (verl with vLLM, NeMo-RL with vLLM
+and Megatron-Core, AReaL with SGLang): what the roofline leaves out is mostly the software's, so
+each family has its own :class:`~rlm_course.cost.phases.Rates`, the same on every device (the
+device's own figures come from the catalog). ``data/published/rl_systems.json`` declares, per
+family, which rates are **free** (fitted), which are **tied** to another (fitted as one) and
+which are **fixed** (a stated setting), and marks the family's **calibration** figures.
+:func:`calibrate` fits the free rates on those figures only, minimising the sum of squared log
+errors of every published seconds value they give (the step and, where published, its stages:
+generation, scoring, update), by coordinate descent with a golden-section search per rate; the
+result goes to ``data/published/rates.json`` with the command that made it
+(``python -m rlm_course validate --calibrate``), the data points and the number of free
+parameters. Nothing else is fitted: every other figure is a prediction
+(:mod:`rlm_course.cluster.validation`), and the planner plans with these rates
+(:func:`calibrated_rates`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from rlm_course.cost.hardware import Device
+from rlm_course.cost.phases import Rates
+from rlm_course.utils import atomic_write_json, data_dir
+
+#: The rates a family may fit: ``(low, high)`` bounds of the search, searched in log space. The
+#: efficiencies stop where measured training stops: about 0.6 of peak counting recomputation
+#: (Megatron-LM's 0.52 MFU on 3,072 A100s is about 0.55-0.6 HFU, arXiv:2104.04473); a fit that
+#: wants more is compensating for something the model overprices.
+FITTABLE = {
+    "decode_step_latency": (1e-4, 0.2),
+    "decode_sequence_latency": (1e-7, 1e-3),
+    "eager_layer_seconds": (1e-6, 2e-3),
+    "train_hfu": (0.02, 0.65),
+    "forward_mfu": (0.02, 0.65),
+    "moe_efficiency": (0.01, 1.0),
+    "decode_bandwidth": (0.05, 1.0),
+    "micro_batch_seconds": (1e-4, 5.0),
+    "optimizer_step_seconds": (1e-3, 60.0),
+    "sync_tensor_seconds": (1e-6, 1e-2),
+    "colocated_tensor_seconds": (1e-6, 1e-2),
+    "sync_fixed_seconds": (1e-2, 120.0),
+    "iteration_overhead": (1e-1, 600.0),
+}
+COMMAND = "python -m rlm_course validate --calibrate"
+#: The family whose rates plan a run the user has not calibrated (NeMo-RL: vLLM and
+#: Megatron-Core on H100s, the most figures).
+DEFAULT_FAMILY = "nemo-rl"
+
+
+def rates_path() -> Path:
+    return data_dir() / "published" / "rates.json"
+
+
+def load_calibration() -> dict:
+    """``data/published/rates.json``: per family its fitted rates, the free parameters, the
+    calibration figures and data points.
+
+    Raises:
+        ValueError: if the file is missing or unreadable (the message names the command that
+            makes it).
+    """
+    path = rates_path()
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is unreadable ({err}); restore it from git or remake it with "
+                         f"`{COMMAND}`.") from None
+
+
+def family_rates(calibration: dict | None = None) -> dict[str, Rates]:
+    """``{family: Rates}`` of the stored calibration."""
+    calibration = load_calibration() if calibration is None else calibration
+    return {name: Rates.from_dict(entry["rates"])
+            for name, entry in calibration["families"].items()}
+
+
+def fitted_workload(calibration: dict | None = None) -> dict[str, dict]:
+    """``{family: {workload parameter: value}}`` of the stored calibration (e.g. the mean
+    response length of runs that do not publish it)."""
+    calibration = load_calibration() if calibration is None else calibration
+    return {name: dict(entry.get("workload", {}))
+            for name, entry in calibration["families"].items()}
+
+
+def calibrated_rates(which: str | Device | None = None) -> Rates:
+    """The calibrated rates of a family (by name), or, for a device or ``None``, of
+    :data:`DEFAULT_FAMILY` (the efficiencies and software seconds of a system do not depend on
+    the catalog device; the device's peak, memory and links come from the catalog).
+
+    Raises:
+        ValueError: for an unknown family (the message lists the known ones).
+    """
+    rates = family_rates()
+    name = which if isinstance(which, str) else DEFAULT_FAMILY
+    if name not in rates:
+        raise ValueError(f"no calibrated rates for family {name!r}; known: {', '.join(rates)}.")
+    return rates[name]
+
+
+def free_parameter_count(calibration: dict | None = None) -> int:
+    """Free parameters fitted over all families (a tied pair counts once)."""
+    calibration = load_calibration() if calibration is None else calibration
+    return sum(len(entry["free"]) + len(entry.get("workload", {}))
+               for entry in calibration["families"].values())
+
+
+# ---------------------------------------------------------------------- fitting
+def data_points(fig: dict) -> dict[str, float]:
+    """The published seconds a calibration figure gives: its value (``step``, ``generation`` or
+    ``sync``) and, for a step, its published stages (``generation``, ``scoring``, ``update``)."""
+    key = {"step_seconds": "step", "generation_seconds": "generation",
+           "sync_seconds": "sync"}[fig["what"]]
+    points = {key: fig["published"]}
+    if fig["what"] == "step_seconds":
+        points.update({k: v for k, v in (fig.get("published_stages") or {}).items()
+                       if k in ("generation", "scoring", "update") and v})
+    return points
+
+
+def _loss(figures: list[dict], rates: Rates, family: str, fitted: dict | None = None) -> float:
+    from rlm_course.cluster.validation import Predictor
+
+    predictor = Predictor(figures, {family: rates}, {family: fitted or {}})
+    total = 0.0
+    for fig in figures:
+        points = data_points(fig)
+        predicted = {"step": None}
+        if fig["what"] == "step_seconds":
+            predicted = {"step": predictor.predict(fig), **predictor.stages(fig)}
+        else:
+            predicted = {next(iter(points)): predictor.predict(fig)}
+        for key, published in points.items():
+            value = max(predicted[key], 1e-9)
+            total += math.log(value / published) ** 2
+    return total
+
+
+def _golden(f, lo: float, hi: float, rounds: int = 12) -> float:
+    """The minimiser of a unimodal ``f`` on ``[lo, hi]`` (golden-section search)."""
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(rounds):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def calibrate(family: str, spec: dict, figures: list[dict], sweeps: int = 2,
+              progress=None) -> dict:
+    """Fit ``family``'s free rates on its calibration figures (see the module docstring).
+
+    ``spec`` is the family's entry of the figures file: ``free`` (rates to fit), ``tied``
+    (``{rate: free rate}`` fitted as one), ``fixed`` (``{rate: value}``), ``workload``
+    (``{name: [low, high]}``: workload parameters the family's figures leave unpublished and
+    name instead of a value, e.g. a mean response length, fitted with the rates), ``start``
+    (``{rate or name: value}`` where the search begins).
+
+    Returns:
+        ``{"rates": {rate: value} (the non-default ones), "free": [...], "tied": {...},
+        "workload": {name: value}, "calibrated_on": [figure ids], "data_points": n,
+        "rms_log_error": x}``.
+
+    Raises:
+        ValueError: for an unknown rate, no calibration figure, or fewer data points than free
+            parameters.
+    """
+    free, tied = list(spec.get("free", [])), dict(spec.get("tied", {}))
+    bounds = {**FITTABLE, **{k: tuple(v) for k, v in spec.get("workload", {}).items()}}
+    names = free + list(spec.get("workload", {}))
+    for name in free + list(tied):
+        if name not in FITTABLE:
+            raise ValueError(f"family {family}: {name!r} is not a rate that can be fitted; "
+                             f"choose among {', '.join(FITTABLE)}.")
+    mine = [f for f in figures if f["family"] == family and f["sample"] == "calibration"]
+    if not mine:
+        raise ValueError(f"family {family}: no calibration figure; mark one sample='calibration'.")
+    points = sum(len(data_points(f)) for f in mine)
+    if points < len(names):
+        raise ValueError(f"family {family}: {len(names)} free parameters but only {points} "
+                         "published values to fit them on; declare more calibration figures or "
+                         "fix rates.")
+    workload_names = set(spec.get("workload", {}))
+    values = {**spec.get("fixed", {}), **spec.get("start", {})}
+
+    def rates_of(values: dict) -> Rates:
+        full = {k: v for k, v in values.items() if k not in workload_names}
+        for name, source in tied.items():
+            full[name] = full[source]
+        return Rates.from_dict(full)
+
+    def loss_of(values: dict) -> float:
+        return _loss(mine, rates_of(values), family, {k: values[k] for k in workload_names})
+
+    for name in names:
+        values.setdefault(name, getattr(Rates(), name, None) or bounds[name][0])
+    best = loss_of(values)
+    for sweep in range(sweeps):
+        for name in names:
+            lo, hi = bounds[name]
+
+            def f(log_x: float) -> float:
+                return loss_of({**values, name: math.exp(log_x)})
+
+            x = math.exp(_golden(f, math.log(lo), math.log(hi)))
+            loss = loss_of({**values, name: x})
+            if loss < best:
+                values[name], best = x, loss
+            if progress:
+                progress(f"{family}: sweep {sweep + 1}/{sweeps}, {name} = {values[name]:.4g}, "
+                         f"rms log error {math.sqrt(best / points):.3f}")
+    final = rates_of(values)
+    default = Rates()
+    stored = {k: v for k, v in final.to_dict().items() if v != getattr(default, k)}
+    return {"rates": stored, "free": free, "tied": tied,
+            "workload": {k: round(values[k], 1) for k in sorted(workload_names)},
+            "calibrated_on": [f["id"] for f in mine], "data_points": points,
+            "rms_log_error": math.sqrt(best / points)}
+
+
+def calibrate_all(progress=None) -> dict:
+    """Calibrate every family of the figures file and write ``data/published/rates.json``.
+
+    Returns:
+        the written document.
+    """
+    from rlm_course.cluster.validation import load_document
+
+    doc = load_document()
+    families = {name: calibrate(name, spec, doc["figures"], progress=progress)
+                for name, spec in doc["families"].items()}
+    out = {"about": "Rates per family of RL systems, fitted once on the calibration figures of "
+                    "data/published/rl_systems.json (rlm_course.cluster.calibration); every other "
+                    "figure is predicted with them, and the planner plans with them.",
+           "command": COMMAND, "default_family": DEFAULT_FAMILY, "families": families}
+    atomic_write_json(rates_path(), out)
+    return out
+
+
+def describe(calibration: dict | None = None) -> str:
+    """One line per family: its fitted rates, data points and free parameters."""
+    calibration = load_calibration() if calibration is None else calibration
+    lines = []
+    for name, entry in calibration["families"].items():
+        fitted = ", ".join([f"{k} {entry['rates'][k]:.3g}" for k in entry["free"]
+                            if k in entry["rates"]]
+                           + [f"{k} {v:,.0f}" for k, v in entry.get("workload", {}).items()])
+        count = len(entry["free"]) + len(entry.get("workload", {}))
+        lines.append(f"{name}: {fitted} ({count} free on {entry['data_points']} "
+                     f"published values of {len(entry['calibrated_on'])} figures, rms log error "
+                     f"{entry['rms_log_error']:.3f})")
+    return "\n".join(lines)
+
+
+def replace_rates(rates: Rates, **changes) -> Rates:
+    """``rates`` with ``changes`` (for sensitivity tables)."""
+    return dataclasses.replace(rates, **changes)
