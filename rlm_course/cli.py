@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -191,11 +192,12 @@ MAX_PLAN_GPUS = 10_000
 
 
 def _plan(args) -> int:
+    from rlm_course.cluster.calibration import calibrated_rates
+    from rlm_course.cluster.planner import format_plan, plan
+    from rlm_course.cluster.simulator import algorithm
     from rlm_course.cost.anatomy import Workload
     from rlm_course.cost.architectures import get_spec
     from rlm_course.cost.hardware import get_device
-    from rlm_course.cluster.planner import format_plan, plan
-    from rlm_course.cluster.simulator import algorithm
 
     spec, device = get_spec(args.model), get_device(args.device)  # clear errors for unknown names
     for flag in ("gpus", "top", "prompts", "group_size", "minibatches", "prompt_len"):
@@ -209,13 +211,48 @@ def _plan(args) -> int:
                                     args.mean_response, args.sigma, args.max_response, args.seed)
     config = algorithm(args.algorithm, minibatches=args.minibatches)
     placements = ("colocated", "disaggregated") if args.placement == "any" else (args.placement,)
-    result = plan(spec, config, workload, device, args.gpus, placements=placements,
-                  modes=args.modes)
+    rates = calibrated_rates(args.rates)
+    result = plan(spec, config, workload, device, args.gpus, rates=rates, placements=placements,
+                  modes=args.modes, staleness_penalty=args.staleness_penalty)
     print(f"{spec.name}, {args.algorithm}, {args.gpus} x {device.name}: {args.prompts} prompts x "
           f"{args.group_size}, prompts of {args.prompt_len} tokens, responses log-normal (mean "
-          f"{args.mean_response:g}, sigma {args.sigma:g}, at most {args.max_response}); "
+          f"{args.mean_response:g}, sigma {args.sigma:g}, at most {args.max_response}); rates "
+          f"calibrated on {args.rates}'s published runs (decode step latency "
+          f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}); "
+          f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
           f"{len(result.ranked)} plans simulated, {len(result.refused)} refused")
     print(format_plan(result, args.top))
+    if args.sensitivity:
+        from rlm_course.cluster.planner import sensitivity
+        from rlm_course.utils import format_table
+
+        rows = sensitivity(spec, config, workload, device, args.gpus, rates=rates, base=result,
+                           staleness_penalty=args.staleness_penalty, placements=placements,
+                           modes=args.modes)
+        print("which rates decide the plan (planned again with one rate moved):")
+        print(format_table([[r["rate"], f"{r['value']:g}", r["best"], f"{r['step']:,.0f}",
+                             "yes" if r["flips"] else ""] for r in rows],
+                           ["rate", "value", "best plan", "step s", "flips"]))
+    return 0
+
+
+def _validate(args) -> int:
+    from rlm_course.cluster.calibration import calibrate_all, describe
+    from rlm_course.cluster.validation import format_validation, summary, validation_table
+
+    if args.calibrate:
+        calibrate_all(progress=None if args.no_progress else
+                      (lambda line: print(line, file=sys.stderr)))
+        print("wrote data/published/rates.json")
+    print(describe())
+    rows = validation_table()
+    print(format_validation(rows))
+    result = summary(rows)
+    print(f"out of sample: {result['out_of_sample_hits']} of {result['out_of_sample_total']} "
+          f"within tolerance (the null model: {result['null_hits']} of {result['null_total']}); "
+          f"{result['direction_errors']} direction errors; {result['free_parameters']} free "
+          f"parameters fitted on {result['in_sample_total']} calibration figures")
+    print(json.dumps(result))
     return 0
 
 
@@ -334,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "throughput and weight sync on Ray workers), simulator (simulated "
                                      "GPU-iterations per second at 64, 1,024 and 10,000 GPUs)")
     p.add_argument("what", choices=["sampling", "train", "family", "parallel", "memory", "peer",
-                                    "collectives", "systems", "simulator"])
+                                    "collectives", "systems", "simulator", "realrun"])
     p.add_argument("--repeats", type=int, default=5)
     p.set_defaults(func=_bench)
 
@@ -379,7 +416,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="execution modes to try (default: all that the placement runs)")
     p.add_argument("--top", type=int, default=5, help="plans to print in full")
     p.add_argument("--seed", type=int, default=0, help="seed of the response lengths")
+    p.add_argument("--rates", default="nemo-rl", choices=["nemo-rl", "verl"],
+                   help="the family of calibrated rates to plan with (data/published/rates.json)")
+    p.add_argument("--staleness-penalty", type=float, default=0.1,
+                   help="extra steps per version of staleness to reach the same accuracy "
+                        "(0: staleness is free)")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="then plan again with each deciding rate moved (decode latency, HFU, "
+                        "sync seconds, staleness price) and say which flip the plan")
     p.set_defaults(func=_plan)
+
+    p = sub.add_parser("validate", help="chapter 14's simulator against published runs: rates "
+                                        "calibrated once per family, every other figure "
+                                        "predicted, with a null model")
+    p.add_argument("--calibrate", action="store_true",
+                   help="refit the rates on the calibration figures first and rewrite "
+                        "data/published/rates.json (a few minutes)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_validate)
 
     p = sub.add_parser("grade", help="autograde the exercises (yours, or the worked solutions)")
     p.add_argument("chapter", nargs="?", default=None, help="e.g. 02 (default: all)")

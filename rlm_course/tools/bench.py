@@ -28,10 +28,13 @@ a number remembered from another machine.
 * ``family``: seconds per step of every preset of :mod:`rlm_course.rl.algorithms` at its default
   sizes, the presets' steps interleaved, as ratios to GRPO; with each one's stage split, responses
   generated per response trained, model-state and activation memory. Key: ``presets``.
+* ``realrun``: chapter 14's simulator against this machine's own GRPO and PPO iterations, stage
+  by stage (target: within 20%);
 * ``simulator``: simulated GPU-iterations per second of wall time of the cluster simulator
   (:mod:`rlm_course.cluster.simulator`) on 64, 1,024 and 10,000 GPUs (a 7B, a 70B and a 70B
   model, colocated, synchronous GRPO with long-tailed responses); a 10,000-GPU iteration should
-  take under 10 s. Keys: ``sizes``, ``seconds_per_iteration_10000``.
+  take under 10 s; and the planner's whole search for a 70B run on 10,000 GPUs, also under 10 s.
+  Keys: ``sizes``, ``seconds_per_iteration_10000``, ``plan_10000``.
 * ``systems``: on two Ray workers (one trainer, one rollout), trained tokens/s of synchronous RL,
   one-step off-policy and ``eta = 2`` on the scratchpad task, alternating, and a bucketed weight
   sync against the alpha-beta prediction of the link measured on the same workers
@@ -427,7 +430,61 @@ def bench_simulator(repeats: int = 5) -> dict:
     print(f"a 10,000-GPU iteration: {ten:.2f} s of wall time "
           f"({'under' if ten < 10 else 'OVER'} the 10 s target)")
     result["seconds_per_iteration_10000"] = ten
+    result["plan_10000"] = bench_planner(repeats)
     return result
+
+
+def bench_planner(repeats: int = 5) -> dict:
+    """Wall seconds of the planner's whole search (:func:`rlm_course.cluster.planner.plan`: every
+    placement, split, layout and mode it tries, with the calibrated rates) for a 70B GRPO run on
+    10,000 H100s, the largest cluster ``python -m rlm_course plan`` accepts; best of
+    ``min(repeats, 2)``. Target: under 10 s on 2 cores."""
+    from rlm_course.cluster.planner import plan
+    from rlm_course.cluster.simulator import algorithm
+    from rlm_course.cost.anatomy import Workload
+    from rlm_course.cost.architectures import get_spec
+    from rlm_course.cost.hardware import get_device
+
+    workload = Workload.long_tailed(512, 16, 512, 4000, 0.8, 16384, seed=0)
+    best, result = float("inf"), None
+    for _ in range(max(1, min(repeats, 2))):
+        start = time.perf_counter()
+        result = plan(get_spec("llama-3-70b"), algorithm("grpo", minibatches=16), workload,
+                      get_device("H100-SXM-80GB"), 10_000)
+        best = min(best, time.perf_counter() - start)
+    print(f"planner search, llama-3-70b GRPO on 10,000 H100s: {best:.2f} s of wall time "
+          f"({len(result.ranked)} plans simulated, {len(result.refused)} refused; "
+          f"{'under' if best < 10 else 'OVER'} the 10 s target); best: {result.best.name}")
+    return {"seconds": best, "simulated": len(result.ranked), "refused": len(result.refused),
+            "under_10_s": best < 10, "best": result.best.name}
+
+
+def bench_realrun(repeats: int = 5) -> dict:
+    """The simulator against this machine's own runs (chapter 14, section 3): the course's GRPO
+    and PPO iterations with the rates measured by micro-benchmarks interleaved with them
+    (:func:`rlm_course.cluster.realrun.course_run_record`), every stage predicted by the
+    simulator and compared; target: each within 20%. On one thread, as the run measures; a busy
+    machine slows the run and its micro-benchmarks unequally, so run it alone."""
+    import torch
+
+    from rlm_course.cluster.realrun import check_real_run, course_run_record
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = {}
+    try:
+        for variant in ("grpo", "ppo"):
+            rows = check_real_run(course_run_record(variant, rounds=max(2, min(repeats, 4))), 0.2)
+            out[variant] = rows
+            print(format_table([[variant, r["stage"], f"{r['predicted']:.3f}",
+                                 f"{r['measured']:.3f}", f"{r['ratio']:.2f}",
+                                 "yes" if r["ok"] else "NO"] for r in rows],
+                               ["run", "stage", "simulated s", "measured s", "ratio",
+                                "within 20%"]))
+    finally:
+        torch.set_num_threads(threads)
+    return {"bench": "realrun", "rows": out,
+            "all_within_20_percent": all(r["ok"] for rows in out.values() for r in rows)}
 
 
 def main(what: str, args) -> int:
@@ -439,7 +496,7 @@ def main(what: str, args) -> int:
     benches = {"sampling": bench_sampling, "train": bench_train, "family": bench_family,
                "parallel": bench_parallel, "memory": bench_memory, "peer": bench_peer,
                "collectives": bench_collectives, "systems": bench_systems,
-               "simulator": bench_simulator}
+               "simulator": bench_simulator, "realrun": bench_realrun}
     result = benches[what](repeats)
     print(json.dumps(result))
     return 0
