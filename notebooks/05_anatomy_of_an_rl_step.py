@@ -449,6 +449,24 @@ print(format_table(rows, ["model", "algorithm", "generation FLOP share", "genera
 #    waits for another. Real reasoning traces have a long tail, and the batch decodes until its
 #    longest response ends (section 5).
 #
+# Chapter 14 measures what these cost on real systems: it fits, once, the seconds a rollout
+# engine adds to every decode step beyond this roofline (and per sequence in the batch), and the
+# fraction of peak a trainer reaches, on a declared handful of published runs of each system,
+# then predicts the others' step times with them (`python -m rlm_course validate`). The fitted
+# values:
+
+# %%
+from rlm_course.cluster.calibration import calibrated_rates
+
+for family in ("verl", "nemo-rl"):
+    fitted = calibrated_rates(family)
+    print(f"{family}: {fitted.decode_step_latency * 1e3:.1f} ms per decode step and "
+          f"{fitted.decode_sequence_latency * 1e6:.1f} us per sequence beyond the roofline; "
+          f"training at {fitted.train_hfu:.0%} of peak (HFU; an MoE at {fitted.moe_efficiency:.0%} "
+          "of that)")
+    assert fitted.train_hfu <= 1 and fitted.decode_step_latency >= 0
+
+# %% [markdown]
 # Measured systems that generate long chains of thought report generation at about 70% of a step
 # or more (verl's DAPO recipe on a 32B model, `docs/advance/one_step_off.md`; NeMo-Aligner's
 # 405B PPO, about 140 s of a 165 s step, arXiv:2405.01481).

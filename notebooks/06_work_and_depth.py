@@ -192,18 +192,21 @@ plt.legend(fontsize=7);
 # launches, sampling, TP collectives). The depth in seconds is `(T_max - 1) x t_step`; the work in
 # seconds is `W / (p x peak)`. Brent's bound becomes `max(W/(p peak), D_s) <= T <= W/(p peak) + D_s`
 # (`rlm_course.cost.anatomy.generation_time_bounds`). For the same GRPO generation on H100s in
-# replicas of one GPU, with no per-step latency and with 1 ms of it (an assumed round figure;
-# chapter 05 measured this machine's):
+# replicas of one GPU, with no per-step latency and with the latency chapter 14 calibrates on
+# NeMo-RL's published runs (vLLM on H100s; chapter 05 measured this machine's):
 
 # %%
+from rlm_course.cluster.calibration import calibrated_rates
 from rlm_course.cost.anatomy import Workload, generation_time_bounds
 from rlm_course.cost.hardware import get_device
 
 h100 = get_device("H100-SXM-80GB")
+latency = calibrated_rates("nemo-rl").decode_step_latency
+print(f"calibrated latency per decode step: {latency * 1e3:.1f} ms")
 example = Workload(64, 16, 256, 1024)
 devices = [2 ** k for k in range(0, 11)]
 bounds = {lat: [generation_time_bounds(llama, example, h100, p, 1, lat) for p in devices]
-          for lat in (0.0, 1e-3)}
+          for lat in (0.0, latency)}
 at_64 = generation_time_bounds(llama, example, h100, 64, 1)
 print(f"one decode step of Llama-3-8B on one H100: {at_64['step_seconds'] * 1e3:.1f} ms; "
       f"depth {at_64['depth_seconds']:.1f} s for {example.max_response_len - 1} steps; work "
@@ -211,11 +214,11 @@ print(f"one decode step of Llama-3-8B on one H100: {at_64['step_seconds'] * 1e3:
       f"{at_64['crossover_devices']:.1f} GPUs on")
 plt.figure(figsize=(5.5, 3.2))
 plt.loglog(devices, [b["work_seconds"] for b in bounds[0.0]], "o-", ms=3, label="work W / (p peak)")
-for lat, style in ((0.0, "k--"), (1e-3, "k:")):
+for lat, style in ((0.0, "k--"), (latency, "k:")):
     plt.loglog(devices, [b["depth_seconds"] for b in bounds[lat]], style,
-               label=f"depth, {lat * 1e3:.0f} ms latency per step")
-plt.loglog(devices, [b["upper"] for b in bounds[1e-3]], "s-", ms=3, alpha=0.6,
-           label="Brent: work + depth (1 ms)")
+               label=f"depth, {lat * 1e3:.1f} ms latency per step")
+plt.loglog(devices, [b["upper"] for b in bounds[latency]], "s-", ms=3, alpha=0.6,
+           label=f"Brent: work + depth ({latency * 1e3:.1f} ms)")
 plt.xlabel("H100s p"); plt.ylabel("seconds of generation"); plt.legend(fontsize=7);
 assert at_64["depth_seconds"] > 10 * at_64["work_seconds"]
 assert at_64["crossover_devices"] < 64

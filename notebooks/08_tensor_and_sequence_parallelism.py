@@ -157,8 +157,11 @@ assert comm.min_ffn_per_shard(h100.peak_flops, 450e9, 8) < spec70.d_ff / 8 < \
 # **TP in generation.** An RL rollout splits the model into *replicas* of `tp` devices each.
 # Every decode step of a replica reads its whole share of the weights (chapter 05) and, under
 # TP, runs two all-reduces per layer on `batch x d_model` activations: 160 small collectives per
-# token for Llama-3-70B, each paying the link's latency. Wider TP splits the weight reads, but
-# pays more collectives and leaves fewer replicas.
+# token for Llama-3-70B. Inside a node, inference engines do not run NCCL's ring for these: vLLM's
+# and SGLang's custom all-reduce let every rank read its peers' buffers over NVLink, one latency
+# per call instead of one per ring step (`rlm_course.cost.comm.engine_all_reduce_seconds`, up to
+# vLLM's 8 MiB limit); across nodes NCCL's tree pays the network's latency. Wider TP splits the
+# weight reads, but pays more collectives and leaves fewer replicas.
 
 # %%
 from rlm_course.cost.layouts import choose_generation_tp, replica_decode_step_seconds
@@ -167,7 +170,8 @@ rows = []
 for tp in (2, 4, 8):
     for batch in (1, 64):
         step = replica_decode_step_seconds(spec70, h100, tp, batch, 4096, fabric.link(tp), 0.7)
-        collectives = comm.decode_tp_comm(spec70, tp, batch, fabric.link(tp)).seconds
+        collectives = comm.decode_tp_comm(spec70, tp, batch, fabric.link(tp),
+                                          in_node=tp <= h100.devices_per_node).seconds
         rows.append([tp, batch, f"{step * 1e3:.2f}", f"{collectives * 1e3:.2f}",
                      f"{collectives / step:.0%}"])
 print(format_table(rows, ["tp", "sequences", "decode step ms", "of which all-reduces ms",
@@ -178,13 +182,15 @@ print("rollout of 1,024 sequences of 4,096 tokens on 64 H100s, seconds by tp:",
 assert 1 not in estimates  # 141 GB of weights do not fit one 80 GB device
 
 # %% [markdown]
-# At one sequence a step of a `tp = 8` replica spends about a third of its time in all-reduces:
-# that is the price of splitting the weights. Which TP is best for a rollout depends on the
-# batch per device: with few sequences per device, decode is memory-bound and splitting the
-# weight reads wins; with many, the KV caches and the compute dominate and the extra collectives
-# of a wide TP only cost (the estimate `choose_generation_tp` makes, chapter 14's second
-# exercise; RL frameworks' advice is "the smallest TP that fits, and more replicas", e.g. verl's
-# performance guide, because their rollouts are large).
+# The table's last column is the price of splitting the weights: the all-reduces' share of a
+# step. Which TP is best for a rollout depends on the batch per device and on where the replica
+# sits: with few sequences per device, decode is memory-bound and splitting the weight reads
+# wins; with many, the KV caches and the compute dominate, and a wide TP helps only by the KV
+# room its split weights free (fewer waves), as long as its all-reduces stay inside a node (the
+# estimate `choose_generation_tp` makes, chapter 14's second exercise). RL frameworks' advice,
+# "the smallest TP that fits, and more replicas" (verl's performance guide), comes from engines
+# whose per-step costs beyond this roofline (scheduling, sampling; chapter 14 calibrates them)
+# grow with each replica's batch.
 
 # %% [markdown]
 # ## Questions
@@ -214,10 +220,13 @@ assert 1 not in estimates  # 141 GB of weights do not fit one 80 GB device
 #   weights are replicated, so every rank must apply the same full gradient (Megatron-LM does this
 #   for its sequence-parallel parameters).
 # * 64 sequences: tp 8. With one sequence per device, a decode step is memory-bound: the time is
-#   the weight reads, and eight devices read an eighth each. 65,536 sequences: tp 2. With a
-#   thousand sequences per device, the KV caches and the compute dominate and do not shrink with
-#   TP (the work per device is the same), while every extra TP rank adds collectives to every
-#   token; tp 2 still halves the weights and doubles the KV room per sequence (the next cell).
+#   the weight reads, and eight devices read an eighth each. 65,536 sequences: tp 8 again, by a
+#   smaller margin (the next cell prints both). With a thousand sequences per device the KV
+#   caches and the compute dominate and do not shrink with TP, but the engine's one-shot
+#   all-reduce keeps a wide TP's collectives cheap inside a node, and the weights it splits leave
+#   more room for KV caches: fewer waves of sequences. Priced with NCCL's ring instead (one
+#   latency per ring step), the extra collectives would tip the choice to a narrower TP; across
+#   nodes they would too.
 #
 # </details>
 
@@ -226,7 +235,7 @@ spec8 = get_spec("llama-3-8b")
 few = choose_generation_tp(spec8, h100, 64, 64, 4096, fabric.link(8))[0]
 many = choose_generation_tp(spec8, h100, 64, 65536, 4096, fabric.link(8))[0]
 print(f"llama-3-8b: 64 sequences -> tp {few}; 65,536 sequences -> tp {many}")
-assert (few, many) == (8, 2)
+assert (few, many) == (8, 8)
 #
 # > **Key numbers and takeaways**
 # >
@@ -238,8 +247,9 @@ assert (few, many) == (8, 2)
 # > * TP results equal one device's up to float32 rounding of sums in another order.
 # > * TP is compute-bound when `d_ff / tp >= (tp-1)/tp x b x peak / (m beta)`: about 1,300
 # >   hidden units per shard on H100 NVLink at `tp = 8`, 11,500 across nodes; keep TP in a node.
-# > * In generation, TP costs two all-reduces per layer per token (about a third of a `tp = 8`
-# >   Llama-3-70B decode step at one sequence): the right TP depends on sequences per device.
+# > * In generation, TP costs two all-reduces per layer per token, cheap inside a node with an
+# >   engine's one-shot all-reduce, dear across nodes: the right TP depends on the sequences per
+# >   device and on where the replica sits.
 #
 # ## Further reading
 #

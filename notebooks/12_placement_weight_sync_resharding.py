@@ -18,11 +18,13 @@
 #
 # An RL pipeline holds several models: the actor being trained, the rollout engine that
 # generates with the actor's weights, a reference, a critic. Chapters 07-11 split *one* model
-# over devices; this chapter places *several* on a cluster, with the pattern every open RL system
-# uses: a **single controller** (one driver process with the algorithm's control flow) calling
-# **worker groups** (one per role, each a set of processes talking with collectives). We run it for
-# real: Ray starts the processes and places them, `torch.distributed` (gloo here, NCCL on GPUs)
-# moves the tensors.
+# over devices; this chapter places *several* on a cluster, with the pattern of verl, OpenRLHF,
+# slime, ROLL and NeMo-RL: a **single controller** (one driver process with the algorithm's
+# control flow) calling **worker groups** (one per role, each a set of processes talking with
+# collectives). Not every system does: TRL's GRPOTrainer and DeepSpeed-Chat are *multi-controller*
+# (SPMD: every process runs the whole loop), the contrast HybridFlow's paper (sections 2-4) is
+# built on. We run a single controller for real: Ray starts the processes and places them,
+# `torch.distributed` (gloo here, NCCL on GPUs) moves the tensors.
 #
 # Two placements: **colocated** (every role on every device, time-shared; veRL's hybrid engine)
 # and **disaggregated** (a rollout pool and a training pool). Either way, after each update the
@@ -35,7 +37,8 @@
 # 1. describe a placement with a device mapping and say which roles share a process;
 # 2. measure a link's alpha and beta on real processes and predict a bucketed weight sync with
 #    them, and explain why buckets matter;
-# 3. cost stage 4 at any scale, colocated and disaggregated, in seconds and in the work-depth DAG;
+# 3. cost stage 4 at any scale, colocated and disaggregated, with the terms real systems pay
+#    (reshard, transfer, copies, software per tensor, fixed), in seconds and in the work-depth DAG;
 # 4. reshard an actor from TP 4 to TP 2 x DP 2 naively and with HybridFlow's micro data-parallel
 #    groups, count the bytes and the memory of each, and predict both for a 70B model.
 
@@ -108,21 +111,25 @@ assert link.alpha >= 0 and link.beta > 1e7
 #
 # The trainer packs its state dict, in order, into flat buffers of at most `bucket_bytes` and
 # broadcasts each; the rollout unpacks them into its own weights (`bucketed_broadcast`, the
-# exercise of this chapter). With `B` buckets of `M` bytes in all, the model predicts
+# exercise of this chapter). With `B` buckets of `M` bytes in all, the wire costs
 #
-# $$T_\text{sync} = B\,\alpha + M / \beta .$$
+# $$T_\text{wire} = B\,\alpha + M / \beta ,$$
 #
-# One message per tensor pays `alpha` for every tensor; one huge bucket needs a buffer as large as
-# the model. We sync the course's model (3.2 MB) at several bucket sizes.
+# and packing and unpacking add a memory copy on each side, a read and a write of every byte:
+# `4 M / bandwidth` at this machine's copy bandwidth. One message per tensor pays `alpha` for every
+# tensor; one huge bucket needs a buffer as large as the model. We sync the course's model
+# (3.2 MB) at several bucket sizes.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 from tqdm.auto import tqdm
 
+from rlm_course.cost.hardware import copy_bandwidth
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.sft import default_model_config
 from rlm_course.systems.weight_sync import predict_sync_seconds
 
+memory = copy_bandwidth(64)  # this machine's copy bandwidth, bytes/s, measured now
 config = default_model_config(CharTokenizer()).to_dict()
 nbytes = controller.call([actor, rollout], "make_model", config,
                          per_worker=[{"seed": 0}, {"seed": 1}])[0]
@@ -132,16 +139,18 @@ for i, bucket in enumerate(tqdm([None, 2**14, 2**16, 2**18, 2**20, 2**22], desc=
     out = controller.call([actor, rollout], "timed_sync", bucket, "sync", actor.rank, 5)
     seconds = statistics.median(max(t) for t in zip(*(o["seconds"] for o in out)))
     sizes = out[0]["bucket_bytes"]
-    predicted = predict_sync_seconds(sum(sizes), len(sizes), link)
+    wire = predict_sync_seconds(sum(sizes), len(sizes), link)
+    predicted = predict_sync_seconds(sum(sizes), len(sizes), link, memory_bandwidth=memory)
     sent, received = controller.call([actor, rollout], "model_state")
     assert all(torch.equal(sent[k], received[k]) for k in sent)  # bit for bit
     assert sum(sizes) == nbytes
     sync_points.append((len(sizes), seconds, predicted))
     rows.append(["per tensor" if bucket is None else f"{bucket:,}", len(sizes),
-                 f"{seconds * 1e3:.2f}", f"{predicted * 1e3:.2f}", f"{seconds / predicted:.2f}"])
-print(f"{nbytes:,} bytes of weights, trainer -> rollout")
-print(format_table(rows, ["bucket bytes", "broadcasts", "measured ms", "predicted ms",
-                          "measured / predicted"]))
+                 f"{seconds * 1e3:.2f}", f"{wire * 1e3:.2f}", f"{predicted * 1e3:.2f}",
+                 f"{seconds / predicted:.2f}"])
+print(f"{nbytes:,} bytes of weights, trainer -> rollout; copy bandwidth {memory / 1e9:.1f} GB/s")
+print(format_table(rows, ["bucket bytes", "broadcasts", "measured ms", "wire ms",
+                          "wire + copies ms", "measured / predicted"]))
 
 # %%
 hand = controller.call([actor], "timed_handover", 5)[0]
@@ -152,9 +161,10 @@ print(f"colocated hand-over of the same {hand['bytes']:,} bytes in process: "
 # %% [markdown]
 # The rollout's weights equal the trainer's bit for bit after every sync (asserted). Fewer
 # broadcasts cost less latency, until the bytes dominate: with `alpha` of tens of microseconds
-# and a model of a few megabytes, a per-tensor sync of the 50 tensors pays about
-# `50 alpha`, the bucketed ones a few `alpha`. The measured time also includes packing and
-# unpacking (two memory copies on each side) that the model leaves out.
+# and a model of a few megabytes, a per-tensor sync (one broadcast per tensor: the first row's
+# count) pays that many `alpha`, the bucketed ones a few. Read the last column: the wire alone
+# leaves out the packing and unpacking copies; with them the prediction is closer, and what
+# remains is Python's per-call overhead and a shared machine's noise.
 #
 # A longer sweep over three model sizes is stored (`python -m rlm_course systems weight-sync`):
 
@@ -172,40 +182,75 @@ for bucket in (None, 2**20):
         [r["bytes"] for r in rows_b], [r["seconds"] for r in rows_b],
         [r["predicted"] for r in rows_b])
 plot_measured_vs_predicted(points, xlabel="bytes of weights", ylabel="seconds per sync",
-                           title="weight sync: measured vs alpha-beta");
+                           title="weight sync: measured vs wire + copies");
 
 # %%
-ratios = [r["ratio"] for r in stored["rows"] if r["bucket_bytes"] == 2**20]
+bucketed = [r for r in stored["rows"] if r["bucket_bytes"] == 2**20]
 assert all(r["identical"] for r in stored["rows"])
-print("measured / predicted with 1 MiB buckets:", [f"{x:.2f}" for x in ratios])
+print("measured / predicted with 1 MiB buckets, wire only:   ",
+      [f"{r['ratio_wire']:.2f}" for r in bucketed])
+print("measured / predicted with 1 MiB buckets, wire + copies:",
+      [f"{r['ratio']:.2f}" for r in bucketed])
+assert all(r["ratio"] < r["ratio_wire"] for r in bucketed)  # the copies are real time
 
 # %% [markdown]
 # ## 4. Stage 4 at any scale
 #
-# The same formula with a catalog device's link: a 70B policy in bf16 is 141 GB. Disaggregated,
-# the trainer's rank sends it over one 400 Gb/s NIC (50 GB/s per direction) in 512 MB buckets, to
-# each rollout replica on a binomial tree; colocated, the rollout engine reads it from device
-# memory. `rlm_course.cost.anatomy.weight_sync_seconds` is stage 4; `iteration_report` adds it to
-# the other stages and to the work-depth DAG when asked.
+# The same model at cluster scale is `rlm_course.cost.weight_sync.sync_cost`, the one weight-sync
+# model of the course: chapter 14's simulator calls it for every update, and
+# `iteration_report(..., weight_sync=...)` for stage 4. What a real system pays is rarely the wire
+# alone. Five terms:
+#
+# * **gather** (reshard): the training shards become what is sent. Colocated, each device
+#   all-gathers its generation shard inside its micro data-parallel group (section 5); a rank-0
+#   broadcast first assembles whole tensors (FSDP's `full_tensor()`, Megatron's TP and EP
+#   gathers);
+# * **transfer**: none colocated; disaggregated, a pipelined broadcast of the whole model from one
+#   rank (verl's one-step-off and fully-async recipes), or shard to shard from every trainer
+#   device (checkpoint-engine, NeMo-RL's reshard refit);
+# * **copies**: packing, unpacking and loading into the engine, at the memory bandwidth;
+# * **software**: a cost per tensor: the Python loop over the state dict, a collective launch and
+#   a `load_weights` call per tensor (per level of a broadcast's tree). An MoE of 128 experts has
+#   about 400 tensors per layer: this is why MoE syncs are slow;
+# * **fixed**: pausing the engine, clearing and re-allocating its KV cache, resuming.
+#
+# The software rates are measured on published runs (chapter 14 calibrates them once,
+# `data/published/rates.json`); with them at 0 the model is the wire and the copies, close to
+# the **ideal** no system beats (the busiest device's bytes over its own link).
 
 # %%
-from rlm_course.cost.anatomy import Workload, iteration_report, weight_sync_seconds
+from rlm_course.cluster.calibration import calibrated_rates
+from rlm_course.cost.anatomy import Workload, iteration_report
 from rlm_course.cost.architectures import SPECS
 from rlm_course.cost.hardware import get_device
+from rlm_course.cost.layouts import Layout
+from rlm_course.cost.weight_sync import sync_cost
 from rlm_course.rl.algorithms import preset
 
 h100 = get_device("H100-SXM-80GB")
+verl = calibrated_rates("verl")
 rows = []
-for name in ("qwen2.5-7b", "llama-3-70b"):
+for name, trainer, tp in (("qwen2.5-7b", Layout(dp=8, zero=3), 2),
+                          ("llama-3-70b", Layout(dp=8, tp=8, pp=2, zero=1), 8),
+                          ("qwen3-30b-a3b", Layout(dp=4, tp=2, ep=8, zero=1), 4)):
     spec = SPECS[name]
-    for placement, receivers in (("colocated", 1), ("disaggregated", 1), ("disaggregated", 8)):
-        s = weight_sync_seconds(spec, h100, placement, receivers=receivers)
-        rows.append([name, placement, receivers, f"{s['bytes'] / 1e9:.1f}",
-                     f"{s['network_bytes'] / 1e9:.1f}", s["messages"], f"{s['seconds']:.2f}"])
-print(format_table(rows, ["model", "placement", "replicas", "GB", "sent GB", "messages",
-                          "seconds"]))
+    for placement in ("colocated", "disaggregated"):
+        per_tensor = (verl.colocated_tensor_seconds if placement == "colocated"
+                      else verl.sync_tensor_seconds)
+        for label, tensor, fixed in (("wire + copies", 0.0, 0.0),
+                                     ("verl's software", per_tensor, verl.sync_fixed_seconds)):
+            c = sync_cost(spec, h100, placement, generation_tp=tp, replicas=64 // tp,
+                          trainer=trainer, tensor_seconds=tensor, fixed_seconds=fixed)
+            rows.append([name, placement, label, f"{c.bytes / 1e9:.0f}", c.tensors,
+                         *(f"{v:.2f}" for v in c.terms().values()), f"{c.seconds:.2f}",
+                         f"{c.ideal:.2f}"])
+print(format_table(rows, ["model", "placement", "rates", "GB", "tensors", "gather", "transfer",
+                          "copies", "software", "fixed", "seconds", "ideal"]))
 
 # %%
+moe = sync_cost(SPECS["qwen3-30b-a3b"], h100, generation_tp=4, replicas=16,
+                trainer=Layout(dp=4, tp=2, ep=8, zero=1), tensor_seconds=verl.sync_tensor_seconds)
+assert moe.software > moe.transfer  # for an MoE, the per-tensor work outweighs the wire
 workload = Workload.long_tailed(prompts=64, group_size=16, prompt_len=512, mean_len=4000,
                                 sigma=1.0, max_len=16384, seed=0)
 report = iteration_report(SPECS["llama-3-70b"], preset("grpo"), workload, h100, devices=64,
@@ -216,11 +261,24 @@ assert "weight sync" in report["time_shares"] and report["time_shares"]["weight 
 
 # %% [markdown]
 # On the roofline, stage 4 is a few percent of an iteration at this scale: decoding dominates.
-# Published systems measure more, because their syncs gather shards first and are not perfectly
-# pipelined: veRL's one-step-off recipe reports NCCL syncs under 300 ms for 7B; its checkpoint
-# engine about 7 s for Qwen3-30B-A3B on 4 x 8 H100 (about 8 GB/s); slime cut Qwen3-30B-A3B from 60
-# s to 7 s by moving to 512 MB buckets, and syncs GLM-4.5-355B in 48 s (reference notes, section
-# 1). A sync the rollout waits for is depth on the critical path, every iteration.
+# Published systems measure more than the ideal, because their software does more than move
+# bytes: verl's per-tensor NCCL path takes 15.8 s for Qwen3-30B-A3B on 16 + 16 H20s and 58.6 s
+# for Qwen3-235B on 64 + 64, its checkpoint engine (bucketed, overlapped) 4.4 s and 23.7 s for
+# the same (`docs/advance/fully_async.md`); NeMo-RL's shard-to-shard refit takes 2.4-2.8 s for
+# DeepSeek-V3 on H100s. slime's blog on *colocated* sync (CUDA IPC handles after gathers over
+# PP/TP/EP) describes a series of changes, buckets among them, that took Qwen3-30B-A3B's
+# update from about 60 s to 7 s. How systems do it:
+#
+# | system | colocated | disaggregated |
+# |---|---|---|
+# | verl | in-process `load_weights` (hybrid engine), CUDA IPC for SGLang | per-tensor NCCL broadcast from actor rank 0; a checkpoint engine |
+# | slime | CUDA IPC handles after gathering PP/TP/EP shards, in buckets | `update_weights_from_distributed` (NCCL) |
+# | NeMo-RL | CUDA IPC over a ZMQ stream | NCCL broadcast, or shard-to-shard reshard (NIXL/NCCL); in-flight updates |
+# | AReaL | - | first a shared file system, later NCCL |
+# | Kimi's checkpoint-engine | - | bucketed, pipelined broadcast (1T parameters in about 20 s on H20s) |
+#
+# Chapter 14 calibrates the per-tensor seconds on some of these published syncs and predicts the
+# others with them. A sync the rollout waits for is depth on the critical path, every iteration.
 #
 # ## 5. Hybrid-engine resharding
 #
@@ -228,7 +286,8 @@ assert "weight sync" in report["time_shares"] and report["time_shares"]["weight 
 # two replicas (DP 2). Each rank holds one training shard (its heads, its MLP slice); it must end
 # with a generation shard twice as large.
 #
-# * **Naive** (DeepSpeed-Chat; HybridFlow's "HybridFlow-V"): generation replicas are consecutive
+# * **Naive** (HybridFlow's "HybridFlow-V" row of its Table 2, a gather within the TP x PP
+#   group; DeepSpeed-Chat's row is worse, it gathers over *every* GPU): generation replicas are consecutive
 #   ranks, so rank 1 needs shard 1 of TP 2 = training shards 2 and 3, none of which it holds:
 #   every rank all-gathers the whole model and slices its part.
 # * **HybridFlow**: rank `r` takes generation shard `r // 2`, which *contains* its own training
@@ -264,9 +323,12 @@ assert max(hybrid["redundant_bytes"]) == 0 and min(naive["redundant_bytes"]) == 
 
 # %% [markdown]
 # Measured bytes equal the formulas exactly (HybridFlow, arXiv:2409.19256, Table 2: the naive
-# scheme receives `(t - 1)/t M`, HybridFlow `(t - t_g)/(t_g t) M`); HybridFlow's peak is its
-# generation shard, the naive one the whole model plus the training shard. At scale, 70B from TP 8
-# to TP 2 on H100 NVLink:
+# scheme receives `(t - 1)/t M`, HybridFlow `(t - t_g)/(t_g t) M`). HybridFlow's row in two
+# lines: a micro data-parallel group of `t / t_g` ranks all-gathers one `M / t_g` generation
+# shard, of which each rank already holds `M / t`, so each receives
+# `(t / t_g - 1) M / t = (t - t_g) / (t_g t) M`. HybridFlow's peak is its generation shard, the
+# naive one the whole model plus the training shard. At scale, 70B from TP 8 to TP 2 on H100
+# NVLink:
 
 # %%
 big = reshard["at_scale"]
@@ -284,10 +346,12 @@ print(f"HybridFlow moves {big['reduction']['bytes']:.0%} fewer bytes "
 assert 0.5 < big["reduction"]["bytes"] < 0.6
 
 # %% [markdown]
-# The paper reports the transition time cut by up to **89.1%** for 70B. Our prediction, 57%, is
-# for the same link on both sides; the paper's baseline (DeepSpeed-Chat) gathers over *every*
-# GPU of the job, across nodes (`(tpd - 1)/(tpd) M` over inter-node links, Table 2), so its
-# transitions also pay the slower network, and HybridFlow's stay inside a node. Peak memory
+# The paper reports transition time cut by up to **89.1%**, its largest reduction against
+# DeepSpeed-Chat, OpenRLHF and NeMo-Aligner together (section 8). Our prediction (printed above)
+# is against the naive HybridFlow-V gather on the same link on both sides; DeepSpeed-Chat
+# gathers over *every* GPU of the job, across nodes (`(tpd - 1)/(tpd) M` over inter-node links,
+# Table 2), so its transitions also pay the slower network, and HybridFlow's stay inside a
+# node. Peak memory
 # falls from more than the whole model per GPU (141 GB for 70B, which no 80 GB GPU holds at
 # once: real naive engines gather layer by layer) to its generation shard.
 #
@@ -340,14 +404,16 @@ plot_timelines({"resharding TP 4 -> TP 2 x DP 2: naive (first three bars), then 
 # >
 # > * A device mapping decides placement: identical pools share a process (colocated), disjoint
 # >   pools talk over a sync group (disaggregated); one controller drives both.
-# > * Weight sync is a bucketed broadcast, `T = B alpha + M / beta`; measured here within a small
-# >   factor of that prediction (table above), bit for bit exact; in process it is a memory copy.
-# > * Stage 4 at scale: 141 GB for 70B, about 2.8 s over one 50 GB/s NIC, a few percent of a
-# >   long-tailed GRPO iteration on the roofline.
+# > * Weight sync is a bucketed broadcast, `T = B alpha + M / beta` on the wire, plus the copies
+# >   of packing and unpacking (`4 M / bandwidth`), which the measured syncs need (tables above);
+# >   bit for bit exact; in process it is a memory copy.
+# > * Stage 4 at scale has five terms (reshard, transfer, copies, software per tensor, fixed);
+# >   for 70B the wire is about 2.8 s over one 50 GB/s NIC, but published syncs of MoE models
+# >   take tens of seconds: the per-tensor software dominates (chapter 14 calibrates it).
 # > * Resharding TP 4 -> TP 2 x DP 2: naive moves 3/4 of the split weights per rank and peaks above
 # >   the whole model; HybridFlow moves 1/4, peaks at its generation shard, keeps no copy (measured
-# >   = formula); for 70B TP 8 -> TP 2, 57% fewer bytes (the paper: up to 89.1% less time against
-# >   a cross-node baseline).
+# >   = formula); for 70B TP 8 -> TP 2, over half fewer bytes (the paper: up to 89.1% less time
+# >   against a cross-node baseline).
 #
 # ## Further reading
 #
@@ -355,5 +421,6 @@ plot_timelines({"resharding TP 4 -> TP 2 x DP 2: naive (first three bars), then 
 #   and 5.4 (3D-HybridEngine), Table 2.
 # * Hu et al. 2024, OpenRLHF, arXiv:2405.11143 (Ray placement groups, vLLM weight broadcast).
 # * Ray placement groups: https://docs.ray.io/en/latest/ray-core/scheduling/placement-group.html
-# * slime's weight sync (CUDA IPC buckets, 60 s -> 7 s): https://hebiao064.github.io/rl-weight-sync
+# * slime's colocated weight sync (CUDA IPC handles in buckets, a series of changes that took
+#   Qwen3-30B-A3B from about 60 s to 7 s): https://hebiao064.github.io/rl-weight-sync
 # * NeMo-RL's refit designs (`docs/design-docs/generation.md`, `nccl-reshard-refit.md`).
