@@ -440,11 +440,13 @@ SENSITIVITY = {"decode_step_latency": (0.0, 0.01, 0.03), "train_hfu": (0.2, 0.3,
 
 def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device,
                 gpus: int, rates: Rates | None = None, variations: dict | None = None,
-                staleness_penalty: float = STALENESS_PENALTY, **options) -> list[dict]:
+                staleness_penalty: float = STALENESS_PENALTY, base: Plan | None = None,
+                **options) -> list[dict]:
     """Plan again with one rate (or the staleness penalty) changed at a time, the others held at
     ``rates`` (default: the calibrated ones): which plan wins at each value, and whether that
     flips the ranking. ``variations``: ``{rate or "staleness_penalty": values}`` (default
-    :data:`SENSITIVITY`); ``options`` go to :func:`plan`.
+    :data:`SENSITIVITY`); ``base``: the plan at ``rates`` when already made (else it is made);
+    ``options`` go to :func:`plan`.
 
     Returns:
         one row per (rate, value): ``rate, value, best (its name), step, cost, flips`` (the best
@@ -465,8 +467,10 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
         if name not in known:
             raise ValueError(f"sensitivity: {name!r} is not a rate; choose among "
                              f"{', '.join(sorted(known))}.")
-    base = plan(spec, config, workload, device, gpus, rates=rates,
-                staleness_penalty=staleness_penalty, **options).best
+    if base is None:
+        base = plan(spec, config, workload, device, gpus, rates=rates,
+                    staleness_penalty=staleness_penalty, **options)
+    base = base.best
     rows = []
     for name, values in variations.items():
         for value in values:
