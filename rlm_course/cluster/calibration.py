@@ -18,7 +18,6 @@ parameters. Nothing else is fitted: every other figure is a prediction
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -262,8 +261,3 @@ def describe(calibration: dict | None = None) -> str:
                      f"published values of {len(entry['calibrated_on'])} figures, rms log error "
                      f"{entry['rms_log_error']:.3f})")
     return "\n".join(lines)
-
-
-def replace_rates(rates: Rates, **changes) -> Rates:
-    """``rates`` with ``changes`` (for sensitivity tables)."""
-    return dataclasses.replace(rates, **changes)
