@@ -1,10 +1,11 @@
-"""Small shared helpers: seeding, atomic file writes, stage timers."""
+"""Small shared helpers: cores and ports, seeding, atomic file writes, stage timers."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import socket
 import tempfile
 import time
 from collections import defaultdict
@@ -13,6 +14,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+
+def cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def free_port() -> int:
+    """A TCP port that no process listens on now (the OS picks it). Another process could take it
+    before it is bound; the window is milliseconds."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def choose_threads(requested: int | None = None) -> tuple[int, str]:
@@ -27,17 +45,14 @@ def choose_threads(requested: int | None = None) -> tuple[int, str]:
     Raises:
         ValueError: for a requested count below 1.
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
+    available = cores()
     if requested is not None:
         if requested < 1:
             raise ValueError(f"--threads {requested}: give 1 or more.")
-        if requested > cores:
-            return requested, (f"as requested, but more than the {cores} cores: the threads wait "
+        if requested > available:
+            return requested, (f"as requested, but more than the {available} cores: the threads wait "
                                "for each other and every step is slower; use at most "
-                               f"--threads {cores}")
+                               f"--threads {available}")
         return requested, "as requested"
     if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
         return int(os.environ["OMP_NUM_THREADS"]), "from OMP_NUM_THREADS"
@@ -45,8 +60,8 @@ def choose_threads(requested: int | None = None) -> tuple[int, str]:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = 0.0
-    threads = max(1, min(cores, round(cores - load)))
-    return threads, f"{cores} cores, load {load:.1f}"
+    threads = max(1, min(available, round(available - load)))
+    return threads, f"{available} cores, load {load:.1f}"
 
 
 def seed_everything(seed: int) -> None:

@@ -385,7 +385,7 @@ def why(candidate: Candidate, best: Candidate) -> str:
     """Why a candidate loses to ``best``: refused for memory, or slower, and by what."""
     if candidate.refused:
         return f"does not fit: {candidate.refused}"
-    r, b = candidate.result, best.result
+    r = candidate.result
     slower = candidate.cost / best.cost
     if candidate.step <= best.step:  # faster per step, but its staleness costs more steps
         return (f"{slower:.2f}x the cost: {r.step_seconds:,.0f} s per step at a mean staleness of "

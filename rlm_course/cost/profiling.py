@@ -38,7 +38,7 @@ class MeasuringTimer(StageTimer):
 
 
 @contextmanager
-def _native_stderr_silenced():
+def native_stderr_silenced():
     """Send file descriptor 2 to /dev/null for the duration: PyTorch's profiler (kineto) writes
     ``USDT ... profiler_start`` / ``profiler_stop`` lines there from C++, which a notebook shows
     in red as if something had failed."""
@@ -60,12 +60,12 @@ def _profiled(fn):
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU])
-    with _native_stderr_silenced():
+    with native_stderr_silenced():
         prof.__enter__()
     try:
         fn()
     finally:
-        with _native_stderr_silenced():
+        with native_stderr_silenced():
             prof.__exit__(None, None, None)
     return prof
 

@@ -41,6 +41,7 @@ from rlm_course.distributed.comm import bytes_sent, wire_bytes
 from rlm_course.distributed.launch import RankContext
 from rlm_course.cost.comm import Link
 from rlm_course.parallel.world import World
+from rlm_course.utils import cores
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
                "send_recv")
@@ -258,7 +259,7 @@ def plot_fit(rows: list[dict], path=None, title: str = "collectives: measured (d
              "fitted World (lines)"):
     """One panel per rank count: time against message size (log-log), measured points and the
     fitted World's prediction as a line, one colour per collective."""
-    from rlm_course.tools.plots import _finish, plt
+    from rlm_course.tools.plots import finish_figure, plt
 
     ranks = sorted({r["ranks"] for r in rows})
     fig, axes = plt.subplots(1, len(ranks), figsize=(5.5 * len(ranks), 4), squeeze=False)
@@ -276,7 +277,7 @@ def plot_fit(rows: list[dict], path=None, title: str = "collectives: measured (d
         ax.grid(True, which="major", alpha=0.3)
     axes[0][-1].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    return _finish(fig, path)
+    return finish_figure(fig, path)
 
 
 def bench_collectives(repeats: int = 5, ranks=(2, 4), sizes=SIZES, names=COLLECTIVES,
@@ -311,7 +312,7 @@ def format_rows(rows: list[dict], fits: dict, p: int, repeats: int = 5, warmup: 
     """The measurements and fits of ``p`` ranks as two plain-text tables."""
     from rlm_course.utils import format_table
 
-    note = f"; oversubscribed: {p} ranks > {_cores()} cores" if p > _cores() else ""
+    note = f"; oversubscribed: {p} ranks > {cores()} cores" if p > cores() else ""
     table = [[r["collective"], _human(r["bytes"]), f"{r['seconds'] * 1e6:,.0f}",
               f"{r['algbw'] / 1e9:.3f}", f"{r['busbw'] / 1e9:.3f}",
               "-" if r["predicted"] is None else f"{r['predicted'] * 1e6:,.0f}",
@@ -326,12 +327,6 @@ def format_rows(rows: list[dict], fits: dict, p: int, repeats: int = 5, warmup: 
                       [name, f"{link.alpha * 1e6:.1f}", f"{link.beta / 1e9:.3f}"]
                       for name, link in fits[p].items()],
                      ["collective", "fitted alpha us", "fitted beta GB/s"])])
-
-
-def _cores() -> int:
-    from rlm_course.distributed.launch import cores
-
-    return cores()
 
 
 class _quiet_oversubscription:

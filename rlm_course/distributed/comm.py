@@ -71,9 +71,9 @@ def _nbytes(obj) -> int:
 def _binomial_tree_sent(p: int, position: int, m: int) -> tuple[int, int]:
     """Bytes sent and received by the rank at ``position`` of a binomial-tree broadcast of ``m``
     bytes whose root is position 0 (the convention of :mod:`rlm_course.parallel.world`)."""
-    from rlm_course.parallel.world import _binomial_tree_bytes
+    from rlm_course.parallel.world import binomial_tree_bytes
 
-    sent, received = _binomial_tree_bytes(list(range(p)), m)
+    sent, received = binomial_tree_bytes(list(range(p)), m)
     return sent[position], received[position]
 
 
@@ -260,15 +260,15 @@ def profiled():
     stderr; yields the profiler (read it after the block, e.g. with :func:`comm_seconds`)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from rlm_course.cost.profiling import _native_stderr_silenced
+    from rlm_course.cost.profiling import native_stderr_silenced
 
     prof = profile(activities=[ProfilerActivity.CPU])
-    with _native_stderr_silenced():
+    with native_stderr_silenced():
         prof.__enter__()
     try:
         yield prof
     finally:
-        with _native_stderr_silenced():
+        with native_stderr_silenced():
             prof.__exit__(None, None, None)
 
 

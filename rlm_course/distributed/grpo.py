@@ -302,7 +302,7 @@ def plot_timeline(ranks: list[list], path=None, title: str = "data-parallel GRPO
     Args:
         ranks: per rank, its ``(phase, start, end)`` events (seconds on the shared clock).
     """
-    from rlm_course.tools.plots import STAGE_COLORS, _finish, plt
+    from rlm_course.tools.plots import STAGE_COLORS, finish_figure, plt
 
     fig, ax = plt.subplots(figsize=(10, 0.7 * len(ranks) + 1.3))
     seen = set()
@@ -319,7 +319,7 @@ def plot_timeline(ranks: list[list], path=None, title: str = "data-parallel GRPO
            xlabel="seconds", title=title)
     ax.invert_yaxis()
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _finish(fig, path)
+    return finish_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------- the job

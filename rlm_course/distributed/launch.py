@@ -52,6 +52,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
+from rlm_course.utils import cores, free_port  # noqa: F401 (free_port: part of this module's API)
+
 #: Seconds a collective (and the start-up rendezvous) waits for its peers before it fails.
 DEFAULT_TIMEOUT = 300.0
 #: Seconds the other ranks get to stop on their own after one rank failed.
@@ -104,14 +106,6 @@ class RankContext:
         return self.rank == 0
 
 
-def cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS tells it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
 def resolve_device(device: str) -> str:
     """``"auto"`` -> ``"cuda"`` when torch sees a GPU, else ``"cpu"``; other names are checked.
 
@@ -160,15 +154,6 @@ def check_backend(backend: str, device: str, nprocs: int) -> None:
                              "wheel.")
     else:
         raise ValueError(f"backend={backend!r}: the course uses 'gloo' (CPU) or 'nccl' (CUDA).")
-
-
-def free_port() -> int:
-    """A TCP port that no process listens on now (the OS picks it). Another process could take it
-    before the ranks bind it; the window is milliseconds."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def check_port(port: int) -> None:

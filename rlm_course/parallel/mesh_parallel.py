@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlm_course.lm.model import TinyGPT
-from rlm_course.parallel.pipeline import _walk, schedule_table
+from rlm_course.parallel.pipeline import schedule_table, walk_schedule
 from rlm_course.parallel.tensor_parallel import TensorParallelBlock
 from rlm_course.parallel.world import Mesh, World
 
@@ -197,7 +197,7 @@ class MeshParallelGPT:
                                       for r, x in enumerate(inputs.pop((mb, j)))]
             return True
 
-        _walk(table, step)
+        walk_schedule(table, step)
         return sum(losses) / m
 
     # ------------------------------------------------------------------ comparison

@@ -131,7 +131,7 @@ def _check_table(table) -> None:
         raise ValueError(f"unknown task kinds {sorted(kinds - {'F', 'B'})}: use 'F' and 'B'.")
 
 
-def _walk(table: list[list[tuple[str, int, int]]], step) -> None:
+def walk_schedule(table: list[list[tuple[str, int, int]]], step) -> None:
     """Run every device's tasks in table order: sweep the devices, letting each run its next task
     when ``step(device, kind, micro_batch, chunk, virtual_stage)`` says it could (returns True).
 
@@ -192,7 +192,7 @@ def simulate(table: list[list[tuple[str, int, int]]], t_forward: float = 1.0,
         tasks[d].append((kind, mb, chunk, ready, ready + duration))
         return True
 
-    _walk(table, step)
+    walk_schedule(table, step)
     makespan = max(free)
     busy = sum(end - start for order in tasks for *_, start, end in order)
     return Timeline(tasks, makespan, busy)
@@ -274,5 +274,5 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
         inputs.pop((mb, j))
         return True
 
-    _walk(table, step)
+    walk_schedule(table, step)
     return [losses[i] for i in range(m)]

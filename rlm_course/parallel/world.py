@@ -130,7 +130,7 @@ class World:
                 sent = received = {r: each for r in ranks}
                 self._communicate(name, ranks, seconds, sent, dict(received))
             else:
-                down, up = _binomial_tree_bytes(ranks, m)  # the broadcast; the reduce mirrors it
+                down, up = binomial_tree_bytes(ranks, m)  # the broadcast; the reduce mirrors it
                 both = {r: down[r] + up[r] for r in ranks}
                 self._communicate(name, ranks, tree_all_reduce_seconds(m, p, self.link), both,
                                   dict(both))
@@ -180,7 +180,7 @@ class World:
         p, m = len(ranks), nbytes(tensor)
         if p > 1:
             order = [src] + [r for r in ranks if r != src]
-            sent, received = _binomial_tree_bytes(order, m)
+            sent, received = binomial_tree_bytes(order, m)
             self._communicate(name, ranks, broadcast_seconds(m, p, self.link),
                               sent, received)
         return [tensor.clone() for _ in ranks]
@@ -225,7 +225,7 @@ class World:
         return tensor.clone()
 
 
-def _binomial_tree_bytes(order: list[int], m: int) -> tuple[dict[int, int], dict[int, int]]:
+def binomial_tree_bytes(order: list[int], m: int) -> tuple[dict[int, int], dict[int, int]]:
     """Bytes sent and received per rank by a binomial-tree broadcast of ``m`` bytes from
     ``order[0]`` (a reduce to ``order[0]`` mirrors it: swap the two)."""
     sent = {r: 0 for r in order}

@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from rlm_course.utils import cores
 
 #: Seconds a call (and a collective inside a worker) may make no progress before it fails.
 DEFAULT_TIMEOUT = 300.0
@@ -87,7 +88,7 @@ def start_ray(num_cpus: int | None = None, address: str | None = None, quiet: bo
         kwargs = dict(include_dashboard=False, log_to_driver=not quiet,
                       logging_level=logging.WARNING if quiet else logging.INFO)
         if address is None:
-            kwargs.update(num_cpus=num_cpus or _cores(), object_store_memory=256 * 2**20)
+            kwargs.update(num_cpus=num_cpus or cores(), object_store_memory=256 * 2**20)
         ray.init(address=address, **kwargs)
     return dict(ray.cluster_resources())
 
@@ -98,20 +99,6 @@ def stop_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def free_port() -> int:
-    """A TCP port that is free on this machine now."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------- placement

@@ -58,15 +58,13 @@ def load_experiment(name: str) -> dict:
 def _machine() -> dict:
     import torch
 
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count()
+    from rlm_course.utils import cores
+
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
-    return {"cores": cores, "load_average_at_start": load, "torch": torch.__version__}
+    return {"cores": cores(), "load_average_at_start": load, "torch": torch.__version__}
 
 
 # ---------------------------------------------------------------------------------- weight sync

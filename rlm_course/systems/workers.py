@@ -61,7 +61,7 @@ class RLWorker:
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 of the process group."""
-        from rlm_course.systems.controller import free_port
+        from rlm_course.utils import free_port
 
         try:
             import ray

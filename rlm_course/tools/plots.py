@@ -17,7 +17,7 @@ if matplotlib.get_backend().lower() not in ("agg",) and not matplotlib.is_intera
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def _finish(fig, path):
+def finish_figure(fig, path):
     """Lay out ``fig``; save and close it when ``path`` is given (a CLI run), else return it."""
     fig.tight_layout()
     if path is not None:
@@ -54,7 +54,7 @@ def plot_learning_curve(metrics: list[dict], path: str | Path | None = None,
     ax2.set(xlabel="step", ylabel="seconds", title="time per step, by stage")
     ax2.set_ylim(0, 1.3 * max(bottom, default=1.0))
     ax2.legend(fontsize=8, ncol=4, loc="upper center")
-    return _finish(fig, path)
+    return finish_figure(fig, path)
 
 
 def plot_eval_curves(curves: dict[str, list[list[tuple[int, float]]]], path: str | Path | None = None,
@@ -72,7 +72,7 @@ def plot_eval_curves(curves: dict[str, list[list[tuple[int, float]]]], path: str
                             color=line.get_color(), alpha=0.12)
     ax.set(xlabel="step", ylabel="accuracy", title=title, ylim=(0, 1))
     ax.legend(fontsize=8, ncol=2)
-    return _finish(fig, path)
+    return finish_figure(fig, path)
 
 
 def plot_stage_seconds(stage_seconds: dict[str, dict[str, float]], path: str | Path | None = None,
@@ -88,7 +88,7 @@ def plot_stage_seconds(stage_seconds: dict[str, dict[str, float]], path: str | P
     ax.invert_yaxis()
     ax.set(xlabel="seconds per step", title=title)
     ax.legend(fontsize=8, ncol=4, loc="lower right")
-    return _finish(fig, path)
+    return finish_figure(fig, path)
 
 
 COMM_COLORS = {"all-reduce": "#e7298a", "reduce-scatter": "#66a61e", "all-gather": "#1f78b4",
@@ -113,7 +113,7 @@ def plot_rank_timeline(events, path: str | Path | None = None, title: str = "tim
     ax.set(yticks=ranks, yticklabels=[f"rank {r}" for r in ranks], xlabel="seconds", title=title)
     ax.invert_yaxis()
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _finish(fig, path)
+    return finish_figure(fig, path)
 
 
 def plot_pipeline(timeline, path: str | Path | None = None, title: str = "pipeline schedule"):
@@ -129,7 +129,7 @@ def plot_pipeline(timeline, path: str | Path | None = None, title: str = "pipeli
     ax.set(yticks=range(p), yticklabels=[f"device {d}" for d in range(p)], xlabel="time",
            title=f"{title} (bubble {timeline.bubble_fraction:.0%})")
     ax.invert_yaxis()
-    return _finish(fig, path)
+    return finish_figure(fig, path)
 
 
 def plot_memory_per_rank(memory: dict[str, dict[str, float]], path: str | Path | None = None,
@@ -145,7 +145,7 @@ def plot_memory_per_rank(memory: dict[str, dict[str, float]], path: str | Path |
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set(ylabel="kB per rank", title=title)
     ax.legend(fontsize=8)
-    return _finish(fig, path)
+    return finish_figure(fig, path)
 
 
 TIMELINE_COLORS = {"generation": STAGE_COLORS["generation"], "scoring": STAGE_COLORS["scoring"],
@@ -183,7 +183,7 @@ def plot_timelines(runs: dict[str, list], path: str | Path | None = None,
     axes[-1, 0].set_xlabel("seconds since the start of the run")
     axes[0, 0].legend(fontsize=7, ncol=6, loc="lower right", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(title, fontsize=10, x=0.01, ha="left")
-    return _finish(fig, path)
+    return finish_figure(fig, path)
 
 
 def plot_measured_vs_predicted(points: dict[str, tuple[list, list, list]],
@@ -197,4 +197,4 @@ def plot_measured_vs_predicted(points: dict[str, tuple[list, list, list]],
         ax.plot(xs, measured, "o", color=line.get_color(), label=f"{name}: measured")
     ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend(fontsize=7)
-    return _finish(fig, path)
+    return finish_figure(fig, path)
