@@ -93,7 +93,7 @@ def _set_threads(args) -> None:
 
 def _rl_config(args):
     """The RLConfig of a ``grpo``/``ppo`` command line: the preset with the flags' overrides."""
-    from rlm_course.rl.algorithms import preset
+    from rlm_course.algorithms import preset
 
     names = [n for n, _ in RL_FLAGS] + list(ALGORITHM_FLAGS)
     overrides = {n.replace("-", "_"): getattr(args, n.replace("-", "_")) for n in names
@@ -313,8 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rlm_course", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from rlm_course.rl import options
-    from rlm_course.rl.algorithms import PRESETS
+    from rlm_course import algorithms as options
+    from rlm_course.algorithms import PRESETS
 
     for command, help_text in (("grpo", "SFT warm start if needed, then GRPO or another --variant "
                                         "of the family; writes runs/<name>/"),

@@ -165,6 +165,20 @@ def test_measured_flops_of_a_step_match_the_predictor(name):
     assert measured == pytest.approx(predicted["total"], rel=0.01)
 
 
+@pytest.mark.parametrize("name, overrides, passes", [
+    ("grpo", {}, ("policy", "reference")),  # 2 minibatches reuse the batch: pi_old needed
+    ("grpo", {"minibatches": 1}, ("reference",)),  # one gradient step: pi_old = pi_theta
+    ("dr_grpo", {}, ("policy",)),  # no KL, no reference
+    ("rloo", {"minibatches": 1}, ("policy", "reference")),  # k1 in the reward needs pi_old
+    ("ppo", {}, ("policy", "reference", "critic")),
+    ("gspo", {"minibatches": 1}, ()),
+])
+def test_scoring_passes_by_hand(name, overrides, passes):
+    config = preset(name, **overrides)
+    assert config.scoring_passes() == passes
+    assert tuple(predict_passes(config)["scoring"]) == passes
+
+
 def test_config_is_a_plain_dataclass_for_checkpoints():
     c = preset("dapo", steps=3)
     assert dataclasses.asdict(c)["variant"] == "dapo" and RLConfig(**dataclasses.asdict(c)) == c

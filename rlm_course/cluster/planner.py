@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
-from rlm_course.rl.algorithms import RLConfig
+from rlm_course.algorithms import RLConfig
 from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
 from rlm_course.cluster.simulator import MODES, Scenario, SimResult, memory_plan, simulate

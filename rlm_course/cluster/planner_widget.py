@@ -17,7 +17,7 @@ import ipywidgets as widgets
 from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import SPECS, get_spec
 from rlm_course.cost.hardware import get_device, load_catalog
-from rlm_course.rl.algorithms import PRESETS
+from rlm_course.algorithms import PRESETS
 from rlm_course.cluster.planner import Plan, format_plan, plan
 from rlm_course.cluster.simulator import algorithm
 

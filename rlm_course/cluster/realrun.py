@@ -31,7 +31,7 @@ from rlm_course.cost.architectures import TransformerSpec, from_model_config, ge
 from rlm_course.cost.hardware import Device, get_device
 from rlm_course.cost.layouts import Layout
 from rlm_course.cost.phases import Cluster, Rates
-from rlm_course.rl.algorithms import preset
+from rlm_course.algorithms import preset
 from rlm_course.utils import best_seconds
 
 COMPARED = ("generation", "scoring", "training")

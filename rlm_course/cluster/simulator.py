@@ -73,7 +73,7 @@ import simpy
 
 from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
-from rlm_course.rl.algorithms import RLConfig, preset
+from rlm_course.algorithms import RLConfig, preset
 from rlm_course.systems.async_rl import rollout_capacity
 from rlm_course.cost.layouts import (Layout, check_training, generation_memory, kv_slots,
                                     training_memory, usable)

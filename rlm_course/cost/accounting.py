@@ -38,7 +38,7 @@ from torch import nn
 
 from rlm_course.cost.architectures import from_model_config, kv_cache_bytes, teacher_forced_flops
 from rlm_course.lm.model import ModelConfig, attention_key_length
-from rlm_course.rl.algorithms import RLConfig
+from rlm_course.algorithms import RLConfig
 
 ADAM_BYTES_PER_PARAM = 16  # fp32 weight + gradient + exp_avg + exp_avg_sq
 FP32 = 4
@@ -74,14 +74,7 @@ def predict_passes(config: RLConfig) -> dict[str, dict[str, dict[str, int]]]:
         ``{stage: {model: {"forward": n, "backward": n}}}``, omitting zeros.
     """
     passes: dict = {"generation": {"policy": {"forward": 1, "backward": 0}}}
-    scoring = {}
-    if config.reuses_batch or (config.kl_mode == "reward" and config.uses_reference):
-        scoring["policy"] = {"forward": 1, "backward": 0}
-    if config.uses_reference:
-        scoring["reference"] = {"forward": 1, "backward": 0}
-    if config.use_critic:
-        scoring["critic"] = {"forward": 1, "backward": 0}
-    passes["scoring"] = scoring
+    passes["scoring"] = {model: {"forward": 1, "backward": 0} for model in config.scoring_passes()}
     epochs = config.ppo_epochs
     passes["training"] = {"policy": {"forward": epochs, "backward": epochs}}
     if config.use_critic:

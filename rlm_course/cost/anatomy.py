@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from rlm_course.cost.accounting import predict_passes
 from rlm_course.cost.architectures import TransformerSpec, teacher_forced_flops
 from rlm_course.cost.hardware import Device
-from rlm_course.rl.algorithms import RLConfig
+from rlm_course.algorithms import RLConfig
 
 STAGES = ("prefill", "decode", "scoring", "policy update", "critic update")
 ADAM_STATE_BYTES = 16  # bf16 weight + bf16 gradient + fp32 master weight, momentum, variance

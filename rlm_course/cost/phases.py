@@ -66,7 +66,7 @@ from rlm_course.cost.comm import Link
 from rlm_course.cost.hardware import Device
 from rlm_course.cost.layouts import Layout, model_states, axis_strides, params_per_device
 from rlm_course.cost.weight_sync import TRANSPORTS, SyncCost, sync_cost
-from rlm_course.rl.algorithms import RLConfig
+from rlm_course.algorithms import RLConfig
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rlm_course.distributed.launch import RankContext
 from rlm_course.lm.sampling import select_rollouts
-from rlm_course.rl.algorithms import RLConfig
+from rlm_course.algorithms import RLConfig
 from rlm_course.rl.trainer import RLTrainer
 from rlm_course.utils import STAGES, StageTimer, derived_seed
 
@@ -559,7 +559,7 @@ def update_equivalence_worker(ctx: RankContext, variants=("grpo", "dapo"), promp
     """
     from rlm_course.lm.tokenizer import CharTokenizer
     from rlm_course.numerics import adam_tolerance
-    from rlm_course.rl.algorithms import preset
+    from rlm_course.algorithms import preset
     from rlm_course.rl.runs import load_sft_policy
     from rlm_course.tasks import get_task
 

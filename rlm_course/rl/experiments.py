@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from rlm_course.rl.algorithms import PRESETS
+from rlm_course.algorithms import PRESETS
 from rlm_course.tasks.base import Task
 from rlm_course.utils import atomic_write_json, data_dir
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlm_course.rl.options import KL_ESTIMATORS
+from rlm_course.algorithms import KL_ESTIMATORS
 
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from rlm_course.rl.masked import masked_mean
-from rlm_course.rl.options import AGGREGATIONS
+from rlm_course.algorithms import AGGREGATIONS
 
 
 

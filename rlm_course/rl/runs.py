@@ -40,7 +40,7 @@ from rlm_course.cost.accounting import (
 from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
 from rlm_course.lm.model import ModelConfig
 from rlm_course.lm.tokenizer import CharTokenizer
-from rlm_course.rl.algorithms import RLConfig
+from rlm_course.algorithms import RLConfig
 from rlm_course.rl.evaluate import evaluate
 from rlm_course.rl.sft import SFTConfig, default_model_config, run_sft
 from rlm_course.rl.trainer import RLTrainer

@@ -34,7 +34,7 @@ from rlm_course.lm.model import TinyGPT
 from rlm_course.lm.sampling import concat_rollouts, generate, response_log_probs, select_rollouts
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.advantages import gae, group_advantages, reinforce_pp_advantages, rloo_advantages
-from rlm_course.rl.algorithms import GROUP_ADVANTAGES, RLConfig
+from rlm_course.algorithms import GROUP_ADVANTAGES, RLConfig
 from rlm_course.rl.critic import Critic, clipped_value_loss
 from rlm_course.rl.evaluate import evaluate
 from rlm_course.rl.kl import KL_CLAMP, kl_estimate
@@ -256,13 +256,14 @@ class RLTrainer:
             rmask = rollout.response_mask
             with timer("scoring"), torch.no_grad():
                 old_log_probs = ref_log_probs = values = None
-                if cfg.reuses_batch or (cfg.kl_mode == "reward" and self.reference is not None):
+                passes = cfg.scoring_passes()
+                if "policy" in passes:
                     old_log_probs = response_log_probs(self.policy, tokens, attn, plen,
                                                        temperature=cfg.temperature)
-                if self.reference is not None:
+                if "reference" in passes:
                     ref_log_probs = response_log_probs(self.reference, tokens, attn, plen,
                                                        temperature=cfg.temperature)
-                if self.critic is not None:
+                if "critic" in passes:
                     values = self.critic(tokens, attn, plen)
                 if cfg.kl_mode == "reward" and ref_log_probs is not None:
                     kl_reward = kl_estimate(old_log_probs, ref_log_probs, cfg.kl_estimator)

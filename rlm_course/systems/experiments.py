@@ -184,7 +184,7 @@ ASYNC_RUNS = (("colocated sync (2 devices)", "colocated", 0, False),
 def async_config(steps: int = 60, seed: int = 0, **overrides):
     """The GRPO configuration of chapter 13's runs on the scratchpad task: 16 prompts x 8
     samples per step, lr 1e-4, no in-run evaluation (snapshots are evaluated after the run)."""
-    from rlm_course.rl.algorithms import preset
+    from rlm_course.algorithms import preset
 
     settings = dict(prompts_per_step=16, group_size=8, lr=1e-4, steps=steps, seed=seed,
                     eval_every=10**9, warmup_steps=10)

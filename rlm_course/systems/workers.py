@@ -185,7 +185,7 @@ class RLWorker:
         ``pipeline`` (a PipelineConfig as a dict), ``run_dir``, ``dp_rank``, ``dp_size``."""
         from rlm_course.lm.checkpoint import load_checkpoint
         from rlm_course.lm.tokenizer import CharTokenizer
-        from rlm_course.rl.algorithms import RLConfig
+        from rlm_course.algorithms import RLConfig
         from rlm_course.rl.trainer import RLTrainer
         from rlm_course.systems.async_rl import PipelineConfig
         from rlm_course.systems.weight_sync import state_tensors

@@ -115,7 +115,7 @@ def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64) -> d
 
 def bench_train(repeats: int = 5) -> dict:
     """One GRPO training step at the default mini-batch, against the measured matmul peak."""
-    from rlm_course.rl.algorithms import GRPOConfig
+    from rlm_course.algorithms import GRPOConfig
 
     seed_everything(0)
     tok, task, cfg = CharTokenizer(), get_task("addition"), GRPOConfig()
@@ -173,7 +173,7 @@ def bench_family(repeats: int = 5) -> dict:
     Ratios are to GRPO's seconds per step in the same run.
     """
     from rlm_course.cost.accounting import cost_row
-    from rlm_course.rl.algorithms import PRESETS, preset
+    from rlm_course.algorithms import PRESETS, preset
     from rlm_course.rl.runs import cost_summary, load_sft_policy
     from rlm_course.rl.trainer import RLTrainer
     from rlm_course.tasks.eval_sets import load_eval_set
@@ -239,7 +239,7 @@ def bench_memory(repeats: int = 5, steps: int = 30, warmup: int = 5) -> dict:
     import gc
 
     from rlm_course.cost.accounting import live_tensor_bytes, peak_rss_bytes, resident_bytes
-    from rlm_course.rl.algorithms import PRESETS, preset
+    from rlm_course.algorithms import PRESETS, preset
     from rlm_course.rl.runs import load_sft_policy
     from rlm_course.rl.trainer import RLTrainer
     from rlm_course.tasks.eval_sets import load_eval_set
@@ -311,7 +311,7 @@ def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
 
 
 def _bench_peer(repeats: int, new_tokens: int) -> dict:
-    from rlm_course.rl.algorithms import preset
+    from rlm_course.algorithms import preset
     from rlm_course.rl.trainer import RLTrainer
     from rlm_course.tools.peer import TRLSteps, hf_generate, hf_model
 

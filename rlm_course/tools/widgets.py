@@ -19,7 +19,7 @@ import ipywidgets as widgets
 from rlm_course.cost.anatomy import Workload, iteration_report
 from rlm_course.cost.architectures import SPECS, TransformerSpec, from_model_config
 from rlm_course.cost.hardware import get_device, load_catalog
-from rlm_course.rl.algorithms import PRESETS, preset
+from rlm_course.algorithms import PRESETS, preset
 
 CUSTOM = "custom"
 #: The architecture boxes: a TransformerSpec's sizes, editable for a custom model only.

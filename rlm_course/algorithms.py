@@ -1,0 +1,345 @@
+"""One configuration for PPO and the GRPO family, the named options of each of its parts, and the
+named presets of published algorithms.
+
+A leaf module (no torch, no other module of the course): the RL code runs a configuration
+(:mod:`rlm_course.rl`), the cost model prices it (:mod:`rlm_course.cost`), and the command line
+lists its options at once, all from here. :mod:`rlm_course.rl.algorithms` re-exports it.
+
+An algorithm here is a choice of one option per part (the parts live in
+:mod:`rlm_course.rl.advantages`, :mod:`rlm_course.rl.kl`, :mod:`rlm_course.rl.losses` and
+:mod:`rlm_course.rl.rewards`); :class:`rlm_course.rl.trainer.RLTrainer` runs any valid choice with
+one code path. The presets (:data:`PRESETS`) are the published combinations:
+
+    preset        advantage       ratio     clip (low/high)  aggregation              KL               extras
+    ppo           GAE + critic    token     0.2 / 0.2        token-mean               k1 in reward     critic, group 1
+    grpo          group, std      token     0.2 / 0.2        seq-mean-token-mean      k3 as loss
+    dr_grpo       group, no std   token     0.2 / 0.2        seq-mean-token-sum-norm  none
+    dapo          group, std      token     0.2 / 0.28       token-mean               none             dynamic sampling, overlong shaping
+    rloo          leave-one-out   token     0.2 / 0.2        seq-mean-token-mean      k1 in reward (sequence sum)
+    reinforce_pp  batch-normed    token     0.2 / 0.2        token-mean               k1 in reward (per token), group 1
+    gspo          group, std      sequence  3e-4 / 4e-4      seq-mean-token-mean      none
+
+Sources: PPO for LLMs (Ouyang et al. 2022, arXiv:2203.02155; GAE, Schulman et al. 2016,
+arXiv:1506.02438); GRPO (Shao et al. 2024, arXiv:2402.03300, eq. 3); Dr. GRPO (Liu et al. 2025,
+arXiv:2503.20783, section 3.1); DAPO (Yu et al. 2025, arXiv:2503.14476, eqs. 8-13); RLOO (Ahmadian
+et al. 2024, arXiv:2402.14740, eq. 5); REINFORCE++ (Hu et al. 2025, arXiv:2501.03262, section 3);
+GSPO (Zheng et al. 2025, arXiv:2507.18071, eqs. 5-7). The KL coefficient of every preset with a KL
+term is the course's 0.005 (the papers use 0.001-0.04 on far larger models).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+# ---------------------------------------------------------------------------------- the options
+# Plain tuples of names, so that the command line can list them (and answer --help) at once; the
+# modules that implement each option check against the same tuples.
+#: Advantage estimators (:mod:`rlm_course.rl.advantages`).
+ADVANTAGES = ("group", "rloo", "reinforce_pp", "gae")
+#: Advantages that compare the responses of one prompt with each other (need ``group_size >= 2``).
+GROUP_ADVANTAGES = ("group", "rloo")
+#: Advantages with one value per token (the rest give one value per response).
+TOKEN_ADVANTAGES = ("gae", "reinforce_pp")
+#: Importance ratio per token (PPO, GRPO) or per sequence (GSPO) (:mod:`rlm_course.rl.losses`).
+RATIO_LEVELS = ("token", "sequence")
+#: Loss aggregations (:func:`rlm_course.rl.losses.aggregate_loss`).
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+#: Where the KL to the reference goes: nowhere, into the loss, or into the reward.
+KL_MODES = ("none", "loss", "reward")
+#: KL estimators (:func:`rlm_course.rl.kl.kl_estimate`).
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+MAX_BATCH = 16384  # responses per step; more does not fit a laptop's memory comfortably
+
+
+@dataclass
+class RLConfig:
+    """Every setting of one RL run: the schedule, and one option per part of the algorithm.
+
+    Schedule: ``steps`` iterations of ``prompts_per_step`` prompts x ``group_size`` responses;
+    ``ppo_epochs`` passes over each batch in ``minibatches`` gradient steps; AdamW at ``lr`` with a
+    linear warm-up and a cosine decay (:meth:`lr_at`).
+
+    Algorithm parts:
+        advantage: ``group`` (GRPO; ``normalize_std=False`` is Dr. GRPO), ``rloo`` (leave-one-out),
+            ``reinforce_pp`` (per-token return, normalised over the batch), ``gae`` (PPO; needs
+            ``use_critic``).
+        ratio_level: ``token`` (PPO/GRPO) or ``sequence`` (GSPO, length-normalised).
+        clip_eps, clip_eps_high: epsilon_low and epsilon_high of the clipped objective
+            (``clip_eps_high=None`` is symmetric; DAPO's clip-higher raises only the upper bound).
+        loss_agg: ``seq-mean-token-mean`` (GRPO), ``token-mean`` (DAPO, PPO),
+            ``seq-mean-token-sum-norm`` (Dr. GRPO, divided by the generation budget).
+        kl_mode: ``none`` (no reference model), ``loss`` (``kl_coef * KL`` added to the loss, GRPO)
+            or ``reward`` (``-kl_coef * KL`` added to the reward: per token for token-level
+            advantages, summed over the response for response-level ones); ``kl_estimator`` k1/k2/k3.
+        entropy_coef: weight of an entropy bonus (0: off).
+        dynamic_sampling: DAPO's filter: drop groups whose rewards are all equal and sample more
+            prompts, up to ``max_sampling_rounds`` generation rounds, until ``prompts_per_step``
+            groups carry signal.
+        overlong_buffer: DAPO's overlong shaping: the generation budget grows by this many tokens
+            past the task's longest valid response, and a response reaching into them loses up to 1
+            reward (0: off).
+        use_critic, gamma, lam, critic_lr, value_clip, value_coef: PPO's critic and GAE.
+        variant: the preset this configuration started from; names the run.
+
+    Raises:
+        ValueError: for a value out of range, or a combination that makes no sense (GAE without a
+            critic, a critic without GAE, ``clip_eps_high < clip_eps``, a group baseline or dynamic
+            sampling with ``group_size`` 1, a sequence-level ratio with per-token advantages, a KL
+            coefficient with ``kl_mode='none'``, k1 as a loss, whose expected gradient is zero);
+            the message names the conflict and the fix.
+    """
+
+    variant: str = "grpo"
+    steps: int = 300
+    prompts_per_step: int = 64
+    group_size: int = 8
+    ppo_epochs: int = 1
+    minibatches: int = 2
+    lr: float = 3e-4
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    temperature: float = 1.0
+    max_grad_norm: float = 1.0
+    eval_every: int = 25
+    seed: int = 0
+    advantage: str = "group"
+    normalize_std: bool = True
+    ratio_level: str = "token"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    loss_agg: str = "seq-mean-token-mean"
+    kl_mode: str = "loss"
+    kl_estimator: str = "k3"
+    kl_coef: float = 0.005
+    entropy_coef: float = 0.0
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+    overlong_buffer: int = 0
+    use_critic: bool = False
+    gamma: float = 1.0
+    lam: float = 0.95
+    critic_lr: float = 1e-3
+    value_clip: float = 0.2
+    value_coef: float = 1.0
+
+    @property
+    def algorithm(self) -> str:
+        return self.variant
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+    @property
+    def uses_reference(self) -> bool:
+        """A frozen reference model is held only when a KL term is on."""
+        return self.kl_mode != "none" and self.kl_coef > 0
+
+    @property
+    def reuses_batch(self) -> bool:
+        """More than one gradient step per batch: then the policy moves between steps and the
+        ratio needs the log-probs of the policy that sampled the batch (one extra forward)."""
+        return self.ppo_epochs * self.minibatches > 1
+
+    def scoring_passes(self) -> tuple[str, ...]:
+        """The models that score a batch before its update, one forward pass each without
+        gradient, in this order: ``"policy"`` (the log-probs of the policy that sampled the batch,
+        when the batch is reused across gradient steps or the KL goes into the reward),
+        ``"reference"`` (when a KL term is on) and ``"critic"`` (PPO's values).
+
+        :meth:`rlm_course.rl.trainer.RLTrainer.step` runs exactly these, and the cost model prices
+        them (:func:`rlm_course.cost.accounting.predict_passes`)."""
+        passes = []
+        if self.reuses_batch or (self.kl_mode == "reward" and self.uses_reference):
+            passes.append("policy")
+        if self.uses_reference:
+            passes.append("reference")
+        if self.use_critic:
+            passes.append("critic")
+        return tuple(passes)
+
+    def __post_init__(self) -> None:
+        self._check_values()
+        self._check_combination()
+
+    def _check_values(self) -> None:
+        for name, allowed in (("advantage", ADVANTAGES), ("ratio_level", RATIO_LEVELS),
+                              ("loss_agg", AGGREGATIONS), ("kl_mode", KL_MODES),
+                              ("kl_estimator", KL_ESTIMATORS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not known; choose one of "
+                                 f"{', '.join(allowed)}.")
+        if self.variant not in PRESETS:
+            raise ValueError(f"variant={self.variant!r} is not a preset; choose one of "
+                             f"{', '.join(PRESETS)}.")
+        for name in ("steps", "prompts_per_step", "group_size", "ppo_epochs", "minibatches",
+                     "eval_every", "max_sampling_rounds"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}={value} must be a positive integer.")
+        for name in ("warmup_steps", "overlong_buffer"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0.")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1].")
+        for name in ("lr", "clip_eps", "temperature", "max_grad_norm", "critic_lr", "value_clip",
+                     "value_coef", *(("clip_eps_high",) if self.clip_eps_high is not None else ())):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={value} must be a positive finite number.")
+        if self.lr > 1.0:
+            raise ValueError(f"lr={self.lr} is far too large for Adam (use 1e-4 to 1e-3).")
+        if self.clip_eps >= 1.0:
+            raise ValueError(f"clip_eps={self.clip_eps}: the lower clip bound 1 - clip_eps would not "
+                             "be positive; use a value below 1 (0.2 is typical).")
+        for name in ("kl_coef", "entropy_coef"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}={value} must be a finite number >= 0 (0 turns it off).")
+        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
+            raise ValueError(f"gamma={self.gamma} and lam={self.lam} must be in [0, 1].")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed={self.seed} must be in [0, 2**63).")
+        batch = self.prompts_per_step * self.group_size
+        if batch > MAX_BATCH:
+            raise ValueError(f"prompts_per_step x group_size = {batch} responses per step is more "
+                             f"than {MAX_BATCH}; lower --prompts-per-step or --group-size.")
+        if batch % self.minibatches:
+            raise ValueError(f"minibatches={self.minibatches} does not divide the batch of "
+                             f"{batch} responses (prompts_per_step x group_size); change "
+                             "--minibatches or --prompts-per-step.")
+
+    def _check_combination(self) -> None:
+        if self.advantage in GROUP_ADVANTAGES and self.group_size < 2:
+            raise ValueError(f"group_size={self.group_size} with advantage={self.advantage!r}: a "
+                             "group baseline needs at least 2 responses per prompt; use "
+                             "--group-size 2 or more (8 is typical), or an advantage without a "
+                             "group (gae, reinforce_pp).")
+        if self.advantage == "gae" and not self.use_critic:
+            raise ValueError("advantage='gae' needs a critic for V(s_t): set use_critic=True (--use-critic; "
+                             "--variant ppo sets it), or choose a critic-free advantage (group, rloo, "
+                             "reinforce_pp).")
+        if self.use_critic and self.advantage != "gae":
+            raise ValueError(f"use_critic=True with advantage={self.advantage!r}: only GAE uses the "
+                             "critic's values, so it would be trained for nothing; drop the critic "
+                             "(--no-use-critic) or use advantage='gae' (--advantage gae).")
+        if self.clip_eps_high is not None and self.clip_eps_high < self.clip_eps:
+            raise ValueError(f"clip_eps_high={self.clip_eps_high} < clip_eps={self.clip_eps}: "
+                             "the upper clip bound must be at least the lower one (DAPO's "
+                             "clip-higher raises it, e.g. --clip-eps 0.2 --clip-eps-high 0.28).")
+        if self.ratio_level == "sequence" and self.advantage in TOKEN_ADVANTAGES:
+            raise ValueError(f"ratio_level='sequence' with advantage={self.advantage!r}: a "
+                             "sequence-level ratio weighs one advantage per response, but "
+                             f"{self.advantage} gives one per token (and puts a per-token KL in the "
+                             "reward); use advantage group or rloo with a sequence ratio, or "
+                             "ratio_level='token' (--ratio-level token).")
+        if self.dynamic_sampling and self.advantage not in GROUP_ADVANTAGES:
+            raise ValueError(f"dynamic_sampling with advantage={self.advantage!r}: the filter drops "
+                             "groups whose rewards are all equal, so it needs a group advantage "
+                             "(group, rloo) and group_size >= 2 (--advantage group --group-size 8).")
+        if self.kl_mode == "loss" and self.kl_estimator == "k1" and self.kl_coef > 0:
+            raise ValueError("kl_estimator='k1' with kl_mode='loss': as a loss on tokens sampled "
+                             "from the policy, k1 = log pi_theta - log pi_ref has expected gradient "
+                             "E[grad log pi_theta] = 0, so it would not hold the policy near the "
+                             "reference; use k3 (GRPO's) or k2 as a loss (--kl-estimator k3), or "
+                             "put k1 in the reward (--kl-mode reward).")
+        if self.kl_mode == "none" and self.kl_coef > 0:
+            raise ValueError(f"kl_coef={self.kl_coef} with kl_mode='none': the coefficient would be "
+                             "ignored; set kl_coef 0 (--kl-coef 0), or kl_mode 'loss' or 'reward'.")
+
+    def unused(self, names) -> dict[str, str]:
+        """Which of the settings ``names`` this combination ignores, and why: e.g. the critic's
+        settings without a critic. The CLI refuses such flags instead of ignoring them."""
+        why = {}
+        for name in names:
+            if name in ("lam", "critic_lr", "value_clip", "value_coef") and not self.use_critic:
+                why[name] = "only PPO's critic and GAE use it (--variant ppo)"
+            elif name == "gamma" and self.advantage not in TOKEN_ADVANTAGES:
+                why[name] = "only per-token advantages (gae, reinforce_pp) discount"
+            elif name == "normalize_std" and self.advantage != "group":
+                why[name] = "only the group advantage divides by a standard deviation"
+            elif name == "max_sampling_rounds" and not self.dynamic_sampling:
+                why[name] = "it bounds dynamic sampling, which is off (--dynamic-sampling)"
+            elif name == "kl_estimator" and not self.uses_reference:
+                why[name] = "no KL term is on (kl_mode none or kl_coef 0)"
+        return why
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of ``step`` (1-based): linear warm-up over ``warmup_steps`` (Adam's first
+        updates move every weight by about ``lr`` whatever its gradient), then a cosine decay to
+        ``min_lr_ratio * lr`` at ``steps`` (Loshchilov & Hutter 2017, arXiv:1608.03983), so the
+        final policy is not the noisiest one."""
+        if step <= self.warmup_steps:
+            return self.lr * step / max(self.warmup_steps, 1)
+        progress = min(1.0, (step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1))
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine)
+
+
+_GRPO = dict(advantage="group", normalize_std=True, ratio_level="token", clip_eps=0.2,
+             clip_eps_high=None, loss_agg="seq-mean-token-mean", kl_mode="loss", kl_estimator="k3",
+             kl_coef=0.005, dynamic_sampling=False, overlong_buffer=0, use_critic=False)
+
+#: Published combinations: preset name -> the fields it sets (everything else keeps its default).
+PRESETS: dict[str, dict] = {
+    "ppo": {**_GRPO, "advantage": "gae", "use_critic": True, "group_size": 1,
+            "prompts_per_step": 512, "loss_agg": "token-mean", "kl_mode": "reward",
+            "kl_estimator": "k1"},
+    "grpo": dict(_GRPO),
+    "dr_grpo": {**_GRPO, "normalize_std": False, "loss_agg": "seq-mean-token-sum-norm",
+                "kl_mode": "none", "kl_coef": 0.0},
+    "dapo": {**_GRPO, "clip_eps_high": 0.28, "loss_agg": "token-mean", "kl_mode": "none",
+             "kl_coef": 0.0, "dynamic_sampling": True, "overlong_buffer": 2},
+    "rloo": {**_GRPO, "advantage": "rloo", "kl_mode": "reward", "kl_estimator": "k1"},
+    "reinforce_pp": {**_GRPO, "advantage": "reinforce_pp", "group_size": 1,
+                     "prompts_per_step": 512, "loss_agg": "token-mean", "kl_mode": "reward",
+                     "kl_estimator": "k1"},
+    "gspo": {**_GRPO, "ratio_level": "sequence", "clip_eps": 3e-4, "clip_eps_high": 4e-4,
+             "kl_mode": "none", "kl_coef": 0.0},
+}
+
+
+def preset(name: str, **overrides) -> RLConfig:
+    """The configuration of preset ``name`` (see :data:`PRESETS`), with ``overrides`` applied.
+
+    Raises:
+        ValueError: for an unknown preset or field, or an invalid resulting combination.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown variant {name!r}; choose one of {', '.join(PRESETS)}.")
+    known = {f.name for f in fields(RLConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)}; the settings are "
+                         f"{', '.join(sorted(known))}.")
+    settings = {**PRESETS[name], "variant": name, **overrides}
+    if "kl_mode" in overrides and "kl_coef" not in overrides:
+        # switching the KL off drops the preset's coefficient; switching it on gives it one
+        if overrides["kl_mode"] == "none":
+            settings["kl_coef"] = 0.0
+        elif settings["kl_coef"] == 0:
+            settings["kl_coef"] = _GRPO["kl_coef"]
+    return RLConfig(**settings)
+
+
+def GRPOConfig(**overrides) -> RLConfig:  # noqa: N802 (reads as the constructor it stands for)
+    """GRPO's settings (the ``grpo`` preset: group advantages with std, token ratio, clip 0.2,
+    seq-mean-token-mean, k3 KL as a loss with coefficient 0.005) with ``overrides``.
+
+    Raises:
+        ValueError: see :class:`RLConfig`.
+    """
+    return preset("grpo", **overrides)
+
+
+def PPOConfig(**overrides) -> RLConfig:  # noqa: N802 (reads as the constructor it stands for)
+    """PPO's settings (the ``ppo`` preset: critic and GAE with gamma 1, lambda 0.95, whitened
+    advantages, k1 KL in the per-token reward, token-mean clipped loss, one response per prompt,
+    512 prompts per step) with ``overrides``.
+
+    Raises:
+        ValueError: see :class:`RLConfig`.
+    """
+    return preset("ppo", **overrides)
