@@ -14,11 +14,11 @@ import math
 import pytest
 import torch
 
-from rlm_course.cluster import calibration, validation
+from rlm_course.cluster import calibration, published, validation
 from rlm_course.cluster.realrun import check_real_run, course_run_record
 from rlm_course.cost.phases import Rates
 
-DOC = validation.load_document()
+DOC = published.load_document()
 FIGURES = DOC["figures"]
 BY_ID = {f["id"]: f for f in FIGURES}
 
@@ -57,7 +57,7 @@ def test_every_figure_names_its_source_setup_and_assumptions():
     ids = set(BY_ID)
     assert len(ids) == len(FIGURES) >= 24  # no duplicate ids
     for fig in FIGURES:
-        validation.check_figure(fig, ids)
+        published.check_figure(fig, ids)
         assert fig["source"] and fig["assumptions"], fig["id"]
         assert fig["family"] in DOC["families"], fig["id"]
         if fig["what"] != "speedup":
@@ -72,9 +72,9 @@ def test_every_figure_names_its_source_setup_and_assumptions():
                                                      rel=1e-3)
     assert all(item["why"] for item in DOC["excluded"])
     with pytest.raises(ValueError, match="what="):
-        validation.check_figure({**FIGURES[0], "what": "vibes"}, ids)
+        published.check_figure({**FIGURES[0], "what": "vibes"}, ids)
     with pytest.raises(ValueError, match="baseline"):
-        validation.check_figure({**FIGURES[0], "what": "speedup", "baseline": "nowhere"}, ids)
+        published.check_figure({**FIGURES[0], "what": "speedup", "baseline": "nowhere"}, ids)
 
 
 def test_the_stored_calibration_is_the_declared_one():
@@ -105,12 +105,12 @@ def test_the_stored_calibration_is_the_declared_one():
 
 def test_tolerances_null_models_and_direction_errors():
     seconds = {"what": "step_seconds", "published": 100.0}
-    assert validation.within(seconds, 129.0) and not validation.within(seconds, 131.0)
-    assert not validation.within(seconds, math.nan)
+    assert published.within(seconds, 129.0) and not published.within(seconds, 131.0)
+    assert not published.within(seconds, math.nan)
     gain = {"what": "speedup", "published": 2.0}
-    assert validation.error(gain, 1.8) == pytest.approx(-0.2)  # a gain of 0.8 against 1.0
-    assert validation.within(gain, 1.76) and not validation.within(gain, 1.7)
-    assert validation.direction_error(gain, 0.95) and not validation.direction_error(gain, 1.05)
+    assert published.error(gain, 1.8) == pytest.approx(-0.2)  # a gain of 0.8 against 1.0
+    assert published.within(gain, 1.76) and not published.within(gain, 1.7)
+    assert published.direction_error(gain, 0.95) and not published.direction_error(gain, 1.05)
     # the null model of a speed-up whose baseline publishes its stages: perfect overlap
     fig = BY_ID["verl-fa-7b-speedup-32"]
     stages = BY_ID[fig["baseline"]]["published_stages"]

@@ -122,7 +122,7 @@ def data_points(fig: dict) -> dict[str, float]:
 
 
 def _loss(figures: list[dict], rates: Rates, family: str, fitted: dict | None = None) -> float:
-    from rlm_course.cluster.validation import Predictor
+    from rlm_course.cluster.published import Predictor
 
     predictor = Predictor(figures, {family: rates}, {family: fitted or {}})
     total = 0.0
@@ -235,7 +235,7 @@ def calibrate_all(progress=None) -> dict:
     Returns:
         the written document.
     """
-    from rlm_course.cluster.validation import load_document
+    from rlm_course.cluster.published import load_document
 
     doc = load_document()
     families = {name: calibrate(name, spec, doc["figures"], progress=progress)
