@@ -94,7 +94,7 @@ assert actor.pid != rollout.pid
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from rlm_course.systems.weight_sync import measure_link
+from rlm_course.systems.pipelines import measure_link
 
 link, medians = measure_link(controller, [actor, rollout], repeats=5)
 rows = [[f"{size:,}", f"{seconds * 1e3:.3f}", f"{link.seconds(size) * 1e3:.3f}"]
@@ -128,20 +128,21 @@ from rlm_course.cost.hardware import copy_bandwidth
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.sft import default_model_config
 from rlm_course.systems.weight_sync import predict_sync_seconds
+from rlm_course.systems.workers import RLWorker  # the controller calls its methods by reference
 
 memory = copy_bandwidth(64)  # this machine's copy bandwidth, bytes/s, measured now
 config = default_model_config(CharTokenizer()).to_dict()
-nbytes = controller.call([actor, rollout], "make_model", config,
+nbytes = controller.call([actor, rollout], RLWorker.make_model, config,
                          per_worker=[{"seed": 0}, {"seed": 1}])[0]
 rows, sync_points = [], []
 for i, bucket in enumerate(tqdm([None, 2**14, 2**16, 2**18, 2**20, 2**22], desc="buckets")):
-    controller.call([actor], "perturb_model", i)  # new weights to send
-    out = controller.call([actor, rollout], "timed_sync", bucket, "sync", actor.rank, 5)
+    controller.call([actor], RLWorker.perturb_model, i)  # new weights to send
+    out = controller.call([actor, rollout], RLWorker.timed_sync, bucket, "sync", actor.rank, 5)
     seconds = statistics.median(max(t) for t in zip(*(o["seconds"] for o in out)))
     sizes = out[0]["bucket_bytes"]
     wire = predict_sync_seconds(sum(sizes), len(sizes), link)
     predicted = predict_sync_seconds(sum(sizes), len(sizes), link, memory_bandwidth=memory)
-    sent, received = controller.call([actor, rollout], "model_state")
+    sent, received = controller.call([actor, rollout], RLWorker.model_state)
     assert all(torch.equal(sent[k], received[k]) for k in sent)  # bit for bit
     assert sum(sizes) == nbytes
     sync_points.append((len(sizes), seconds, predicted))
@@ -153,7 +154,7 @@ print(format_table(rows, ["bucket bytes", "broadcasts", "measured ms", "wire ms"
                           "wire + copies ms", "measured / predicted"]))
 
 # %%
-hand = controller.call([actor], "timed_handover", 5)[0]
+hand = controller.call([actor], RLWorker.timed_handover, 5)[0]
 assert hand["identical"]
 print(f"colocated hand-over of the same {hand['bytes']:,} bytes in process: "
       f"{statistics.median(hand['seconds']) * 1e3:.2f} ms, no network")

@@ -138,7 +138,9 @@ assert rows[0][1:] == [1, 2, 3, 4] and rows[1][1:] == [2, 3, 4, 5]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from rlm_course.systems.async_rl import PipelineConfig, run_pipeline
+from rlm_course.systems.async_rl import PipelineConfig
+from rlm_course.systems.pipelines import run_pipeline
+from rlm_course.systems.workers import RLWorker
 
 runs = {}
 with Controller(DeviceMapping(actor=[0, 1], rollout=[0, 1])) as colocated:
@@ -151,7 +153,8 @@ with Controller(DeviceMapping(actor=[0], rollout=[1])) as disaggregated:
                        ("eta=2 + partial rollouts", PipelineConfig(eta=2, partial_rollout=True))):
         runs[name] = run_pipeline(disaggregated, task, config, pipe, checkpoint, evaluate=False,
                                   progress=True)
-    trained_weights = disaggregated.call(disaggregated.role_workers("actor"), "policy_state")[0]
+    trained_weights = disaggregated.call(disaggregated.role_workers("actor"),
+                                         RLWorker.policy_state)[0]
 
 base = runs["sync (eta=0)"].tokens_per_second
 rows = [[name, f"{r.seconds:.1f}", f"{r.tokens_per_second:,.0f}", f"{r.tokens_per_second / base:.2f}x",
@@ -300,7 +303,8 @@ for name, r in long_runs.items():
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from rlm_course.systems.fusion import fusion_experiment, window_events
+from rlm_course.systems.fusion import window_events
+from rlm_course.systems.pipelines import fusion_experiment
 
 with Controller(DeviceMapping(actor=[0, 1], rollout=[0, 1])) as colocated:
     fusion = fusion_experiment(colocated, task, config, checkpoint, steps=2, progress=True)

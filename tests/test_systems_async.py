@@ -338,3 +338,17 @@ def test_timeline_plot():
     events = [Event("actor/0", "training", 0, 1, 1, 1), Event("rollout/0", "generation", 0, 2, 0, 2)]
     fig = plot_timelines({"a run": events, "another": events})
     assert len(fig.axes) == 2
+
+
+def test_worker_methods_are_passed_by_reference_and_a_wrong_one_fails_in_the_driver():
+    from rlm_course.systems.controller import method_name
+    from rlm_course.systems.workers import RLWorker, TrainerMixin
+
+    assert method_name(RLWorker, RLWorker.train) == "train"
+    assert method_name(RLWorker, TrainerMixin.train) == "train"  # the role's mixin defines it
+    with pytest.raises(TypeError, match=r"RLWorker\.train, not its name 'train'"):
+        method_name(RLWorker, "train")
+    with pytest.raises(ValueError, match="not a method of the worker class RLWorker"):
+        method_name(RLWorker, len)
+    with pytest.raises(TypeError, match="is not a method"):
+        method_name(RLWorker, 3)

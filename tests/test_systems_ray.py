@@ -15,11 +15,14 @@ from rlm_course.lm.checkpoint import load_checkpoint  # noqa: E402
 from rlm_course.lm.tokenizer import CharTokenizer  # noqa: E402
 from rlm_course.rl.runs import default_sft_checkpoint  # noqa: E402
 from rlm_course.rl.trainer import RLTrainer  # noqa: E402
-from rlm_course.systems.async_rl import PipelineConfig, run_pipeline  # noqa: E402
+from rlm_course.systems.async_rl import PipelineConfig  # noqa: E402
+from rlm_course.systems.pipelines import run_pipeline  # noqa: E402
 from rlm_course.systems.controller import (Controller, DeviceMapping, WorkerDiedError,  # noqa: E402
                                            start_ray, stop_ray)
 from rlm_course.systems.experiments import async_config, reshard_controller_groups  # noqa: E402
-from rlm_course.systems.weight_sync import bucket_plan, measure_link  # noqa: E402
+from rlm_course.systems.pipelines import measure_link  # noqa: E402
+from rlm_course.systems.workers import RLWorker  # noqa: E402
+from rlm_course.systems.weight_sync import bucket_plan  # noqa: E402
 from rlm_course.tasks import get_task  # noqa: E402
 from rlm_course.tasks.eval_sets import load_eval_set  # noqa: E402
 
@@ -58,11 +61,11 @@ def test_weight_sync_is_exact_and_moves_the_formula_bytes(disaggregated):
     actor, rollout = c.role_workers("actor")[0], c.role_workers("rollout")[0]
     config = dict(vocab_size=CharTokenizer().vocab_size, n_layer=2, n_head=2, d_model=32,
                   max_seq_len=16)
-    nbytes = c.call([actor, rollout], "make_model", config, per_worker=[{"seed": 0}, {"seed": 1}])[0]
-    c.call([actor], "perturb_model", 3)
+    nbytes = c.call([actor, rollout], RLWorker.make_model, config, per_worker=[{"seed": 0}, {"seed": 1}])[0]
+    c.call([actor], RLWorker.perturb_model, 3)
     for bucket in (256, 4096, 2**20):
-        out = c.call([actor, rollout], "timed_sync", bucket, "sync", actor.rank, 1)
-        sent, received = c.call([actor, rollout], "model_state")
+        out = c.call([actor, rollout], RLWorker.timed_sync, bucket, "sync", actor.rank, 1)
+        sent, received = c.call([actor, rollout], RLWorker.model_state)
         assert all(torch.equal(sent[k], received[k]) for k in sent)
         sizes = [t.numel() * t.element_size() for t in sent.values()]
         assert out[0]["bucket_bytes"] == out[1]["bucket_bytes"]
@@ -76,7 +79,7 @@ def test_eta_zero_pipeline_makes_the_synchronous_update(disaggregated):
     config = small_config(steps=2)
     result = run_pipeline(disaggregated, TASK, config, PipelineConfig(eta=0, objective="ppo"),
                           CHECKPOINT, evaluate=False)
-    async_weights = disaggregated.call(disaggregated.role_workers("actor"), "policy_state")[0]
+    async_weights = disaggregated.call(disaggregated.role_workers("actor"), RLWorker.policy_state)[0]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' thread count: the same operations in the same order
     try:
@@ -127,14 +130,14 @@ def test_resharding_on_four_workers_is_exact_and_counts_its_bytes():
 
 
 def test_colocated_data_parallel_workers_stay_identical_and_fusion_keeps_early_responses():
-    from rlm_course.systems.fusion import fusion_experiment
+    from rlm_course.systems.pipelines import fusion_experiment
 
     with Controller(DeviceMapping(actor=[0, 1], rollout=[0, 1]), timeout=120) as c:
         assert c.mapping.placement("actor", "rollout") == "colocated"
         assert [w.name for w in c.workers] == ["actor+rollout/0", "actor+rollout/1"]
         result = run_pipeline(c, TASK, small_config(steps=2), PipelineConfig(eta=0), CHECKPOINT,
                               evaluate=False)
-        a, b = c.call(c.workers, "policy_state")
+        a, b = c.call(c.workers, RLWorker.policy_state)
         assert all(torch.equal(a[k], b[k]) for k in a)  # averaged gradients: one model
         assert any(e.stage == "sync" and e.detail.get("in_process") for e in result.events)
         with pytest.raises(ValueError, match="colocated"):

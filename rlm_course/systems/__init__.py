@@ -2,12 +2,13 @@
 
 A single controller on Ray whose worker groups are placed colocated or disaggregated by a device
 mapping, each group a ``torch.distributed`` group (:mod:`~rlm_course.systems.controller`, with the
-workers of :mod:`~rlm_course.systems.workers`); weight sync from the trainer to the rollout engine
+workers of :mod:`~rlm_course.systems.workers`, one mixin per role, and the drivers of the
+experiments in :mod:`~rlm_course.systems.pipelines`); weight sync from the trainer to the rollout engine
 in fixed-size buckets, measured against the cost model of :mod:`rlm_course.cost.weight_sync`
 (:mod:`~rlm_course.systems.weight_sync`); hybrid-engine resharding from the training layout to the
 generation layout, naive and HybridFlow's (:mod:`~rlm_course.systems.resharding`); asynchronous
-RL: policy versions, the staleness gate, partial rollouts, the decoupled PPO objective and the
-pipeline that runs them (:mod:`~rlm_course.systems.async_rl`); stage fusion against long-tailed
+RL: policy versions, the staleness gate, partial rollouts and the decoupled PPO objective
+(:mod:`~rlm_course.systems.async_rl`); stage fusion against long-tailed
 responses (:mod:`~rlm_course.systems.fusion`); and the timelines every worker records
 (:mod:`~rlm_course.systems.timeline`).
 

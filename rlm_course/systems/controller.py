@@ -194,6 +194,28 @@ class DeviceMapping:
 
 
 # ---------------------------------------------------------------------------------- controller
+def method_name(worker_class: type, method) -> str:
+    """The name under which Ray calls ``method``, a method of ``worker_class`` (e.g.
+    ``RLWorker.train``): the controller takes methods, not strings, so that a misspelt name fails
+    in the driver, in Python, and go-to-definition works.
+
+    Raises:
+        TypeError: for a string or anything else that is not a function.
+        ValueError: for a function that is not a method of ``worker_class``.
+    """
+    cls = worker_class.__name__
+    if isinstance(method, str):
+        raise TypeError(f"pass the worker's method itself, e.g. {cls}.{method}, not its name "
+                        f"{method!r}.")
+    name = getattr(method, "__name__", None)
+    if not callable(method) or name is None:
+        raise TypeError(f"{method!r} is not a method; pass one of {cls}'s, e.g. {cls}.describe.")
+    if getattr(worker_class, name, None) is not method:
+        raise ValueError(f"{getattr(method, '__qualname__', name)} is not a method of the worker "
+                         f"class {cls}; pass one of its methods.")
+    return name
+
+
 @dataclass
 class WorkerInfo:
     """What the controller knows about one worker."""
@@ -274,6 +296,7 @@ class Controller:
                              f"{self.timeout:.0f} s; the cluster has {resources}.") from None
         if worker_class is None:
             from rlm_course.systems.workers import RLWorker as worker_class
+        self.worker_class = worker_class
         remote = ray.remote(worker_class)
         bundle_of = {d: i for i, d in enumerate(mapping.devices)}
         self.workers: list[WorkerInfo] = []
@@ -296,14 +319,16 @@ class Controller:
 
     # ------------------------------------------------------------------ start-up
     def _start_distributed(self) -> None:
-        infos = self.call(self.workers, "describe", what="starting")
+        cls = self.worker_class
+        infos = self.call(self.workers, cls.describe, what="starting")
         for w, info in zip(self.workers, infos):
             w.pid, w.node = info["pid"], info["node"]
         for w in self.workers:
             w.clock_offset = _offset(self, w)
-        addr, port = self.call([self.workers[0]], "rendezvous_address", what="choosing a port")[0]
+        addr, port = self.call([self.workers[0]], cls.rendezvous_address,
+                               what="choosing a port")[0]
         self.groups = self._group_ranks()
-        self.call(self.workers, "setup_distributed", addr, port, len(self.workers),
+        self.call(self.workers, cls.setup_distributed, addr, port, len(self.workers),
                   groups=self.groups, backend=self.backend, timeout=self.timeout,
                   per_worker=[{"rank": w.rank} for w in self.workers],
                   what="joining the process group")
@@ -344,12 +369,18 @@ class Controller:
                          f"{[w.name for w in self.workers]}.")
 
     # ------------------------------------------------------------------ calls
-    def submit(self, worker: WorkerInfo, method: str, *args, what: str = "", **kwargs):
-        """Start ``worker.method(*args, **kwargs)``; returns a future for :meth:`wait`."""
+    def submit(self, worker: WorkerInfo, method, *args, what: str = "", **kwargs):
+        """Start ``worker.method(*args, **kwargs)`` (``method``: a method of the worker class,
+        e.g. ``RLWorker.train``); returns a future for :meth:`wait`.
+
+        Raises:
+            TypeError, ValueError: see :func:`method_name`.
+        """
+        name = method_name(self.worker_class, method)
         if self.closed:
             raise RuntimeError("the controller is closed; start a new one.")
-        future = getattr(worker.handle, method).remote(*args, **kwargs)
-        self._pending[future] = (worker, what or method)
+        future = getattr(worker.handle, name).remote(*args, **kwargs)
+        self._pending[future] = (worker, what or name)
         return future
 
     def wait(self, futures: list, num_returns: int = 1, timeout: float | None = None):
@@ -405,12 +436,17 @@ class Controller:
                               f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}",
                               name, what) from cause
 
-    def call(self, workers: Sequence[WorkerInfo], method: str, *args, what: str = "",
+    def call(self, workers: Sequence[WorkerInfo], method, *args, what: str = "",
              per_worker: Sequence[dict] | None = None, **kwargs) -> list:
-        """Run ``method`` on every worker of ``workers`` at once and return their results in
-        order. ``per_worker`` (optional): extra keyword arguments for each worker (e.g. its
-        rank)."""
-        futures = [self.submit(w, method, *args, what=what or method,
+        """Run ``method`` (a method of the worker class, e.g. ``RLWorker.train``) on every worker
+        of ``workers`` at once and return their results in order. ``per_worker`` (optional):
+        extra keyword arguments for each worker (e.g. its rank).
+
+        Raises:
+            TypeError, ValueError: see :func:`method_name`.
+        """
+        name = method_name(self.worker_class, method)
+        futures = [self.submit(w, method, *args, what=what or name,
                                **kwargs, **(per_worker[i] if per_worker else {}))
                    for i, w in enumerate(workers)]
         return self.gather(futures)
@@ -427,7 +463,8 @@ class Controller:
         from rlm_course.systems.timeline import shifted
 
         out = []
-        per_worker = self.call(self.workers, "take_events", what="collecting events")
+        per_worker = self.call(self.workers, self.worker_class.take_events,
+                               what="collecting events")
         for w, events in zip(self.workers, per_worker):
             out += shifted(events, w.clock_offset)
         return out

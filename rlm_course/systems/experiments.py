@@ -14,7 +14,7 @@ plot: ``python -m rlm_course systems <experiment>`` writes
   rollouts, the same seed for all: throughput, held-out accuracy against wall time, staleness,
   response lengths and the timelines (:func:`async_experiment`).
 * ``fusion``: experience preparation unfused against fused on two colocated workers
-  (:func:`rlm_course.systems.fusion.fusion_experiment`).
+  (:func:`rlm_course.systems.pipelines.fusion_experiment`).
 
 Timings on a shared machine move with its load; every comparison is made inside one run, side by
 side, and the stored file says how many cores and threads it had.
@@ -79,7 +79,9 @@ def weight_sync_experiment(controller, widths=(128, 256, 512), buckets=BUCKETS, 
 
     from rlm_course.cost.hardware import copy_bandwidth
     from rlm_course.lm.tokenizer import CharTokenizer
-    from rlm_course.systems.weight_sync import measure_link, predict_sync_seconds
+    from rlm_course.systems.pipelines import measure_link
+    from rlm_course.systems.weight_sync import predict_sync_seconds
+    from rlm_course.systems.workers import RLWorker
 
     actor, rollout = controller.role_workers("actor")[0], controller.role_workers("rollout")[0]
     link, medians = measure_link(controller, [actor, rollout], repeats=repeats)
@@ -90,15 +92,15 @@ def weight_sync_experiment(controller, widths=(128, 256, 512), buckets=BUCKETS, 
     for width in widths:
         config = dict(vocab_size=CharTokenizer().vocab_size, n_layer=4, n_head=4, d_model=width,
                       max_seq_len=96)
-        controller.call([actor, rollout], "make_model", config,
+        controller.call([actor, rollout], RLWorker.make_model, config,
                         per_worker=[{"seed": 0}, {"seed": 1}])
         for bucket in buckets:
-            controller.call([actor], "perturb_model", len(rows) + 1)
-            out = controller.call([actor, rollout], "timed_sync", bucket, "sync", actor.rank,
+            controller.call([actor], RLWorker.perturb_model, len(rows) + 1)
+            out = controller.call([actor, rollout], RLWorker.timed_sync, bucket, "sync", actor.rank,
                                   repeats)
             seconds = statistics.median(max(t) for t in zip(*(o["seconds"] for o in out)))
             sizes = out[0]["bucket_bytes"]
-            states = controller.call([actor, rollout], "model_state")
+            states = controller.call([actor, rollout], RLWorker.model_state)
             identical = all(states[0][k].equal(states[1][k]) for k in states[0])
             wire = predict_sync_seconds(sum(sizes), len(sizes), link)
             predicted = predict_sync_seconds(sum(sizes), len(sizes), link, memory_bandwidth=memory)
@@ -107,7 +109,7 @@ def weight_sync_experiment(controller, widths=(128, 256, 512), buckets=BUCKETS, 
                          "predicted_wire": wire, "ratio": seconds / predicted,
                          "ratio_wire": seconds / wire, "identical": identical})
             bar.update(1)
-        hand = controller.call([actor], "timed_handover", repeats)[0]
+        hand = controller.call([actor], RLWorker.timed_handover, repeats)[0]
         handovers.append({"d_model": width, "bytes": hand["bytes"],
                           "seconds": statistics.median(hand["seconds"]),
                           "identical": hand["identical"]})
@@ -132,6 +134,7 @@ def reshard_experiment(controller, tp: int = 4, tp_gen: int = 2, repeats: int = 
     from rlm_course.rl.sft import default_model_config
     from rlm_course.cost.weight_sync import predict_transition
     from rlm_course.systems.resharding import split_bytes
+    from rlm_course.systems.workers import RLWorker
 
     torch.manual_seed(seed)
     full = TinyGPT(default_model_config(CharTokenizer())).state_dict()
@@ -140,7 +143,7 @@ def reshard_experiment(controller, tp: int = 4, tp_gen: int = 2, repeats: int = 
     for scheme in ("naive", "hybridflow"):
         per = [{"group": "world" if scheme == "naive" else f"micro/{r // d}"}
                for r in range(tp)]
-        runs = [controller.call(controller.workers, "reshard", full, tp, tp_gen, scheme,
+        runs = [controller.call(controller.workers, RLWorker.reshard, full, tp, tp_gen, scheme,
                                 per_worker=per, what=f"resharding ({scheme})")
                 for _ in range(repeats)]
         last = runs[-1]
@@ -197,8 +200,9 @@ def async_experiment(steps: int = 60, seed: int = 0, runs=ASYNC_RUNS, eval_every
     """See the module docstring: every run of ``runs`` from the same SFT checkpoint and seed.
     Returns ``{"runs": {name: PipelineResult as a dict}, "config", "task"}``."""
     from rlm_course.rl.runs import default_sft_checkpoint
-    from rlm_course.systems.async_rl import PipelineConfig, run_pipeline
+    from rlm_course.systems.async_rl import PipelineConfig
     from rlm_course.systems.controller import Controller, DeviceMapping
+    from rlm_course.systems.pipelines import run_pipeline
     from rlm_course.tasks import get_task
 
     task = get_task("scratchpad")
@@ -253,7 +257,7 @@ def main(name: str, args) -> int:
                                       progress=not args.no_progress)
         else:
             from rlm_course.rl.runs import default_sft_checkpoint
-            from rlm_course.systems.fusion import fusion_experiment
+            from rlm_course.systems.pipelines import fusion_experiment
             from rlm_course.tasks import get_task
 
             task = get_task("scratchpad")
@@ -284,9 +288,11 @@ def bench(repeats: int = 5, steps: int = 6) -> dict:
     runs at least 1.3x the synchronous one; the sync within 2x of its prediction."""
     from rlm_course.cost.hardware import copy_bandwidth
     from rlm_course.rl.runs import default_sft_checkpoint
-    from rlm_course.systems.async_rl import PipelineConfig, run_pipeline
+    from rlm_course.systems.async_rl import PipelineConfig
     from rlm_course.systems.controller import Controller, DeviceMapping, start_ray
-    from rlm_course.systems.weight_sync import measure_link, predict_sync_seconds
+    from rlm_course.systems.pipelines import measure_link, run_pipeline
+    from rlm_course.systems.weight_sync import predict_sync_seconds
+    from rlm_course.systems.workers import RLWorker
     from rlm_course.tasks import get_task
     from rlm_course.utils import format_table
 
@@ -300,10 +306,10 @@ def bench(repeats: int = 5, steps: int = 6) -> dict:
     with Controller(DeviceMapping(actor=[0], rollout=[1])) as c:
         actor, rollout = c.role_workers("actor")[0], c.role_workers("rollout")[0]
         link, _ = measure_link(c, [actor, rollout], repeats=repeats)
-        c.call([actor, rollout], "rl_setup", _bench_spec(task, config, checkpoint))
-        nbytes = c.call([actor, rollout], "make_model", _course_model(task),
+        c.call([actor, rollout], RLWorker.rl_setup, _bench_spec(task, config, checkpoint))
+        nbytes = c.call([actor, rollout], RLWorker.make_model, _course_model(task),
                         per_worker=[{"seed": 0}, {"seed": 1}])[0]
-        out = c.call([actor, rollout], "timed_sync", 2**20, "sync", actor.rank, repeats)
+        out = c.call([actor, rollout], RLWorker.timed_sync, 2**20, "sync", actor.rank, repeats)
         sync_seconds = statistics.median(max(t) for t in zip(*(o["seconds"] for o in out)))
         sizes = out[0]["bucket_bytes"]
         predicted = predict_sync_seconds(sum(sizes), len(sizes), link,
@@ -344,6 +350,7 @@ def _course_model(task) -> dict:
 
 
 def _bench_spec(task, config, checkpoint) -> dict:
-    from rlm_course.systems.async_rl import PipelineConfig, _spec
+    from rlm_course.systems.async_rl import PipelineConfig
+    from rlm_course.systems.pipelines import worker_spec
 
-    return _spec(task, config, checkpoint, PipelineConfig())
+    return worker_spec(task, config, checkpoint, PipelineConfig())

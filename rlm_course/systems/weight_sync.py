@@ -22,7 +22,7 @@ of ``n`` bytes from one sender to one receiver takes ``alpha + n / beta``; ``B``
 
 and with ``r`` receivers on a binomial tree ``ceil(log2(r + 1)) (B alpha + M / beta)``
 (:func:`predict_sync_seconds`). ``alpha`` and ``beta`` are measured on the same workers
-(:func:`measure_link`: bursts of broadcasts of 1 KiB to 16 MiB, the way a bucketed sync sends
+(:func:`rlm_course.systems.pipelines.measure_link`: bursts of broadcasts of 1 KiB to 16 MiB, the way a bucketed sync sends
 them, least squares on the relative error, :func:`rlm_course.distributed.collectives.fit_link`).
 Packing and unpacking add a memory copy of ``M`` bytes on each side (a read and a write each,
 ``4 M / bandwidth`` in all), the copies term of the model. At scale the same model, with the
@@ -220,16 +220,3 @@ def slowest_median(per_process: list[dict[int, list[float]]]) -> dict[int, float
 
 #: Message sizes for the link fit: latency-bound to bandwidth-bound.
 LINK_SIZES = tuple(2**k for k in (10, 12, 14, 16, 18, 20, 22, 24))
-
-
-def measure_link(controller, workers, group: str = "sync", sizes: Sequence[int] = LINK_SIZES,
-                 repeats: int = 5) -> tuple[Link, dict[int, float]]:
-    """Fit alpha and beta of the link between ``workers`` (the first one broadcasts) over the
-    controller's named ``group``. Returns ``(link, {size: median seconds})``."""
-    from rlm_course.distributed.collectives import fit_link
-
-    src = workers[0].rank
-    results = controller.call(workers, "time_broadcasts", list(sizes), repeats, group, src,
-                              what="measuring the link")
-    medians = slowest_median(results)
-    return fit_link("broadcast", list(medians), list(medians.values()), len(workers)), medians

@@ -1,38 +1,61 @@
 """The Ray worker of chapters 12-13: one process per device, hosting one or more roles.
 
 :class:`RLWorker` is the actor class the controller (:mod:`rlm_course.systems.controller`) starts
-on each device. A worker hosting the ``actor`` role holds a trainer (an
-:class:`~rlm_course.rl.trainer.RLTrainer`: policy, reference, optimizer); one hosting ``rollout``
-holds a rollout engine (its own copy of the policy, generating with
-``RLTrainer.collect`` or a :class:`~rlm_course.systems.async_rl.PartialRollout`); a colocated worker
-holds both, and hands the weights over in process. Every method records what it did on the
-worker's :class:`~rlm_course.systems.timeline.Recorder`; the logic lives in the concept modules
+on each device, built from one mixin per role: a worker hosting the ``actor`` role holds a trainer
+(:class:`TrainerMixin`: an :class:`~rlm_course.rl.trainer.RLTrainer` with policy, reference and
+optimizer); one hosting ``rollout`` holds a rollout engine (:class:`RolloutMixin`: its own copy of
+the policy, generating with ``RLTrainer.collect`` or a
+:class:`~rlm_course.systems.async_rl.PartialRollout`); a colocated worker holds both, and hands the
+weights over in process. :class:`FusionMixin` serves stage fusion, :class:`WeightSyncMixin` and
+:class:`ReshardMixin` the measurements of chapter 12, and :class:`WorkerBase` the plumbing every
+worker needs (its process group, its events). Every method records what it did on the worker's
+:class:`~rlm_course.systems.timeline.Recorder`; the logic lives in the concept modules
 (:mod:`~rlm_course.systems.weight_sync`, :mod:`~rlm_course.systems.resharding`,
 :mod:`~rlm_course.systems.async_rl`, :mod:`~rlm_course.systems.fusion`), which these methods call.
+
+The controller calls a method by reference (``controller.call(workers, RLWorker.train, batch)``):
+a misspelt name is an ``AttributeError`` in the driver, before anything runs.
 
 Workers run ``threads`` intra-op threads each and may run two methods at once (the controller
 starts them with ``max_concurrency=2``), so that the trainer can send its last weights while it
 trains on the next batch; the trainer's weights for sending are a copy made at the end of each
-step (:meth:`RLWorker.train`), never the ones being updated.
+step (:meth:`TrainerMixin.train`), never the ones being updated.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import os
 import socket
 import threading
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from rlm_course.algorithms import RLConfig
+from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
+from rlm_course.lm.model import ModelConfig, TinyGPT
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.evaluate import evaluate
+from rlm_course.rl.trainer import RLTrainer
+from rlm_course.systems import resharding, weight_sync
+from rlm_course.systems.async_rl import (DecoupledObjective, PartialRollout, PipelineConfig,
+                                         head_versions, tag_versions)
+from rlm_course.systems.fusion import score_rows
 from rlm_course.systems.timeline import Recorder
+from rlm_course.tasks import get_task
+from rlm_course.tasks.eval_sets import load_eval_set
+from rlm_course.utils import derived_seed, free_port
 
 
-class RLWorker:
-    """One process of a worker group (see the module docstring).
+class WorkerBase:
+    """What every worker does: describe itself, join the process group and its subgroups, keep
+    its events.
 
     Args:
         name: e.g. ``"rollout/0"``; roles: the roles it hosts; threads: torch intra-op threads.
@@ -51,7 +74,6 @@ class RLWorker:
         self.version = self.rollout_version = 0
         self.inflight = None
 
-    # ------------------------------------------------------------------ plumbing
     def describe(self) -> dict:
         return {"name": self.name, "roles": self.roles, "pid": os.getpid(),
                 "node": socket.gethostname(), "threads": torch.get_num_threads()}
@@ -61,8 +83,6 @@ class RLWorker:
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 of the process group."""
-        from rlm_course.utils import free_port
-
         try:
             import ray
 
@@ -75,10 +95,6 @@ class RLWorker:
                           groups: dict[str, list[int]], backend: str, timeout: float) -> int:
         """Join the process group as ``rank`` and create every named subgroup (all ranks create
         all of them, in the same order, as ``dist.new_group`` requires)."""
-        import datetime
-
-        import torch.distributed as dist
-
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
         dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
@@ -93,17 +109,28 @@ class RLWorker:
     def take_events(self) -> list:
         return self.recorder.take()
 
-    # ------------------------------------------------------------------ link and weight sync
-    def time_broadcasts(self, sizes, repeats: int, group: str, src: int) -> dict:
-        from rlm_course.systems.weight_sync import time_broadcasts
+    def _broadcast(self, buffer: torch.Tensor, src: int, group) -> None:
+        """``dist.broadcast`` of a CPU buffer: through the worker's device when the backend
+        needs one (NCCL moves only GPU tensors; the RL models of this course compute on the
+        CPU)."""
+        if self.device == "cpu":
+            dist.broadcast(buffer, src, group=group)
+        else:
+            staged = buffer.to(self.device)
+            dist.broadcast(staged, src, group=group)
+            buffer.copy_(staged.cpu())
 
-        return time_broadcasts(sizes, repeats, self.groups[group], src, self.device)
+
+class WeightSyncMixin:
+    """Chapter 12's weight-sync measurements: a model to move, bucketed broadcasts of it timed over
+    a named group, and the colocated hand-over in process."""
+
+    def time_broadcasts(self, sizes, repeats: int, group: str, src: int) -> dict:
+        return weight_sync.time_broadcasts(sizes, repeats, self.groups[group], src, self.device)
 
     def make_model(self, model_config: dict, seed: int = 0) -> int:
         """A model of ``model_config`` (a :class:`~rlm_course.lm.model.ModelConfig` as a dict),
         its weights drawn from ``seed``; returns its bytes."""
-        from rlm_course.lm.model import ModelConfig, TinyGPT
-
         torch.manual_seed(seed)
         self.model = TinyGPT(ModelConfig(**model_config)).to(self.device)
         return sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
@@ -119,12 +146,8 @@ class RLWorker:
         """``repeats`` bucketed broadcasts of this worker's model from global rank ``src``
         (``bucket_bytes=None``: one broadcast per tensor), each after a barrier; returns the
         seconds of each and the bucket sizes."""
-        import torch.distributed as dist
-
-        from rlm_course.systems.weight_sync import bucketed_broadcast, state_tensors
-
         g = self.groups[group]
-        tensors = state_tensors(self.model)
+        tensors = weight_sync.state_tensors(self.model)
         biggest = max(t.numel() * t.element_size() for t in tensors)
         times, sizes = [], []
         for _ in range(repeats):
@@ -132,10 +155,10 @@ class RLWorker:
             with self.recorder("sync") as detail:
                 start = time.perf_counter()
                 if bucket_bytes is None:  # one message per tensor
-                    sizes = [bucketed_broadcast([t], biggest, lambda b: dist.broadcast(b, src, group=g))[0]
+                    sizes = [weight_sync.bucketed_broadcast([t], biggest, lambda b: dist.broadcast(b, src, group=g))[0]
                              for t in tensors]
                 else:
-                    sizes = bucketed_broadcast(tensors, bucket_bytes,
+                    sizes = weight_sync.bucketed_broadcast(tensors, bucket_bytes,
                                                lambda b: dist.broadcast(b, src, group=g))
                 times.append(time.perf_counter() - start)
                 detail.update(bytes=sum(sizes), buckets=len(sizes))
@@ -147,85 +170,42 @@ class RLWorker:
 
     def timed_handover(self, repeats: int) -> dict:
         """Colocated hand-over: copy this worker's model into a second copy in process."""
-        from rlm_course.systems.weight_sync import handover
-
         target = copy.deepcopy(self.model)
         times, copied = [], 0
         for _ in range(repeats):
             with self.recorder("sync") as detail:
                 start = time.perf_counter()
-                copied = handover(self.model, target)
+                copied = weight_sync.handover(self.model, target)
                 times.append(time.perf_counter() - start)
                 detail.update(bytes=copied, in_process=True)
         same = all(torch.equal(a, b) for a, b in zip(self.model.state_dict().values(),
                                                      target.state_dict().values()))
         return {"seconds": times, "bytes": copied, "identical": same}
 
-    # ------------------------------------------------------------------ resharding
+
+class ReshardMixin:
+    """Chapter 12's resharding from the training layout to the generation layout."""
+
     def reshard(self, full_state: dict, tp: int, tp_gen: int, scheme: str, group: str) -> dict:
         """Cut this rank's training shards from ``full_state``, move them to the generation
         layout with ``scheme`` over the named ``group``, and check the result against the full
         weights. Returns the statistics of :func:`rlm_course.systems.resharding.reshard` and
         ``identical``."""
-        from rlm_course.systems.resharding import check_identical, reshard, training_shards
-
-        local = {k: v.to(self.device) for k, v in training_shards(full_state, self.rank, tp).items()}
+        local = {k: v.to(self.device) for k, v in resharding.training_shards(full_state, self.rank, tp).items()}
         full_state = {k: v.to(self.device) for k, v in full_state.items()}
         with self.recorder("reshard") as detail:
-            generation, stats = reshard(local, self.rank, tp, tp_gen, scheme, self.groups[group])
+            generation, stats = resharding.reshard(local, self.rank, tp, tp_gen, scheme, self.groups[group])
             detail.update(bytes=stats["received_bytes"], scheme=scheme)
-        stats["identical"] = check_identical(generation, full_state, self.rank, tp, tp_gen, scheme)
+        stats["identical"] = resharding.check_identical(generation, full_state, self.rank, tp, tp_gen, scheme)
         return stats
 
-    # ------------------------------------------------------------------ the RL pipeline
-    def rl_setup(self, spec: dict) -> dict:
-        """Load the warm start and build the roles' objects (see the module docstring).
 
-        ``spec``: ``task``, ``task_settings``, ``config`` (an RLConfig as a dict), ``checkpoint``,
-        ``pipeline`` (a PipelineConfig as a dict), ``run_dir``, ``dp_rank``, ``dp_size``."""
-        from rlm_course.lm.checkpoint import load_checkpoint
-        from rlm_course.lm.tokenizer import CharTokenizer
-        from rlm_course.algorithms import RLConfig
-        from rlm_course.rl.trainer import RLTrainer
-        from rlm_course.systems.async_rl import PipelineConfig
-        from rlm_course.systems.weight_sync import state_tensors
-        from rlm_course.tasks import get_task
-        from rlm_course.tasks.eval_sets import load_eval_set
-        from rlm_course.utils import derived_seed
-
-        self.spec = spec
-        self.pipe = PipelineConfig(**spec["pipeline"])
-        task = get_task(spec["task"], **spec["task_settings"])
-        config = RLConfig(**spec["config"])
-        dp_rank, dp_size = spec.get("dp_rank", 0), spec.get("dp_size", 1)
-        if dp_size > 1:  # each data-parallel worker samples its own share of the prompts
-            config = replace(config, prompts_per_step=config.prompts_per_step // dp_size,
-                             seed=derived_seed(config.seed, 7, dp_rank))
-        self.task, self.config, self.tokenizer = task, config, CharTokenizer()
-        self.eval_problems = load_eval_set(task)
-        policy = load_checkpoint(spec["checkpoint"])["model"]
-        if "actor" in self.roles:
-            self.trainer = RLTrainer(policy, task, self.tokenizer, config, self.eval_problems)
-            if dp_size > 1:
-                group = next(self.groups[n] for n in self.groups if "actor" in n.split("+"))
-                _average_gradients(self.trainer.policy, group, dp_size)
-            self.staged = [t.detach().clone() for t in state_tensors(policy)]
-            self.staged_version = 0
-            self.snapshots = [(0, time.time(), self._weights())]
-        if "rollout" in self.roles:
-            self.rollout_model = copy.deepcopy(policy)
-            self.rollout_trainer = RLTrainer(self.rollout_model, task, self.tokenizer, config,
-                                             self.eval_problems)
-        self.version = self.rollout_version = 0
-        return {"parameters": policy.num_parameters(), "max_new_tokens": task.max_response_len}
-
-    def _weights(self) -> dict:
-        return {k: v.detach().clone() for k, v in self.trainer.policy.state_dict().items()}
+class RolloutMixin:
+    """The ``rollout`` role: generate batches with the rollout engine's weights (in one piece, or as
+    a partial rollout that new weights can interrupt), and receive new weights."""
 
     def generate(self, step: int) -> dict:
         """Generate and score (verifier) the batch of iteration ``step`` in one piece."""
-        from rlm_course.systems.async_rl import tag_versions
-
         with self.recorder("generation", version=self.rollout_version, step=step) as detail:
             batch = tag_versions(self.rollout_trainer.collect(step), self.rollout_version)
             detail.update(tokens=int(batch["lengths"].sum()), responses=len(batch["lengths"]))
@@ -234,8 +214,6 @@ class RLWorker:
     def start_and_advance(self, step: int, max_tokens: int):
         """Start the batch of iteration ``step`` as a partial rollout and decode its first
         ``max_tokens`` tokens (see :meth:`advance`)."""
-        from rlm_course.systems.async_rl import PartialRollout
-
         self.inflight = PartialRollout(self.rollout_trainer, step)
         return self.advance(max_tokens)
 
@@ -251,6 +229,24 @@ class RLWorker:
                 self.inflight = None
         return batch
 
+    def recv_weights(self, bucket_bytes: int) -> int:
+        """Receive the trainer's weights into the rollout engine; returns their version."""
+        group, src = self.groups["sync"], self.group_ranks["sync"][0]
+        start = self.recorder.clock()
+        version = torch.zeros(1, dtype=torch.long, device=self.device)
+        dist.broadcast(version, src, group=group)
+        sizes = weight_sync.bucketed_broadcast(weight_sync.state_tensors(self.rollout_model), bucket_bytes,
+                                   lambda b: self._broadcast(b, src, group))
+        self.rollout_version = int(version)
+        self.recorder.add("sync", start, self.recorder.clock(), version=self.rollout_version,
+                          bytes=sum(sizes), buckets=len(sizes))
+        return self.rollout_version
+
+
+class TrainerMixin:
+    """The ``actor`` role: train on a batch, stage and send the new weights (or hand them over in
+    process when colocated), checkpoint, and evaluate the snapshots after the run."""
+
     def train(self, batch: dict) -> dict:
         """One iteration of the trainer on ``batch`` (scoring, then the update); stages the new
         weights for sending, writes a checkpoint and keeps an evaluation snapshot when due.
@@ -260,9 +256,6 @@ class RLWorker:
             ``response_lengths``, ``token_version_counts`` and ``checkpoint`` (whether one was
             written).
         """
-        from rlm_course.systems.async_rl import DecoupledObjective, head_versions
-        from rlm_course.systems.weight_sync import state_tensors
-
         trainer, pipe = self.trainer, self.pipe
         step = trainer.step_count + 1
         trainer.policy_loss_fn = None
@@ -276,7 +269,7 @@ class RLWorker:
         self.recorder.add("scoring", start, start + scoring, version=step - 1, step=step)
         self.recorder.add("training", start + scoring, end, version=step, step=step)
         self.version = step
-        staged = [t.detach().clone() for t in state_tensors(trainer.policy)]
+        staged = [t.detach().clone() for t in weight_sync.state_tensors(trainer.policy)]
         with self.lock:
             self.staged, self.staged_version = staged, step
         saved = False
@@ -297,11 +290,6 @@ class RLWorker:
         return out
 
     def _checkpoint(self, step: int) -> None:
-        from dataclasses import asdict
-        from pathlib import Path
-
-        from rlm_course.lm.checkpoint import save_checkpoint
-
         path = Path(self.spec["run_dir"]) / "checkpoint.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         save_checkpoint(path, self.trainer.policy, task=self.task.key,
@@ -314,57 +302,21 @@ class RLWorker:
     def send_weights(self, bucket_bytes: int) -> int:
         """Broadcast the staged weights (the last finished step's) to the rollout workers over
         the ``sync`` group; returns their version."""
-        import torch.distributed as dist
-
-        from rlm_course.systems.weight_sync import bucketed_broadcast
-
         with self.lock:
             tensors, version = self.staged, self.staged_version
         group = self.groups["sync"]
         start = self.recorder.clock()
         dist.broadcast(torch.tensor([version], device=self.device), self.rank, group=group)
-        sizes = bucketed_broadcast(tensors, bucket_bytes,
+        sizes = weight_sync.bucketed_broadcast(tensors, bucket_bytes,
                                    lambda b: self._broadcast(b, self.rank, group))
         self.recorder.add("sync", start, self.recorder.clock(), version=version,
                           bytes=sum(sizes), buckets=len(sizes))
         return version
 
-    def recv_weights(self, bucket_bytes: int) -> int:
-        """Receive the trainer's weights into the rollout engine; returns their version."""
-        import torch.distributed as dist
-
-        from rlm_course.systems.weight_sync import bucketed_broadcast, state_tensors
-
-        group, src = self.groups["sync"], self.group_ranks["sync"][0]
-        start = self.recorder.clock()
-        version = torch.zeros(1, dtype=torch.long, device=self.device)
-        dist.broadcast(version, src, group=group)
-        sizes = bucketed_broadcast(state_tensors(self.rollout_model), bucket_bytes,
-                                   lambda b: self._broadcast(b, src, group))
-        self.rollout_version = int(version)
-        self.recorder.add("sync", start, self.recorder.clock(), version=self.rollout_version,
-                          bytes=sum(sizes), buckets=len(sizes))
-        return self.rollout_version
-
-    def _broadcast(self, buffer: torch.Tensor, src: int, group) -> None:
-        """``dist.broadcast`` of a CPU buffer: through the worker's device when the backend
-        needs one (NCCL moves only GPU tensors; the RL models of this course compute on the
-        CPU)."""
-        import torch.distributed as dist
-
-        if self.device == "cpu":
-            dist.broadcast(buffer, src, group=group)
-        else:
-            staged = buffer.to(self.device)
-            dist.broadcast(staged, src, group=group)
-            buffer.copy_(staged.cpu())
-
     def handover(self) -> int:
         """Colocated: load the trainer's weights into the rollout engine in process."""
-        from rlm_course.systems.weight_sync import handover
-
         start = self.recorder.clock()
-        copied = handover(self.trainer.policy, self.rollout_model)
+        copied = weight_sync.handover(self.trainer.policy, self.rollout_model)
         self.rollout_version = self.version
         self.recorder.add("sync", start, self.recorder.clock(), version=self.version,
                           bytes=copied, in_process=True)
@@ -377,8 +329,6 @@ class RLWorker:
     def evaluate_snapshots(self) -> list[dict]:
         """Held-out greedy accuracy of every snapshot: ``[{"version", "time", "accuracy"}]``
         (``time``: this worker's clock when the snapshot's step ended)."""
-        from rlm_course.rl.evaluate import evaluate
-
         model = copy.deepcopy(self.trainer.policy)
         out = []
         for version, when, state in self.snapshots:
@@ -388,11 +338,16 @@ class RLWorker:
             out.append({"version": version, "time": when, "accuracy": accuracy})
         return out
 
-    # ------------------------------------------------------------------ stage fusion
+    def _weights(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.trainer.policy.state_dict().items()}
+
+
+class FusionMixin:
+    """Stage fusion: a share of the prompts generated as a partial rollout, its stragglers
+    exported to (or adopted from) other workers, and finished rows scored while others decode."""
+
     def fusion_start(self, step: int, share: int, shares: int) -> int:
         """Start this worker's share of iteration ``step``'s prompts (no tokens yet)."""
-        from rlm_course.systems.async_rl import PartialRollout
-
         self.inflight = PartialRollout(self.rollout_trainer, step, share, shares)
         return len(self.inflight.rows)
 
@@ -417,8 +372,6 @@ class RLWorker:
     def fusion_score(self, rows: list) -> dict:
         """Experience preparation of finished sequences: reward, and the log-probabilities under
         the policy and the reference (:func:`rlm_course.systems.fusion.score_rows`)."""
-        from rlm_course.systems.fusion import score_rows
-
         if not rows:
             return {"index": [], "reward": [], "old_log_probs": [], "ref_log_probs": []}
         with self.recorder("scoring", step=self.inflight.step if self.inflight else 0) as detail:
@@ -427,12 +380,46 @@ class RLWorker:
         return out
 
 
+class RLWorker(RolloutMixin, TrainerMixin, FusionMixin, WeightSyncMixin, ReshardMixin, WorkerBase):
+    """One process of a worker group (see the module docstring): every role's methods, and
+    :meth:`rl_setup`, which builds the objects of the roles the worker hosts."""
+
+    def rl_setup(self, spec: dict) -> dict:
+        """Load the warm start and build the roles' objects (see the module docstring).
+
+        ``spec``: ``task``, ``task_settings``, ``config`` (an RLConfig as a dict), ``checkpoint``,
+        ``pipeline`` (a PipelineConfig as a dict), ``run_dir``, ``dp_rank``, ``dp_size``."""
+        self.spec = spec
+        self.pipe = PipelineConfig(**spec["pipeline"])
+        task = get_task(spec["task"], **spec["task_settings"])
+        config = RLConfig(**spec["config"])
+        dp_rank, dp_size = spec.get("dp_rank", 0), spec.get("dp_size", 1)
+        if dp_size > 1:  # each data-parallel worker samples its own share of the prompts
+            config = replace(config, prompts_per_step=config.prompts_per_step // dp_size,
+                             seed=derived_seed(config.seed, 7, dp_rank))
+        self.task, self.config, self.tokenizer = task, config, CharTokenizer()
+        self.eval_problems = load_eval_set(task)
+        policy = load_checkpoint(spec["checkpoint"])["model"]
+        if "actor" in self.roles:
+            self.trainer = RLTrainer(policy, task, self.tokenizer, config, self.eval_problems)
+            if dp_size > 1:
+                group = next(self.groups[n] for n in self.groups if "actor" in n.split("+"))
+                _average_gradients(self.trainer.policy, group, dp_size)
+            self.staged = [t.detach().clone() for t in weight_sync.state_tensors(policy)]
+            self.staged_version = 0
+            self.snapshots = [(0, time.time(), self._weights())]
+        if "rollout" in self.roles:
+            self.rollout_model = copy.deepcopy(policy)
+            self.rollout_trainer = RLTrainer(self.rollout_model, task, self.tokenizer, config,
+                                             self.eval_problems)
+        self.version = self.rollout_version = 0
+        return {"parameters": policy.num_parameters(), "max_new_tokens": task.max_response_len}
+
+
 def _average_gradients(model: torch.nn.Module, group, world: int) -> None:
     """Data parallelism without a wrapper: as each parameter's gradient is complete in the
     backward pass, all-reduce it over ``group`` and divide by ``world`` (what DDP does, per
     parameter instead of per bucket), so every worker takes the same optimizer step."""
-    import torch.distributed as dist
-
     def hook(p: torch.Tensor) -> None:
         dist.all_reduce(p.grad, group=group)
         p.grad.div_(world)
