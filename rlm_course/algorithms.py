@@ -30,7 +30,7 @@ term is the course's 0.005 (the papers use 0.001-0.04 on far larger models).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 # ---------------------------------------------------------------------------------- the options
 # Plain tuples of names, so that the command line can list them (and answer --help) at once; the
@@ -53,6 +53,31 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 MAX_BATCH = 16384  # responses per step; more does not fit a laptop's memory comfortably
 
 
+# ---------------------------------------------------------------------------------- the presets
+_GRPO = dict(advantage="group", normalize_std=True, ratio_level="token", clip_eps=0.2,
+             clip_eps_high=None, loss_agg="seq-mean-token-mean", kl_mode="loss", kl_estimator="k3",
+             kl_coef=0.005, dynamic_sampling=False, overlong_buffer=0, use_critic=False)
+
+#: Published combinations: preset name -> the fields it sets (everything else keeps its default).
+PRESETS: dict[str, dict] = {
+    "ppo": {**_GRPO, "advantage": "gae", "use_critic": True, "group_size": 1,
+            "prompts_per_step": 512, "loss_agg": "token-mean", "kl_mode": "reward",
+            "kl_estimator": "k1"},
+    "grpo": dict(_GRPO),
+    "dr_grpo": {**_GRPO, "normalize_std": False, "loss_agg": "seq-mean-token-sum-norm",
+                "kl_mode": "none", "kl_coef": 0.0},
+    "dapo": {**_GRPO, "clip_eps_high": 0.28, "loss_agg": "token-mean", "kl_mode": "none",
+             "kl_coef": 0.0, "dynamic_sampling": True, "overlong_buffer": 2},
+    "rloo": {**_GRPO, "advantage": "rloo", "kl_mode": "reward", "kl_estimator": "k1"},
+    "reinforce_pp": {**_GRPO, "advantage": "reinforce_pp", "group_size": 1,
+                     "prompts_per_step": 512, "loss_agg": "token-mean", "kl_mode": "reward",
+                     "kl_estimator": "k1"},
+    "gspo": {**_GRPO, "ratio_level": "sequence", "clip_eps": 3e-4, "clip_eps_high": 4e-4,
+             "kl_mode": "none", "kl_coef": 0.0},
+}
+
+
+# ---------------------------------------------------------------------------------- the configuration
 @dataclass
 class RLConfig:
     """Every setting of one RL run: the schedule, and one option per part of the algorithm.
@@ -91,38 +116,86 @@ class RLConfig:
             the message names the conflict and the fix.
     """
 
-    variant: str = "grpo"
-    steps: int = 300
-    prompts_per_step: int = 64
-    group_size: int = 8
-    ppo_epochs: int = 1
-    minibatches: int = 2
-    lr: float = 3e-4
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1
-    temperature: float = 1.0
-    max_grad_norm: float = 1.0
-    eval_every: int = 25
-    seed: int = 0
-    advantage: str = "group"
-    normalize_std: bool = True
-    ratio_level: str = "token"
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    loss_agg: str = "seq-mean-token-mean"
-    kl_mode: str = "loss"
-    kl_estimator: str = "k3"
-    kl_coef: float = 0.005
-    entropy_coef: float = 0.0
-    dynamic_sampling: bool = False
-    max_sampling_rounds: int = 4
-    overlong_buffer: int = 0
-    use_critic: bool = False
-    gamma: float = 1.0
-    lam: float = 0.95
-    critic_lr: float = 1e-3
-    value_clip: float = 0.2
-    value_coef: float = 1.0
+    variant: str = field(default="grpo", metadata={
+        "help": "the preset this configuration starts from (the other flags override parts of "
+                "it); names the run",
+        "choices": PRESETS
+    })
+    steps: int = field(default=300, metadata={"help": "RL iterations"})
+    prompts_per_step: int = field(default=64, metadata={"help": "prompts sampled per iteration"})
+    group_size: int = field(default=8, metadata={"help": "responses per prompt (GRPO's G)"})
+    ppo_epochs: int = field(default=1, metadata={"help": "passes over each batch"})
+    minibatches: int = field(default=2, metadata={
+        "help": "gradient steps per pass (they split the batch)"
+    })
+    lr: float = field(default=3e-4, metadata={"help": "AdamW learning rate of the policy"})
+    warmup_steps: int = field(default=20, metadata={
+        "help": "iterations of linear learning-rate warm-up"
+    })
+    min_lr_ratio: float = field(default=0.1, metadata={
+        "help": "the cosine decay's final learning rate, as a fraction of lr"
+    })
+    temperature: float = field(default=1.0, metadata={
+        "help": "sampling temperature (the log-probs of every pass use it too)"
+    })
+    max_grad_norm: float = field(default=1.0, metadata={
+        "help": "gradient-norm clipping of the policy"
+    })
+    eval_every: int = field(default=25, metadata={
+        "help": "held-out greedy accuracy every this many iterations"
+    })
+    seed: int = field(default=0, metadata={"help": "seed of the prompts, sampling and shuffling"})
+    advantage: str = field(default="group", metadata={
+        "help": "advantage estimator",
+        "choices": ADVANTAGES
+    })
+    normalize_std: bool = field(default=True, metadata={
+        "help": "divide group advantages by the group's standard deviation (off: Dr. GRPO)"
+    })
+    ratio_level: str = field(default="token", metadata={
+        "help": "importance ratio per token (PPO, GRPO) or per sequence (GSPO)",
+        "choices": RATIO_LEVELS
+    })
+    clip_eps: float = field(default=0.2, metadata={"help": "lower clip epsilon of the ratio"})
+    clip_eps_high: float | None = field(default=None, metadata={
+        "help": "upper clip epsilon (DAPO's clip-higher; 'none': the lower one)"
+    })
+    loss_agg: str = field(default="seq-mean-token-mean", metadata={
+        "help": "how token losses are averaged into the loss",
+        "choices": AGGREGATIONS
+    })
+    kl_mode: str = field(default="loss", metadata={
+        "help": "where the KL to the reference goes",
+        "choices": KL_MODES
+    })
+    kl_estimator: str = field(default="k3", metadata={
+        "help": "KL estimator",
+        "choices": KL_ESTIMATORS
+    })
+    kl_coef: float = field(default=0.005, metadata={"help": "KL coefficient (0: off)"})
+    entropy_coef: float = field(default=0.0, metadata={
+        "help": "entropy bonus coefficient (0: off)"
+    })
+    dynamic_sampling: bool = field(default=False, metadata={
+        "help": "DAPO's filter: drop groups whose rewards are all equal and sample more"
+    })
+    max_sampling_rounds: int = field(default=4, metadata={
+        "help": "most generation rounds of dynamic sampling per iteration"
+    })
+    overlong_buffer: int = field(default=0, metadata={
+        "help": "DAPO's overlong shaping: tokens of soft penalty past the longest valid "
+                "response (0: off)"
+    })
+    use_critic: bool = field(default=False, metadata={
+        "help": "train PPO's critic (with --advantage gae)"
+    })
+    gamma: float = field(default=1.0, metadata={"help": "discount of per-token returns"})
+    lam: float = field(default=0.95, metadata={"help": "GAE's lambda"})
+    critic_lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate of the critic"})
+    value_clip: float = field(default=0.2, metadata={
+        "help": "clip range of the critic's value loss"
+    })
+    value_coef: float = field(default=1.0, metadata={"help": "weight of the value loss"})
 
     @property
     def algorithm(self) -> str:
@@ -276,29 +349,6 @@ class RLConfig:
         progress = min(1.0, (step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1))
         cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
         return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine)
-
-
-_GRPO = dict(advantage="group", normalize_std=True, ratio_level="token", clip_eps=0.2,
-             clip_eps_high=None, loss_agg="seq-mean-token-mean", kl_mode="loss", kl_estimator="k3",
-             kl_coef=0.005, dynamic_sampling=False, overlong_buffer=0, use_critic=False)
-
-#: Published combinations: preset name -> the fields it sets (everything else keeps its default).
-PRESETS: dict[str, dict] = {
-    "ppo": {**_GRPO, "advantage": "gae", "use_critic": True, "group_size": 1,
-            "prompts_per_step": 512, "loss_agg": "token-mean", "kl_mode": "reward",
-            "kl_estimator": "k1"},
-    "grpo": dict(_GRPO),
-    "dr_grpo": {**_GRPO, "normalize_std": False, "loss_agg": "seq-mean-token-sum-norm",
-                "kl_mode": "none", "kl_coef": 0.0},
-    "dapo": {**_GRPO, "clip_eps_high": 0.28, "loss_agg": "token-mean", "kl_mode": "none",
-             "kl_coef": 0.0, "dynamic_sampling": True, "overlong_buffer": 2},
-    "rloo": {**_GRPO, "advantage": "rloo", "kl_mode": "reward", "kl_estimator": "k1"},
-    "reinforce_pp": {**_GRPO, "advantage": "reinforce_pp", "group_size": 1,
-                     "prompts_per_step": 512, "loss_agg": "token-mean", "kl_mode": "reward",
-                     "kl_estimator": "k1"},
-    "gspo": {**_GRPO, "ratio_level": "sequence", "clip_eps": 3e-4, "clip_eps_high": 4e-4,
-             "kl_mode": "none", "kl_coef": 0.0},
-}
 
 
 def preset(name: str, **overrides) -> RLConfig:

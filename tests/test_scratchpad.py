@@ -117,9 +117,8 @@ def test_bad_settings_are_clear_errors(kw, match):
 
 
 def test_cli_names_the_task_settings():
+    from rlm_course.arguments import task_from_args
     from rlm_course.cli import build_parser
 
     args = build_parser().parse_args(["sft", "--task", "scratchpad", "--max-digits", "4"])
-    from rlm_course.cli import _task_from_args
-
-    assert _task_from_args(args).key == "scratchpad-4"
+    assert task_from_args(args).key == "scratchpad-4"

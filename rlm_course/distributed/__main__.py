@@ -118,11 +118,11 @@ def _collectives(ctx, args) -> dict:
 def _grpo(ctx, rest: list[str]) -> dict:
     import torch.distributed as dist
 
-    from rlm_course import cli
+    from rlm_course.arguments import rl_config_from_args, rl_run_parser, task_from_args
     from rlm_course.distributed.grpo import grpo_job_worker, prepare_run
 
-    args = cli.build_parser().parse_args(["grpo", *rest])
-    task, config = cli._task_from_args(args), cli._rl_config(args)
+    args = rl_run_parser("torchrun ... -m rlm_course.distributed grpo").parse_args(rest)
+    task, config = task_from_args(args), rl_config_from_args(args)
     prepared = [None]
     if ctx.is_main:
         try:

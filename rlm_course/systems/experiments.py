@@ -227,34 +227,39 @@ def async_experiment(steps: int = 60, seed: int = 0, runs=ASYNC_RUNS, eval_every
 
 
 # ---------------------------------------------------------------------------------- the CLI
-def main(name: str, args) -> int:
-    """Run experiment ``name`` and store it (see the module docstring)."""
+def run_and_store(name: str, steps: int | None = None, repeats: int | None = None,
+                  seed: int | None = None, progress: bool = True) -> int:
+    """Run experiment ``name`` and store it (``python -m rlm_course systems <name>``; see the
+    module docstring). ``steps``: async, RL steps per run (default 60); ``repeats``: timing
+    repeats (weight-sync 5, reshard 3), fusion's iterations (5); ``seed``: async and fusion's RL
+    seed (0).
+
+    Raises:
+        ValueError: for an unknown experiment, or ``steps``/``repeats`` below 1.
+    """
     from rlm_course.systems.controller import Controller, DeviceMapping, start_ray, stop_ray
 
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; choose one of {EXPERIMENTS}.")
+    given = {"steps": steps, "repeats": repeats, "seed": seed}
     for flag in ("steps", "repeats"):
-        value = getattr(args, flag, None)
-        if value is not None and value < 1:
-            raise ValueError(f"--{flag} {value}: give 1 or more.")
+        if given[flag] is not None and given[flag] < 1:
+            raise ValueError(f"--{flag} {given[flag]}: give 1 or more.")
     command = "python -m rlm_course systems " + name + "".join(
-        f" --{k.replace('_', '-')} {v}" for k, v in sorted(vars(args).items())
-        if k in ("steps", "repeats", "seed") and v is not None)
+        f" --{k} {v}" for k, v in sorted(given.items()) if v is not None)
     started = time.time()
     machine = _machine()
     start_ray()
     try:
         if name == "weight-sync":
             with Controller(DeviceMapping(actor=[0], rollout=[1])) as c:
-                result = weight_sync_experiment(c, repeats=args.repeats or 5,
-                                                progress=not args.no_progress)
+                result = weight_sync_experiment(c, repeats=repeats or 5, progress=progress)
         elif name == "reshard":
             with Controller(DeviceMapping(actor=[0, 1, 2, 3]),
                             groups=reshard_controller_groups(4, 2)) as c:
-                result = reshard_experiment(c, repeats=args.repeats or 3)
+                result = reshard_experiment(c, repeats=repeats or 3)
         elif name == "async":
-            result = async_experiment(steps=args.steps or 60, seed=args.seed or 0,
-                                      progress=not args.no_progress)
+            result = async_experiment(steps=steps or 60, seed=seed or 0, progress=progress)
         else:
             from rlm_course.rl.runs import default_sft_checkpoint
             from rlm_course.systems.pipelines import fusion_experiment
@@ -262,9 +267,9 @@ def main(name: str, args) -> int:
 
             task = get_task("scratchpad")
             with Controller(DeviceMapping(actor=[0, 1], rollout=[0, 1])) as c:
-                result = fusion_experiment(c, task, async_config(seed=args.seed or 0),
-                                           default_sft_checkpoint(task),
-                                           steps=args.repeats or 5, progress=not args.no_progress)
+                result = fusion_experiment(c, task, async_config(seed=seed or 0),
+                                           default_sft_checkpoint(task), steps=repeats or 5,
+                                           progress=progress)
                 result["events"] = [e.to_dict() for e in result["events"]]
                 result["windows"] = [list(w) for w in result["windows"]]
     finally:

@@ -487,8 +487,13 @@ def bench_realrun(repeats: int = 5) -> dict:
             "all_within_20_percent": all(r["ok"] for rows in out.values() for r in rows)}
 
 
-def main(what: str, args) -> int:
-    repeats = getattr(args, "repeats", 5)
+def main(what: str, repeats: int = 5) -> int:
+    """Run benchmark ``what`` (``python -m rlm_course bench <what>``) with ``repeats`` timings and
+    print its result as one JSON line.
+
+    Raises:
+        ValueError: for ``repeats`` below 1 or an unknown benchmark.
+    """
     if repeats <= 0:
         raise ValueError(f"--repeats={repeats} must be positive.")
     from rlm_course.parallel.bench import bench_parallel
@@ -497,6 +502,8 @@ def main(what: str, args) -> int:
                "parallel": bench_parallel, "memory": bench_memory, "peer": bench_peer,
                "collectives": bench_collectives, "systems": bench_systems,
                "simulator": bench_simulator, "realrun": bench_realrun}
+    if what not in benches:
+        raise ValueError(f"unknown benchmark {what!r}; choose one of {', '.join(benches)}.")
     result = benches[what](repeats)
     print(json.dumps(result))
     return 0

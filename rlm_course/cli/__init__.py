@@ -1,0 +1,74 @@
+"""Command line: ``python -m rlm_course <command> ...`` (``--help`` on each command).
+
+One module per group of commands: :mod:`~rlm_course.cli.train` (the RL jobs),
+:mod:`~rlm_course.cli.cluster` (systems experiments, plan, validate) and
+:mod:`~rlm_course.cli.tools` (benchmarks, grading, exercises, hardware); the flags of an RL run
+are generated from the configuration's fields (:mod:`rlm_course.arguments`). Answering ``--help``
+imports nothing heavy: torch and the training code are imported by the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from rlm_course.cli import cluster, tools, train
+
+DESCRIPTION = ("The course's jobs, benchmarks and tools. Run `python -m rlm_course <command> --help` "
+               "for a command's options. Needs the course's environment: `source .venv/bin/activate` "
+               "after `make demo` or `make test` (or call .venv/bin/python -m rlm_course ...).")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command."""
+    parser = argparse.ArgumentParser(prog="python -m rlm_course", description=DESCRIPTION)
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (also RLM_COURSE_DEBUG=1)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train.add_parsers(sub)
+    cluster.add_parsers(sub)
+    tools.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; map the errors a user can fix to one line on stderr and exit code 2.
+
+    With ``--debug`` (or ``RLM_COURSE_DEBUG=1``) errors are raised with their traceback instead:
+    what to look at when a message looks like a bug of the course rather than of the input.
+    """
+    args = build_parser().parse_args(argv)
+    if args.debug or os.environ.get("RLM_COURSE_DEBUG", "") not in ("", "0"):
+        return args.func(args)
+    try:
+        return args.func(args)
+    except ModuleNotFoundError as err:
+        if err.name and err.name.split(".")[0] in ("torch", "numpy", "matplotlib", "tqdm",
+                                                   "ipywidgets"):
+            print(f"error: {err.name} is not installed for {sys.executable}. The course's packages "
+                  "live in .venv (made by `make demo` or `make test`): run `source "
+                  ".venv/bin/activate` first, or call `.venv/bin/python -m rlm_course ...`.",
+                  file=sys.stderr)
+            return 2
+        raise
+    except (ValueError, FloatingPointError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (e.g. `... | head`): not an error of ours
+        sys.stdout = open(os.devnull, "w")
+        return 0
+    except OSError as err:
+        print(f"error: {err.strerror or err} ({err.filename or ''}); check the paths you passed.",
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nInterrupted. Files written so far are kept (checkpoints are written atomically); "
+              "a GRPO run continues from its last checkpoint with the same command plus --resume.",
+              file=sys.stderr)
+        return 130
+    except RuntimeError as err:
+        if "allocate" in str(err) or "out of memory" in str(err).lower():
+            print("error: out of memory; lower --prompts-per-step or --group-size.", file=sys.stderr)
+            return 2
+        raise

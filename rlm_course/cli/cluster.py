@@ -1,0 +1,142 @@
+"""The systems and cluster commands: ``systems`` (chapters 12-13's experiments on Ray workers),
+``plan`` and ``validate`` (chapter 14)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rlm_course.algorithms import PRESETS
+
+
+def _systems(args) -> int:
+    from rlm_course.systems.experiments import run_and_store
+
+    return run_and_store(args.experiment, steps=args.steps, repeats=args.repeats, seed=args.seed,
+                         progress=not args.no_progress)
+
+
+#: The largest cluster `plan` searches (chapter 14 validates the simulator up to here).
+MAX_PLAN_GPUS = 10_000
+
+
+def _plan(args) -> int:
+    from rlm_course.cluster.calibration import calibrated_rates
+    from rlm_course.cluster.planner import format_plan, plan
+    from rlm_course.cluster.simulator import algorithm
+    from rlm_course.cost.anatomy import Workload
+    from rlm_course.cost.architectures import get_spec
+    from rlm_course.cost.hardware import get_device
+
+    spec, device = get_spec(args.model), get_device(args.device)  # clear errors for unknown names
+    for flag in ("gpus", "top", "prompts", "group_size", "minibatches", "prompt_len"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: give 1 or more.")
+    if args.gpus > MAX_PLAN_GPUS:
+        raise ValueError(f"--gpus {args.gpus}: the planner searches clusters of up to "
+                         f"{MAX_PLAN_GPUS:,} devices (the largest size bench simulator runs); "
+                         "plan a share of the cluster (e.g. one job's pool) instead.")
+    workload = Workload.long_tailed(args.prompts, args.group_size, args.prompt_len,
+                                    args.mean_response, args.sigma, args.max_response, args.seed)
+    config = algorithm(args.algorithm, minibatches=args.minibatches)
+    placements = ("colocated", "disaggregated") if args.placement == "any" else (args.placement,)
+    rates = calibrated_rates(args.rates)
+    result = plan(spec, config, workload, device, args.gpus, rates=rates, placements=placements,
+                  modes=args.modes, staleness_penalty=args.staleness_penalty)
+    print(f"{spec.name}, {args.algorithm}, {args.gpus} x {device.name}: {args.prompts} prompts x "
+          f"{args.group_size}, prompts of {args.prompt_len} tokens, responses log-normal (mean "
+          f"{args.mean_response:g}, sigma {args.sigma:g}, at most {args.max_response}); rates "
+          f"calibrated on {args.rates}'s published runs (decode step latency "
+          f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}); "
+          f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
+          f"{len(result.ranked)} plans simulated, {len(result.refused)} refused")
+    print(format_plan(result, args.top))
+    if args.sensitivity:
+        from rlm_course.cluster.planner import sensitivity
+        from rlm_course.utils import format_table
+
+        rows = sensitivity(spec, config, workload, device, args.gpus, rates=rates, base=result,
+                           staleness_penalty=args.staleness_penalty, placements=placements,
+                           modes=args.modes)
+        print("which rates decide the plan (planned again with one rate moved):")
+        print(format_table([[r["rate"], f"{r['value']:g}", r["best"], f"{r['step']:,.0f}",
+                             "yes" if r["flips"] else ""] for r in rows],
+                           ["rate", "value", "best plan", "step s", "flips"]))
+    return 0
+
+
+def _validate(args) -> int:
+    from rlm_course.cluster.calibration import calibrate_all, describe
+    from rlm_course.cluster.validation import format_validation, summary, validation_table
+
+    if args.calibrate:
+        calibrate_all(progress=None if args.no_progress else
+                      (lambda line: print(line, file=sys.stderr)))
+        print("wrote data/published/rates.json")
+    print(describe())
+    rows = validation_table()
+    print(format_validation(rows))
+    result = summary(rows)
+    print(f"out of sample: {result['out_of_sample_hits']} of {result['out_of_sample_total']} "
+          f"within tolerance (the null model: {result['null_hits']} of {result['null_total']}); "
+          f"{result['direction_errors']} direction errors; {result['free_parameters']} free "
+          f"parameters fitted on {result['in_sample_total']} calibration figures")
+    print(json.dumps(result))
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """The systems and cluster commands, on the main parser's subcommands."""
+    from rlm_course.systems.experiments import EXPERIMENTS
+
+    p = sub.add_parser("systems", help="chapters 12-13's measured experiments on Ray workers "
+                                       "(weight-sync, reshard, async, fusion); stores "
+                                       "data/experiments/systems-<experiment>.json")
+    p.add_argument("experiment", choices=EXPERIMENTS)
+    p.add_argument("--steps", type=int, default=None, help="async: RL steps per run (default 60)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timing repeats (weight-sync 5, reshard 3); fusion: iterations (5)")
+    p.add_argument("--seed", type=int, default=None, help="async, fusion: the RL seed (0)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_systems)
+
+    from rlm_course.cluster.simulator import MODES
+
+    p = sub.add_parser("plan", help="search placements, per-role layouts and execution modes of an "
+                                    "RL run on a cluster; print the best plans and why the others "
+                                    "lose")
+    p.add_argument("--model", required=True, help="an architecture of rlm_course.cost.architectures")
+    p.add_argument("--gpus", type=int, required=True, help="devices in the cluster")
+    p.add_argument("--device", default="H100-SXM-80GB", help="a device of the hardware catalog")
+    p.add_argument("--algorithm", choices=list(PRESETS), default="grpo")
+    p.add_argument("--minibatches", type=int, default=16, help="gradient steps per iteration")
+    p.add_argument("--prompts", type=int, default=512, help="prompts per iteration")
+    p.add_argument("--group-size", type=int, default=16, help="responses per prompt")
+    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens")
+    p.add_argument("--mean-response", type=float, default=4000, help="mean response tokens")
+    p.add_argument("--sigma", type=float, default=0.8, help="log-normal tail of the lengths")
+    p.add_argument("--max-response", type=int, default=16384, help="response budget")
+    p.add_argument("--placement", choices=["any", "colocated", "disaggregated"], default="any")
+    p.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
+                   help="execution modes to try (default: all that the placement runs)")
+    p.add_argument("--top", type=int, default=5, help="plans to print in full")
+    p.add_argument("--seed", type=int, default=0, help="seed of the response lengths")
+    p.add_argument("--rates", default="nemo-rl", choices=["nemo-rl", "verl"],
+                   help="the family of calibrated rates to plan with (data/published/rates.json)")
+    p.add_argument("--staleness-penalty", type=float, default=0.1,
+                   help="extra steps per version of staleness to reach the same accuracy "
+                        "(0: staleness is free)")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="then plan again with each deciding rate moved (decode latency, HFU, "
+                        "sync seconds, staleness price) and say which flip the plan")
+    p.set_defaults(func=_plan)
+
+    p = sub.add_parser("validate", help="chapter 14's simulator against published runs: rates "
+                                        "calibrated once per family, every other figure "
+                                        "predicted, with a null model")
+    p.add_argument("--calibrate", action="store_true",
+                   help="refit the rates on the calibration figures first and rewrite "
+                        "data/published/rates.json (a few minutes)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_validate)

@@ -1,0 +1,99 @@
+"""The tools of the command line: ``bench``, ``distributed`` (a worker under torchrun),
+``grade``, ``exercises``, ``hardware`` and ``make-eval-sets``."""
+
+from __future__ import annotations
+
+import argparse
+
+from rlm_course.tasks import TASKS, get_task
+
+
+def _bench(args) -> int:
+    from rlm_course.tools import bench
+
+    return bench.main(args.what, repeats=args.repeats)
+
+
+def _distributed(args) -> int:
+    from rlm_course.distributed.torchrun import run_torchrun
+
+    return run_torchrun(args.worker, args.nproc, args.rest)
+
+
+def _grade(args) -> int:
+    from rlm_course.tools.grading import main as grade_main
+
+    return grade_main(args.impl, args.chapter)
+
+
+def _exercises(args) -> int:
+    from rlm_course.tools.exercisegen import main as gen_main
+
+    return gen_main(check=args.check, force=args.force)
+
+
+def _hardware(args) -> int:
+    from rlm_course.cost.hardware import load_catalog, measure_this_machine
+    from rlm_course.utils import format_table
+
+    if args.measure:
+        device = measure_this_machine()
+        print(f"measured this machine: {device.peak_flops / 1e9:.1f} GFLOP/s fp32 matmul peak, "
+              f"{device.memory_bandwidth / 1e9:.1f} GB/s copy bandwidth")
+    rows = [[d.name, f"{d.peak_flops / 1e12:,.2f}", f"{d.memory_bytes / 1e9:,.0f}",
+             f"{d.memory_bandwidth / 1e12:.3f}", f"{d.ridge_point:,.0f}",
+             f"{d.intra_node_bandwidth / 1e9:,.0f}", f"{d.inter_node_bandwidth / 1e9:,.0f}"]
+            for d in load_catalog().values()]
+    print(format_table(rows, ["device", "dense peak TFLOP/s*", "memory GB", "bandwidth TB/s",
+                              "ridge FLOP/B", "intra-node GB/s**", "inter-node GB/s**"]))
+    print("* bf16 for accelerators, fp32 for this machine; ** per direction (half a datasheet's "
+          "bidirectional NVLink figure); sources in data/hardware/")
+    return 0
+
+
+def _make_eval_sets(args) -> int:
+    from rlm_course.tasks.eval_sets import write_eval_set
+
+    for name in sorted(TASKS):
+        print(f"wrote {write_eval_set(get_task(name))}")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """The tool commands, on the main parser's subcommands."""
+    p = sub.add_parser("bench", help="benchmarks: sampling (KV cache), train (MFU), family "
+                                     "(seconds per step and memory of every preset), parallel (simulated "
+                                     "strategies), memory (memory per step of every preset), systems (async RL "
+                                     "throughput and weight sync on Ray workers), simulator (simulated "
+                                     "GPU-iterations per second at 64, 1,024 and 10,000 GPUs)")
+    p.add_argument("what", choices=["sampling", "train", "family", "parallel", "memory", "peer",
+                                    "collectives", "systems", "simulator", "realrun"])
+    p.add_argument("--repeats", type=int, default=5)
+    p.set_defaults(func=_bench)
+
+    p = sub.add_parser("distributed", help="run a worker of rlm_course.distributed under torchrun "
+                                           "on this machine (hello, strategies, collectives, grpo)")
+    p.add_argument("worker", help="hello, strategies, collectives or grpo")
+    p.add_argument("--nproc", type=int, default=2, help="processes (torchrun --nproc-per-node)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of the worker")
+    p.set_defaults(func=_distributed)
+
+    p = sub.add_parser("grade", help="autograde the exercises (yours, or the worked solutions)")
+    p.add_argument("chapter", nargs="?", default=None, help="e.g. 02 (default: all)")
+    p.add_argument("--impl", choices=["exercises", "solutions"], default="exercises")
+    p.set_defaults(func=_grade)
+
+    p = sub.add_parser("exercises", help="regenerate exercises/ and solutions/ from the package")
+    p.add_argument("--check", action="store_true", help="fail if the committed files are stale")
+    p.add_argument("--force", action="store_true",
+                   help="also overwrite exercise files that differ from their stub (your work!)")
+    p.set_defaults(func=_exercises)
+
+    p = sub.add_parser("hardware", help="the hardware catalog (data/hardware/); --measure adds "
+                                        "this machine")
+    p.add_argument("--measure", action="store_true",
+                   help="time this machine's matmul peak and memory bandwidth and store them")
+    p.set_defaults(func=_hardware)
+
+    p = sub.add_parser("make-eval-sets", help="rewrite data/eval/*.jsonl (fixed seeds)")
+    p.set_defaults(func=_make_eval_sets)

@@ -1,0 +1,141 @@
+"""The RL jobs of the command line: ``grpo``/``ppo`` (every field of the RL configuration is a
+flag, :mod:`rlm_course.arguments`), ``sft``, ``eval`` and ``family``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rlm_course.arguments import (add_rl_run_args, add_task_args, flag, rl_config_from_args,
+                                  task_from_args, task_settings)
+
+
+def set_threads(args) -> None:
+    """Set torch's thread count for a job (``--threads``, or
+    :func:`rlm_course.utils.choose_threads`)."""
+    import torch
+
+    from rlm_course.utils import choose_threads
+
+    threads, why = choose_threads(getattr(args, "threads", None))
+    torch.set_num_threads(threads)
+    if not getattr(args, "no_progress", False):
+        print(f"Using {threads} CPU thread{'s' if threads > 1 else ''} ({why}; --threads to "
+              "change).", file=sys.stderr)
+
+
+def _rl(args) -> int:
+    from rlm_course.rl.runs import run_rl
+
+    task = task_from_args(args)
+    config = rl_config_from_args(args)
+    if args.nproc != 1:  # data-parallel processes (chapter 11), one thread each by default
+        from rlm_course.distributed.grpo import run_rl_distributed
+
+        if args.resume:
+            raise ValueError("--resume with --nproc: a data-parallel run restarts from scratch; "
+                             "its checkpoint.pt loads in one process (resume it without --nproc).")
+        run_rl_distributed(task, config, args.nproc, name=args.name, out_dir=args.out,
+                           overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
+                           progress=not args.no_progress,
+                           threads=1 if args.threads is None else args.threads)
+        return 0
+    set_threads(args)
+    summary = run_rl(task, config, name=args.name, out_dir=args.out, resume=args.resume,
+                     overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
+                     progress=not args.no_progress)
+    return 130 if summary.get("interrupted") else 0
+
+
+def _sft(args) -> int:
+    from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.rl.runs import default_sft_checkpoint, make_sft_checkpoint
+    from rlm_course.rl.sft import SFTConfig
+
+    task = task_from_args(args)
+    out = Path(args.out) if args.out else default_sft_checkpoint(task)
+    set_threads(args)
+    path = make_sft_checkpoint(task, CharTokenizer(), out, SFTConfig(seed=args.seed),
+                               progress=not args.no_progress)
+    print(f"Saved SFT checkpoint {path} (see {path.with_suffix('.json')})")
+    return 0
+
+
+def _eval(args) -> int:
+    from rlm_course.lm.checkpoint import load_checkpoint
+    from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.rl.evaluate import evaluate
+    from rlm_course.rl.runs import check_model_for_task
+    from rlm_course.tasks.eval_sets import load_eval_set
+
+    task = task_from_args(args)
+    if args.show < 0:
+        raise ValueError(f"--show {args.show}: give the number of responses to print (0 or more).")
+    checkpoint = load_checkpoint(args.checkpoint)
+    if checkpoint.get("task") not in (None, task.key):
+        raise ValueError(f"checkpoint {args.checkpoint} was trained on {checkpoint['task']}, not "
+                         f"{task.key}; pass the matching --task and task options.")
+    model = checkpoint["model"]
+    check_model_for_task(model.config, CharTokenizer(), task, task.max_response_len,
+                         f"checkpoint {args.checkpoint}")
+    problems = load_eval_set(task)
+    result = evaluate(model, task, problems, CharTokenizer())
+    for p, r in list(zip(problems, result.responses))[: args.show]:
+        print(f"{p.prompt}{r}   {'ok' if task.verify(p, r).correct else 'wrong, expected ' + p.answer}")
+    print(f"accuracy {result.accuracy:.1%}, format {result.format_rate:.1%} on {len(problems)} "
+          f"held-out problems of {task.key}")
+    return 0
+
+
+def _family(args) -> int:
+    from rlm_course.rl.experiments import run_family
+
+    task = task_from_args(args)
+    flags = ["--task", args.task]
+    for name, value in task_settings(args).items():
+        flags += [flag(name), str(value)]
+    path = run_family(task, flags, args.seeds, args.steps, args.variants, runs_dir=args.runs_dir,
+                      out=args.out, progress=not args.no_progress)
+    print(f"wrote {path}")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """The RL commands, on the main parser's subcommands."""
+    for command, help_text in (("grpo", "SFT warm start if needed, then GRPO or another --variant "
+                                        "of the family; writes runs/<name>/"),
+                               ("ppo", "SFT warm start if needed, then PPO with a critic "
+                                       "(= grpo --variant ppo)")):
+        p = sub.add_parser(command, help=help_text)
+        add_rl_run_args(p, command)
+        p.set_defaults(func=_rl)
+
+    p = sub.add_parser("sft", help="make the supervised warm-start checkpoint")
+    add_task_args(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="checkpoint path (default data/checkpoints/sft-<task>.pt)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: the free cores; 1 when other work is running)")
+    p.set_defaults(func=_sft)
+
+    p = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
+    add_task_args(p)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--show", type=int, default=5, help="print this many responses")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("family", help="every preset x several seeds; stores the results that "
+                                      "notebook 04 plots")
+    add_task_args(p)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--variants", nargs="+", default=None, help="default: every preset")
+    p.add_argument("--out", default=None,
+                   help="results file (default data/experiments/family-<task>.json)")
+    p.add_argument("--runs-dir", default="runs/family",
+                   help="folder of the runs (default runs/family; runs of the same variant and "
+                        "seed there are replaced)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_family)
