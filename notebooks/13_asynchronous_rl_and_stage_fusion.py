@@ -93,7 +93,7 @@ sft = load_checkpoint(checkpoint)
 print("warm start:", sft["command"], f"(validation accuracy {sft['validation_accuracy']:.0%})")
 config = async_config(steps=8)
 local = RLTrainer(sft["model"], task, CharTokenizer(), config, load_eval_set(task))
-lengths = local.collect(1)["lengths"].tolist()
+lengths = local.collect(1).lengths.tolist()
 stats = response_length_stats(lengths)
 print({k: round(v, 1) for k, v in stats.items()})
 plt.figure(figsize=(6, 2.6))
@@ -214,7 +214,7 @@ plot_timelines({name: runs[name].events for name in
 from rlm_course.lm.sampling import response_log_probs
 
 batch = local.collect(2)  # behaviour: the warm start
-rollout = batch["rollout"]
+rollout = batch.rollout
 newer = load_checkpoint(checkpoint)["model"]
 newer.load_state_dict(trained_weights)
 with torch.no_grad():

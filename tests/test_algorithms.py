@@ -123,12 +123,12 @@ def _trainer(config):
 def test_dynamic_sampling_trains_only_on_groups_with_signal():
     trainer = _trainer(preset("dapo", prompts_per_step=16, group_size=4, eval_every=100))
     batch = trainer.collect(1)
-    rewards = batch["rewards"]
+    rewards = batch.rewards
     assert len(rewards) == 16 * 4  # refilled to the full batch
     assert groups_with_signal(rewards, 4).all()
-    generated = len(batch["all_rewards"])
-    assert generated == 64 * batch["rounds"] and batch["rounds"] >= 2  # some groups were dropped
-    assert len(batch["rollout"].tokens) == 64
+    generated = len(batch.all_rewards)
+    assert generated == 64 * batch.rounds and batch.rounds >= 2  # some groups were dropped
+    assert len(batch.rollout.tokens) == 64
 
 
 @pytest.mark.parametrize("name,overrides", [(n, {}) for n in sorted(PRESETS)] + [

@@ -106,7 +106,7 @@ def test_the_trainer_hook_with_behaviour_equal_to_proximal_makes_the_plain_updat
     batch = plain.collect(1)
     plain.step_count = 0
     plain.step(batch)
-    r = batch["rollout"]
+    r = batch.rollout
     with torch.no_grad():  # what the trainer recomputes as pi_old: the proximal policy
         prox = response_log_probs(hooked.policy, r.tokens, r.attention_mask, r.prompt_len,
                                   temperature=hooked.config.temperature)
@@ -126,9 +126,9 @@ def test_one_segment_partial_rollout_is_the_trainers_own_batch():
     partial.advance(trainer.policy, version=0, max_tokens=trainer.max_new_tokens)
     got = partial.batch()
     for key in ("tokens", "attention_mask", "response_mask", "log_probs"):
-        assert torch.equal(getattr(got["rollout"], key), getattr(want["rollout"], key)), key
-    assert torch.equal(got["rewards"], want["rewards"])
-    assert torch.equal(got["versions"], torch.where(got["rollout"].response_mask, 0, -1))
+        assert torch.equal(getattr(got.rollout, key), getattr(want.rollout, key)), key
+    assert torch.equal(got.rewards, want.rewards)
+    assert torch.equal(got.versions, torch.where(got.rollout.response_mask, 0, -1))
 
 
 def test_an_interrupted_rollout_records_two_versions_and_trains():
@@ -140,8 +140,8 @@ def test_an_interrupted_rollout_records_two_versions_and_trains():
     while not partial.done:  # the rest with the new weights: the cache recomputed with them
         partial.advance(new_weights, version=1, max_tokens=1)
     batch = partial.batch()
-    versions = batch["versions"][batch["rollout"].response_mask]
-    assert set(versions.tolist()) == {0, 1} and (batch["versions"][:, 0] == 0).all()
+    versions = batch.versions[batch.rollout.response_mask]
+    assert set(versions.tolist()) == {0, 1} and (batch.versions[:, 0] == 0).all()
     metrics = trainer.step(batch)
     assert math.isfinite(metrics["policy_loss"])
     with pytest.raises(ValueError, match="max_tokens"):
@@ -164,9 +164,9 @@ def test_migrated_sequences_continue_elsewhere():
 def test_tagged_batches_carry_versions_and_behaviour_log_probs():
     trainer = _trainer()
     batch = tag_versions(trainer.collect(1), 7)
-    mask = batch["rollout"].response_mask
-    assert (batch["versions"][mask] == 7).all() and (batch["versions"][~mask] == -1).all()
-    assert batch["behaviour_log_probs"] is batch["rollout"].log_probs
+    mask = batch.rollout.response_mask
+    assert (batch.versions[mask] == 7).all() and (batch.versions[~mask] == -1).all()
+    assert batch.behaviour_log_probs is batch.rollout.log_probs
 
 
 def test_pipeline_config_is_checked():

@@ -44,8 +44,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from rlm_course.distributed.launch import RankContext
-from rlm_course.lm.sampling import select_rollouts
 from rlm_course.algorithms import RLConfig
+from rlm_course.rl.batch import Batch
 from rlm_course.rl.trainer import RLTrainer
 from rlm_course.utils import STAGES, StageTimer, derived_seed
 
@@ -509,33 +509,31 @@ def run_rl_distributed(task, config: RLConfig, nproc: int, name: str | None = No
 class _FixedBatchTrainer(RLTrainer):
     """A trainer whose step trains on a given batch instead of generating one."""
 
-    fixed: dict
+    fixed: Batch
 
-    def collect(self, step: int) -> dict:
+    def collect(self, step: int) -> Batch:
         return self.fixed
 
 
 class _FixedBatchDistributed(DistributedRLTrainer):
-    fixed: dict
+    fixed: Batch
 
-    def collect(self, step: int) -> dict:
+    def collect(self, step: int) -> Batch:
         return self.fixed
 
 
-def shard_batch(batch: dict, rank: int, world_size: int, group_size: int) -> dict:
-    """Rank ``rank``'s groups of a collected batch (the whole groups of its slice of prompts)."""
-    rollout, n = batch["rollout"], len(batch["rewards"])
+def shard_batch(batch: Batch, rank: int, world_size: int, group_size: int) -> Batch:
+    """Rank ``rank``'s groups of a collected batch (the whole groups of its slice of prompts).
+
+    Raises:
+        ValueError: if the batch does not split into ``world_size`` shares of whole groups.
+    """
+    n = batch.trained
     per = n // world_size
     if n % world_size or per % group_size:
         raise ValueError(f"a batch of {n} responses does not split into {world_size} shares of "
                          f"whole groups of {group_size}.")
-    rows = torch.arange(rank * per, (rank + 1) * per)
-    return {**batch, "rollout": select_rollouts(rollout, rows),
-            "rewards": batch["rewards"][rows],
-            "verdicts": batch["verdicts"][rank * per:(rank + 1) * per],
-            "all_rewards": batch["rewards"][rows],
-            "all_verdicts": batch["verdicts"][rank * per:(rank + 1) * per],
-            "lengths": batch["lengths"][rows]}
+    return batch.rows(torch.arange(rank * per, (rank + 1) * per))
 
 
 def update_equivalence_worker(ctx: RankContext, variants=("grpo", "dapo"), prompts_per_step: int = 8,
@@ -593,10 +591,10 @@ def update_equivalence_worker(ctx: RankContext, variants=("grpo", "dapo"), promp
             single.fixed = batch
             single.step()
             ref = torch.cat([p.detach().reshape(-1) for p in single.policy.parameters()])
-            seq = batch["rollout"].tokens.shape[1]
+            seq = batch.rollout.tokens.shape[1]
             updates = config.ppo_epochs * config.minibatches
             depth = 2 * (6 * base.config.n_layer + 1)
-            tolerance = adam_tolerance(torch.float64, len(batch["rewards"]) * seq,
+            tolerance = adam_tolerance(torch.float64, batch.trained * seq,
                                        config.lr_at(1), updates, depth=depth)
             out[variant if weigh_tokens else f"{variant} unweighted"] = {"param_error": (params - ref).abs().max().item(),
                             "ranks_differ": max((g - params).abs().max().item() for g in gathered),

@@ -34,6 +34,7 @@ from rlm_course.lm.model import TinyGPT
 from rlm_course.lm.sampling import concat_rollouts, generate, response_log_probs, select_rollouts
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.advantages import gae, group_advantages, reinforce_pp_advantages, rloo_advantages
+from rlm_course.rl.batch import Batch
 from rlm_course.algorithms import GROUP_ADVANTAGES, RLConfig
 from rlm_course.rl.critic import Critic, clipped_value_loss
 from rlm_course.rl.evaluate import evaluate
@@ -156,16 +157,15 @@ class RLTrainer:
                                                      self.max_new_tokens, cfg.overlong_buffer)
         return group, rollout, verdicts, rewards
 
-    def collect(self, step: int) -> dict:
+    def collect(self, step: int) -> Batch:
         """Rollout and reward of iteration ``step``, with DAPO's dynamic sampling when on: keep
         only groups whose rewards differ and sample further rounds (new prompts) until
         ``prompts_per_step`` groups are kept or ``max_sampling_rounds`` rounds have run; the
         batch is then cut to ``prompts_per_step`` groups (it may be smaller, even empty).
 
         Returns:
-            ``{"rollout", "rewards", "verdicts", "all_verdicts", "all_rewards", "lengths",
-            "rounds"}``: the batch to train on, and every generated response's verdict, reward and
-            length (for the metrics).
+            a :class:`~rlm_course.rl.batch.Batch`: the responses to train on, and every generated
+            response's verdict, reward and length (for the metrics).
         """
         cfg = self.config
         kept, seen = [], {"verdicts": [], "rewards": [], "lengths": []}
@@ -189,14 +189,12 @@ class RLTrainer:
             if n_groups >= cfg.prompts_per_step:
                 break
         self.responses["generated"] += sum(len(r) for r in seen["rewards"])
-        batch = {"all_verdicts": seen["verdicts"], "all_rewards": torch.cat(seen["rewards"]),
-                 "lengths": torch.cat(seen["lengths"]), "rounds": rounds, "rollout": None,
-                 "verdicts": [], "rewards": torch.zeros(0)}
-        if kept:
-            batch["rollout"] = concat_rollouts([k[0] for k in kept], self.tokenizer.pad_id)
-            batch["verdicts"] = [v for k in kept for v in k[1]]
-            batch["rewards"] = torch.cat([k[2] for k in kept])
-        return batch
+        all_rewards, lengths = torch.cat(seen["rewards"]), torch.cat(seen["lengths"])
+        if not kept:
+            return Batch.empty_of(all_rewards, seen["verdicts"], lengths, rounds)
+        return Batch(concat_rollouts([k[0] for k in kept], self.tokenizer.pad_id),
+                     torch.cat([k[2] for k in kept]), [v for k in kept for v in k[1]],
+                     all_rewards, seen["verdicts"], lengths, rounds)
 
     # ------------------------------------------------------------------ advantages
     def advantages(self, rewards: torch.Tensor, response_mask: torch.Tensor,
@@ -231,7 +229,7 @@ class RLTrainer:
         return masked_whiten(advantages, response_mask), returns
 
     # ------------------------------------------------------------------ one iteration
-    def step(self, batch: dict | None = None) -> dict:
+    def step(self, batch: Batch | None = None) -> dict:
         """Run one iteration and return its metrics (see the module docstring).
 
         ``batch``: a batch in the format of :meth:`collect`, collected elsewhere (a rollout
@@ -242,8 +240,8 @@ class RLTrainer:
         if batch is None:
             batch = self.collect(step)
         else:
-            self.responses["generated"] += len(batch["all_rewards"])
-        rollout, rewards = batch["rollout"], batch["rewards"]
+            self.responses["generated"] += batch.generated
+        rollout, rewards = batch.rollout, batch.rewards
         stats = {"policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0,
                  "grad_norm": 0.0}
         if self.critic is not None:
@@ -280,7 +278,7 @@ class RLTrainer:
             metrics["kl"] = masked_mean(kl_reward, rollout.response_mask).item()
         if cfg.advantage in GROUP_ADVANTAGES:
             metrics["groups_with_signal"] = int(groups_with_signal(
-                batch["all_rewards"][:cfg.prompts_per_step * cfg.group_size],
+                batch.all_rewards[:cfg.prompts_per_step * cfg.group_size],
                 cfg.group_size).sum())
         if step % cfg.eval_every == 0:
             metrics["accuracy_eval"] = self.evaluate()
@@ -355,9 +353,9 @@ class RLTrainer:
         self.policy.eval()
         return n_updates
 
-    def rollout_metrics(self, step: int, batch: dict, seconds: dict) -> dict:
+    def rollout_metrics(self, step: int, batch: Batch, seconds: dict) -> dict:
         """Metrics over every generated response (one row of ``metrics.jsonl``)."""
-        verdicts, rewards, lengths = batch["all_verdicts"], batch["all_rewards"], batch["lengths"]
+        verdicts, rewards, lengths = batch.all_verdicts, batch.all_rewards, batch.lengths
         return {
             "step": step,
             "reward_mean": rewards.mean().item(),
@@ -366,10 +364,10 @@ class RLTrainer:
             "response_length": lengths.float().mean().item(),
             "tokens_generated": int(lengths.sum()),
             "responses_generated": len(verdicts),
-            "responses_trained": len(batch["rewards"]),
-            "sampling_rounds": batch["rounds"],
-            "prompt_columns": batch["rollout"].prompt_len if batch["rollout"] is not None else 0,
-            "response_columns": (batch["rollout"].response_mask.shape[1]
-                                 if batch["rollout"] is not None else 0),
+            "responses_trained": batch.trained,
+            "sampling_rounds": batch.rounds,
+            "prompt_columns": batch.rollout.prompt_len if batch.rollout is not None else 0,
+            "response_columns": (batch.rollout.response_mask.shape[1]
+                                 if batch.rollout is not None else 0),
             **{f"seconds_{s}": seconds.get(s, 0.0) for s in STAGES},
         }

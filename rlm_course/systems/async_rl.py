@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from rlm_course.rl.batch import Batch
 from rlm_course.rl.losses import aggregate_loss, clipped_objective, clipped_tokens
 
 #: Headline figures of asynchronous systems (each against a synchronous colocated baseline of its
@@ -290,9 +291,9 @@ class PartialRollout:
         self.rows = [r for r in self.rows if not r.finished]
         return out
 
-    def batch(self) -> dict:
-        """The finished batch, in the format of ``RLTrainer.collect`` (one generation round),
-        with ``versions`` and ``behaviour_log_probs`` added.
+    def batch(self) -> Batch:
+        """The finished batch, as ``RLTrainer.collect`` makes it (one generation round), with
+        ``versions`` and ``behaviour_log_probs``.
 
         Raises:
             RuntimeError: if sequences are still unfinished.
@@ -305,10 +306,10 @@ class PartialRollout:
         return batch
 
 
-def rows_to_batch(trainer, rows: list[InFlight]) -> dict:
-    """A batch in the format of ``RLTrainer.collect`` from finished sequences: prompts
-    left-padded, responses right-padded, rewards from the task's verifier (and DAPO's overlong
-    penalty when the configuration has one), ``versions`` and ``behaviour_log_probs``."""
+def rows_to_batch(trainer, rows: list[InFlight]) -> Batch:
+    """A :class:`~rlm_course.rl.batch.Batch` from finished sequences: prompts left-padded,
+    responses right-padded, rewards from the task's verifier (and DAPO's overlong penalty when
+    the configuration has one), ``versions`` and ``behaviour_log_probs``."""
     from rlm_course.lm.sampling import Rollout
     from rlm_course.rl.rewards import overlong_penalty
 
@@ -333,18 +334,15 @@ def rows_to_batch(trainer, rows: list[InFlight]) -> dict:
     if cfg.overlong_buffer:
         rewards = rewards + overlong_penalty(rollout.response_lengths(), trainer.max_new_tokens,
                                              cfg.overlong_buffer)
-    return {"rollout": rollout, "rewards": rewards, "verdicts": verdicts,
-            "all_verdicts": verdicts, "all_rewards": rewards,
-            "lengths": rollout.response_lengths(), "rounds": 1, "versions": versions,
-            "behaviour_log_probs": log_probs}
+    return Batch(rollout, rewards, verdicts, rewards, verdicts, rollout.response_lengths(), 1,
+                 versions=versions, behaviour_log_probs=log_probs)
 
 
-def tag_versions(batch: dict, version: int) -> dict:
-    """Add ``versions`` (every generated token sampled by ``version``) and the behaviour
-    log-probabilities (the rollout's own) to a batch from ``RLTrainer.collect``."""
-    rollout = batch["rollout"]
-    batch["versions"] = torch.where(rollout.response_mask, version, -1)
-    batch["behaviour_log_probs"] = rollout.log_probs
+def tag_versions(batch: Batch, version: int) -> Batch:
+    """Set ``versions`` (every generated token sampled by ``version``) and the behaviour
+    log-probabilities (the rollout's own) of a batch from ``RLTrainer.collect``."""
+    batch.versions = torch.where(batch.rollout.response_mask, version, -1)
+    batch.behaviour_log_probs = batch.rollout.log_probs
     return batch
 
 

@@ -42,7 +42,7 @@ def score_rows(trainer, rows: list) -> dict:
         one entry per row, the log-probabilities cut to each response's length.
     """
     batch = rows_to_batch(trainer, rows)
-    rollout, t = batch["rollout"], trainer.config.temperature
+    rollout, t = batch.rollout, trainer.config.temperature
     with torch.no_grad():
         old = response_log_probs(trainer.policy, rollout.tokens, rollout.attention_mask,
                                  rollout.prompt_len, temperature=t)
@@ -50,7 +50,7 @@ def score_rows(trainer, rows: list) -> dict:
                                   rollout.prompt_len, temperature=t)
                if trainer.reference is not None else None)
     lengths = [len(r.tokens) for r in rows]
-    return {"index": [r.index for r in rows], "reward": batch["rewards"].tolist(),
+    return {"index": [r.index for r in rows], "reward": batch.rewards.tolist(),
             "old_log_probs": [old[i, :n].tolist() for i, n in enumerate(lengths)],
             "ref_log_probs": ([ref[i, :n].tolist() for i, n in enumerate(lengths)]
                               if ref is not None else [[] for _ in rows]),

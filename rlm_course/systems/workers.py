@@ -41,6 +41,7 @@ from rlm_course.algorithms import RLConfig
 from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
 from rlm_course.lm.model import ModelConfig, TinyGPT
 from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.batch import Batch
 from rlm_course.rl.evaluate import evaluate
 from rlm_course.rl.trainer import RLTrainer
 from rlm_course.systems import resharding, weight_sync
@@ -204,11 +205,11 @@ class RolloutMixin:
     """The ``rollout`` role: generate batches with the rollout engine's weights (in one piece, or as
     a partial rollout that new weights can interrupt), and receive new weights."""
 
-    def generate(self, step: int) -> dict:
+    def generate(self, step: int) -> Batch:
         """Generate and score (verifier) the batch of iteration ``step`` in one piece."""
         with self.recorder("generation", version=self.rollout_version, step=step) as detail:
             batch = tag_versions(self.rollout_trainer.collect(step), self.rollout_version)
-            detail.update(tokens=int(batch["lengths"].sum()), responses=len(batch["lengths"]))
+            detail.update(tokens=int(batch.lengths.sum()), responses=batch.generated)
         return batch
 
     def start_and_advance(self, step: int, max_tokens: int):
@@ -247,7 +248,7 @@ class TrainerMixin:
     """The ``actor`` role: train on a batch, stage and send the new weights (or hand them over in
     process when colocated), checkpoint, and evaluate the snapshots after the run."""
 
-    def train(self, batch: dict) -> dict:
+    def train(self, batch: Batch) -> dict:
         """One iteration of the trainer on ``batch`` (scoring, then the update); stages the new
         weights for sending, writes a checkpoint and keeps an evaluation snapshot when due.
 
@@ -260,7 +261,7 @@ class TrainerMixin:
         step = trainer.step_count + 1
         trainer.policy_loss_fn = None
         if pipe.objective == "decoupled":
-            trainer.policy_loss_fn = DecoupledObjective(self.config, batch["behaviour_log_probs"],
+            trainer.policy_loss_fn = DecoupledObjective(self.config, batch.behaviour_log_probs,
                                                         trainer.max_new_tokens, pipe.weight_cap)
         start = self.recorder.clock()
         metrics = trainer.step(batch)
@@ -279,11 +280,11 @@ class TrainerMixin:
             saved = True
         if step % pipe.eval_every == 0 or step == self.config.steps:
             self.snapshots.append((step, time.time(), self._weights()))
-        rollout = batch["rollout"]
-        versions = batch["versions"][rollout.response_mask]
+        rollout = batch.rollout
+        versions = batch.versions[rollout.response_mask]
         out = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         out.update(tokens=int(rollout.response_mask.sum()),
-                   head_versions=head_versions(batch["versions"]),
+                   head_versions=head_versions(batch.versions),
                    response_lengths=[int(x) for x in rollout.response_lengths()],
                    token_version_counts=dict(Counter(int(v) for v in versions)),
                    checkpoint=saved)
