@@ -385,14 +385,16 @@ ax.legend();
 
 # %%
 from rlm_course.distributed.grpo import PHASES, plot_timeline
+from rlm_course.timeline import Event
 
-timeline = json.load(open(f"{runs_dir}/dp2/timeline.json"))["ranks"]
+timeline = [[Event.from_dict(e) for e in events]
+            for events in json.load(open(f"{runs_dir}/dp2/timeline.json"))["ranks"]]
 last = [m["rank_seconds"] for m in curves["dp2"][-3:]]
 print(format_table([[f"rank {r}"] + [f"{sum(step[r][ph] for step in last) / 3:.3f}"
                                      for ph in PHASES] for r in range(2)],
                    ["seconds per step", *PHASES]))
-starts = sorted({e[1] for e in timeline[0] if e[0] == "generation"})
-plot_timeline([[e for e in events if e[1] >= starts[-3]] for events in timeline]);
+starts = sorted({e.start for e in timeline[0] if e.stage == "generation"})
+plot_timeline([[e for e in events if e.start >= starts[-3]] for events in timeline]);
 
 # %% [markdown]
 # On this task (answers of about four tokens) scoring and training take more of a step than

@@ -133,8 +133,6 @@ def atomic_write_json(path: str | Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
-#: The stages of one RL iteration that the trainer times (and run summaries report).
-STAGES = ("generation", "reward", "scoring", "training")
 
 
 class StageTimer:

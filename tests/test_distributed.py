@@ -299,8 +299,9 @@ def test_a_dp_grpo_run_writes_its_files_and_resumes_in_one_process(tmp_path):
     assert rows[0]["responses_generated"] == 16 and len(rows[0]["rank_seconds"]) == 2
     timeline = json.loads((run / "timeline.json").read_text())
     assert len(timeline["ranks"]) == 2
-    assert {e[0] for e in timeline["ranks"][1]} >= {"generation", "scoring", "training",
-                                                    "communication"}
+    assert {e["stage"] for e in timeline["ranks"][1]} >= {"generation", "scoring", "training",
+                                                          "communication"}
+    assert {e["worker"] for e in timeline["ranks"][1]} == {1}
     assert (run / "timeline.png").exists() and (run / "learning_curve.png").exists()
     state = load_checkpoint(run / "checkpoint.pt")
     assert state["trainer"]["step"] == 2 and state["config"]["prompts_per_step"] == 4

@@ -75,12 +75,12 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.algorithms import RLConfig, preset
 from rlm_course.systems.async_rl import rollout_capacity
+from rlm_course.vocabulary import PLACEMENTS
 from rlm_course.cost.layouts import (Layout, check_training, generation_memory, kv_slots,
                                     training_memory, usable)
 from rlm_course.cost.phases import (Cluster, DecodeCost, Rates, TrainerCost, offload_seconds,
                                    weight_sync)
 
-PLACEMENTS = ("colocated", "disaggregated")
 
 
 @dataclass(frozen=True)
@@ -330,7 +330,7 @@ class SimResult:
         draws simulated and measured runs alike: the trainer's stages, the rollout pool's
         decoding and weight syncs, and the first ``replicas`` replicas; waiting is left out (the
         gaps)."""
-        from rlm_course.systems.timeline import Event
+        from rlm_course.timeline import Event
 
         stage = {"decoding": "generation", "scoring (fused)": "scoring",
                  "policy update": "training", "critic update": "training", "weight sync": "sync"}

@@ -55,8 +55,9 @@ from rlm_course.cost.accounting import predict_passes
 from rlm_course.cost.architectures import TransformerSpec, teacher_forced_flops
 from rlm_course.cost.hardware import Device
 from rlm_course.algorithms import RLConfig
+from rlm_course.vocabulary import COST_STAGES
 
-STAGES = ("prefill", "decode", "scoring", "policy update", "critic update")
+STAGES = COST_STAGES  # what this module prices (rlm_course.vocabulary)
 ADAM_STATE_BYTES = 16  # bf16 weight + bf16 gradient + fp32 master weight, momentum, variance
 
 

@@ -53,11 +53,11 @@ from typing import TYPE_CHECKING
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.comm import Fabric, Link, all_gather_seconds
 from rlm_course.cost.hardware import Device
+from rlm_course.vocabulary import PLACEMENTS
 
 if TYPE_CHECKING:
     from rlm_course.cost.layouts import Layout
 
-PLACEMENTS = ("colocated", "disaggregated")
 TRANSPORTS = ("broadcast", "sharded")
 BUCKET_BYTES = 512 * 2**20  # slime's and verl's bucket size
 

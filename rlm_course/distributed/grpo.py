@@ -47,7 +47,9 @@ from rlm_course.distributed.launch import RankContext
 from rlm_course.algorithms import RLConfig
 from rlm_course.rl.batch import Batch
 from rlm_course.rl.trainer import RLTrainer
-from rlm_course.utils import STAGES, StageTimer, derived_seed
+from rlm_course.timeline import Event
+from rlm_course.utils import StageTimer, derived_seed
+from rlm_course.vocabulary import STAGES
 
 #: What the timeline shows per rank: the trainer's stages, then the communication inside training.
 PHASES = (*STAGES, "communication")
@@ -112,14 +114,14 @@ class ShardedTask:
 
 
 class RecordingTimer(StageTimer):
-    """A :class:`~rlm_course.utils.StageTimer` that also keeps every stage's interval
-    ``(stage, start, end)`` in seconds since ``origin`` (a ``time.perf_counter()`` value taken
-    after a barrier, so that ranks share the clock)."""
+    """A :class:`~rlm_course.utils.StageTimer` that also keeps every stage's interval as an
+    :class:`~rlm_course.timeline.Event` of rank ``rank``, in seconds since ``origin`` (a
+    ``time.perf_counter()`` value taken after a barrier, so that ranks share the clock)."""
 
-    def __init__(self, origin: float) -> None:
+    def __init__(self, origin: float, rank: int = 0) -> None:
         super().__init__()
-        self.origin = origin
-        self.events: list[tuple[str, float, float]] = []
+        self.origin, self.rank = origin, rank
+        self.events: list[Event] = []
 
     @contextmanager
     def __call__(self, stage: str):
@@ -128,17 +130,23 @@ class RecordingTimer(StageTimer):
             with StageTimer.__call__(self, stage):
                 yield
         finally:
-            self.events.append((stage, start - self.origin, time.perf_counter() - self.origin))
+            self.events.append(Event(self.rank, stage, start - self.origin,
+                                     time.perf_counter() - self.origin))
 
 
 class _CommState:
     """What the communication hook needs: the scale of this rank's gradient (``1 / p``, or its
     share of the mini-batch's response tokens for ``token-mean``) and the intervals it records."""
 
-    def __init__(self, world_size: int, origin: float) -> None:
-        self.world_size, self.origin = world_size, origin
+    def __init__(self, world_size: int, origin: float, rank: int = 0) -> None:
+        self.world_size, self.origin, self.rank = world_size, origin, rank
         self.scale = 1.0 / world_size
-        self.events: list[tuple[str, float, float]] = []
+        self.events: list[Event] = []
+
+    def record(self, start: float) -> None:
+        """A communication interval from ``start`` (``time.perf_counter()``) to now."""
+        self.events.append(Event(self.rank, "communication", start - self.origin,
+                                 time.perf_counter() - self.origin))
 
 
 def _scaled_all_reduce(state: _CommState, bucket):
@@ -149,8 +157,7 @@ def _scaled_all_reduce(state: _CommState, bucket):
     future = dist.all_reduce(buffer, async_op=True).get_future()
 
     def done(fut):
-        state.events.append(("communication", start - state.origin,
-                             time.perf_counter() - state.origin))
+        state.record(start)
         return fut.value()[0]
 
     return future.then(done)
@@ -188,8 +195,7 @@ class DataParallelPolicy(DistributedDataParallel):
             total = mine.clone()
             start = time.perf_counter()
             dist.all_reduce(total)
-            self.comm_state.events.append(("communication", start - self.comm_state.origin,
-                                           time.perf_counter() - self.comm_state.origin))
+            self.comm_state.record(start)
             self.comm_state.scale = (mine / total.clamp(min=1.0)).item()
         return super().forward(*args, **kwargs)
 
@@ -221,8 +227,8 @@ class DistributedRLTrainer(RLTrainer):
         reference = copy.deepcopy(policy) if config.uses_reference else None
         super().__init__(policy, ShardedTask(task, rank, world), tokenizer, local, eval_problems,
                          reference)
-        self.timer = RecordingTimer(origin)
-        self.comm = _CommState(world, origin)
+        self.timer = RecordingTimer(origin, rank)
+        self.comm = _CommState(world, origin, rank)
         kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
         self.policy = DataParallelPolicy(policy, self.comm,
                                          weigh_tokens and config.loss_agg == "token-mean", **kwargs)
@@ -252,11 +258,11 @@ class DistributedRLTrainer(RLTrainer):
         dist.all_reduce(correct)
         return correct.item() / max(len(self.eval_problems), 1)
 
-    def take_events(self) -> list[tuple[str, float, float]]:
-        """This rank's stage and communication intervals since the last call."""
+    def take_events(self) -> list[Event]:
+        """This rank's stage and communication intervals since the last call, by start."""
         events = self.timer.events + self.comm.events
         self.timer.events, self.comm.events = [], []
-        return sorted(events, key=lambda e: e[1])
+        return sorted(events, key=lambda e: e.start)
 
 
 # ---------------------------------------------------------------------------- metrics and timeline
@@ -283,15 +289,16 @@ def combine_metrics(rows: list[dict]) -> dict:
     return out
 
 
-def phase_seconds(events: list[tuple[str, float, float]]) -> dict[str, float]:
+def phase_seconds(events: list[Event]) -> dict[str, float]:
     """Seconds per phase of one rank's events; overlapping communication intervals count once."""
     from rlm_course.distributed.comm import union_seconds
 
     out = {phase: 0.0 for phase in PHASES}
-    for phase, start, end in events:
-        if phase != "communication":
-            out[phase] += end - start
-    out["communication"] = union_seconds([(s, e) for p, s, e in events if p == "communication"])
+    for e in events:
+        if e.stage != "communication":
+            out[e.stage] += e.end - e.start
+    out["communication"] = union_seconds([(e.start, e.end) for e in events
+                                          if e.stage == "communication"])
     return out
 
 
@@ -300,21 +307,21 @@ def plot_timeline(ranks: list[list], path=None, title: str = "data-parallel GRPO
     top: gradient all-reduces and token counts, waiting for slower ranks included).
 
     Args:
-        ranks: per rank, its ``(phase, start, end)`` events (seconds on the shared clock).
+        ranks: per rank, its :class:`~rlm_course.timeline.Event` s (seconds on the shared clock).
     """
     from rlm_course.tools.plots import STAGE_COLORS, finish_figure, plt
 
     fig, ax = plt.subplots(figsize=(10, 0.7 * len(ranks) + 1.3))
     seen = set()
     for r, events in enumerate(ranks):
-        for phase, start, end in events:
-            if phase == "communication":
-                ax.barh(r - 0.3, end - start, left=start, height=0.18, color="black",
-                        label=None if phase in seen else "communication")
+        for e in events:
+            if e.stage == "communication":
+                ax.barh(r - 0.3, e.end - e.start, left=e.start, height=0.18, color="black",
+                        label=None if e.stage in seen else "communication")
             else:
-                ax.barh(r, end - start, left=start, height=0.5, color=STAGE_COLORS[phase],
-                        edgecolor="white", label=None if phase in seen else phase)
-            seen.add(phase)
+                ax.barh(r, e.end - e.start, left=e.start, height=0.5, color=STAGE_COLORS[e.stage],
+                        edgecolor="white", label=None if e.stage in seen else e.stage)
+            seen.add(e.stage)
     ax.set(yticks=range(len(ranks)), yticklabels=[f"rank {r}" for r in range(len(ranks))],
            xlabel="seconds", title=title)
     ax.invert_yaxis()
@@ -396,7 +403,9 @@ def grpo_job_worker(ctx: RankContext, task, config: RLConfig, run_dir: str, sft_
     accuracy_after = trainer.evaluate()
     if not ctx.is_main:
         return None
-    atomic_write_json(timeline_path, {"phases": list(PHASES), "ranks": timeline})
+    atomic_write_json(timeline_path, {"phases": list(PHASES),
+                                      "ranks": [[e.to_dict() for e in events]
+                                                for events in timeline]})
     summary = {
         "task": task.key, "algorithm": config.algorithm, "seed": config.seed,
         "steps": config.steps, "world_size": ctx.world_size,
@@ -414,7 +423,7 @@ def grpo_job_worker(ctx: RankContext, task, config: RLConfig, run_dir: str, sft_
                         title=f"{config.algorithm.upper()} on {task.key}, {ctx.world_size} ranks")
     last = min(3, len(rows))
     t0 = _step_start(timeline, len(rows) - last)
-    plot_timeline([[e for e in events if e[1] >= t0] for events in timeline],
+    plot_timeline([[e for e in events if e.start >= t0] for events in timeline],
                   run_dir / "timeline.png", title=f"data-parallel {config.algorithm.upper()}: "
                   f"the last {last} steps on {ctx.world_size} ranks")
     return summary
@@ -425,7 +434,7 @@ def _step_start(timeline: list[list], step_index: int) -> float:
     on any rank."""
     starts = []
     for events in timeline:
-        generation = [e[1] for e in events if e[0] == "generation"]
+        generation = [e.start for e in events if e.stage == "generation"]
         if len(generation) > step_index:
             starts.append(generation[step_index])
     return min(starts) if starts else 0.0

@@ -144,7 +144,7 @@ def bench_parallel(repeats: int = 3, batch: int = 8, seq: int = 16) -> dict:
                 continue
             seconds = best_seconds(lambda: parallel(p), repeats)
             comm = max(sum(e.end - e.start for e in world.events
-                           if e.rank == r and e.kind == "comm") for r in range(p))
+                           if e.worker == r and e.stage == "comm") for r in range(p))
             rows.append([name, p, f"{seconds / base:.1f}", max(world.sent), f"{comm * 1e6:.1f}",
                          state or "-", ""])
             result["strategies"][name][p] = {"wall_vs_one_device": seconds / base,

@@ -34,20 +34,9 @@ from torch import Tensor
 from rlm_course.cost.comm import (Link, all_gather_seconds, broadcast_seconds, p2p_seconds,
                                   reduce_scatter_seconds, ring_all_reduce_seconds,
                                   tree_all_reduce_seconds)
+from rlm_course.timeline import Event
 
 ALGORITHMS = ("ring", "tree")  # what a World runs (the cost model's "auto" picks between them)
-
-
-@dataclass
-class Event:
-    """One interval on a rank's timeline: ``kind`` is ``"compute"`` or ``"comm"``."""
-
-    rank: int
-    kind: str
-    name: str
-    start: float
-    end: float
-    nbytes: int = 0
 
 
 def nbytes(t: Tensor) -> int:
@@ -104,7 +93,7 @@ class World:
             raise ValueError(f"compute {name!r}: seconds={seconds} must be >= 0.")
         start = self.clock[rank]
         self.clock[rank] = start + seconds
-        self.events.append(Event(rank, "compute", name, start, start + seconds))
+        self.events.append(Event(rank, "compute", start, start + seconds, name=name))
 
     def _communicate(self, name: str, ranks: list[int], seconds: float, sent: dict[int, int],
                      received: dict[int, int]) -> None:
@@ -113,8 +102,8 @@ class World:
             self.sent[r] += sent.get(r, 0)
             self.received[r] += received.get(r, 0)
             self.clock[r] = start + seconds
-            self.events.append(Event(r, "comm", name, start, start + seconds,
-                                     sent.get(r, 0) + received.get(r, 0)))
+            self.events.append(Event(r, "comm", start, start + seconds, name=name,
+                                     detail={"bytes": sent.get(r, 0) + received.get(r, 0)}))
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, tensors: list[Tensor], ranks=None, name: str = "all-reduce") -> list[Tensor]:

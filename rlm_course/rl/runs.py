@@ -46,8 +46,9 @@ from rlm_course.rl.sft import SFTConfig, default_model_config, run_sft
 from rlm_course.rl.trainer import RLTrainer
 from rlm_course.tasks.base import Task
 from rlm_course.tasks.eval_sets import load_eval_set
-from rlm_course.utils import (STAGES, atomic_write_json, atomic_write_text, data_dir,
+from rlm_course.utils import (atomic_write_json, atomic_write_text, data_dir,
                               ensure_writable_folder, seed_everything)
+from rlm_course.vocabulary import STAGES
 
 
 def default_sft_checkpoint(task: Task) -> Path:

@@ -43,7 +43,8 @@ from rlm_course.rl.losses import aggregate_loss, policy_loss
 from rlm_course.rl.masked import masked_mean, masked_whiten
 from rlm_course.rl.rewards import groups_with_signal, overlong_penalty
 from rlm_course.tasks.base import Problem, Task
-from rlm_course.utils import STAGES, StageTimer, derived_seed
+from rlm_course.utils import StageTimer, derived_seed
+from rlm_course.vocabulary import STAGES
 
 
 class RLTrainer:

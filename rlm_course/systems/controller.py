@@ -460,7 +460,7 @@ class Controller:
 
     def events(self) -> list:
         """Every worker's recorded events since the last call, on the controller's clock."""
-        from rlm_course.systems.timeline import shifted
+        from rlm_course.timeline import shifted
 
         out = []
         per_worker = self.call(self.workers, self.worker_class.take_events,
@@ -514,6 +514,6 @@ class Controller:
 def _offset(controller: Controller, worker: WorkerInfo) -> float:
     import ray
 
-    from rlm_course.systems.timeline import clock_offset
+    from rlm_course.timeline import clock_offset
 
     return clock_offset(lambda: ray.get(worker.handle.clock.remote(), timeout=controller.timeout))

@@ -83,7 +83,7 @@ def migration_point(lengths: list[int], quantile: float = 0.8) -> int:
 def window_events(events: list, windows: list, kind: str, step: int) -> list:
     """The events of one pipeline's run of one iteration (``windows`` from
     :func:`rlm_course.systems.pipelines.fusion_experiment`), on a clock starting at its beginning."""
-    from rlm_course.systems.timeline import shifted
+    from rlm_course.timeline import shifted
 
     for name, s, begin, end in windows:
         if name == kind and s == step:

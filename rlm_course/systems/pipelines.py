@@ -33,7 +33,7 @@ from rlm_course.distributed.collectives import fit_link
 from rlm_course.systems.async_rl import PipelineConfig, rollout_capacity, staleness
 from rlm_course.systems.controller import WorkerError
 from rlm_course.systems.fusion import merge_experience, migration_point
-from rlm_course.systems.timeline import relative
+from rlm_course.timeline import relative
 from rlm_course.systems.weight_sync import LINK_SIZES, slowest_median
 from rlm_course.systems.workers import RLWorker
 

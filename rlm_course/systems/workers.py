@@ -48,7 +48,7 @@ from rlm_course.systems import resharding, weight_sync
 from rlm_course.systems.async_rl import (DecoupledObjective, PartialRollout, PipelineConfig,
                                          head_versions, tag_versions)
 from rlm_course.systems.fusion import score_rows
-from rlm_course.systems.timeline import Recorder
+from rlm_course.timeline import Recorder
 from rlm_course.tasks import get_task
 from rlm_course.tasks.eval_sets import load_eval_set
 from rlm_course.utils import derived_seed, free_port

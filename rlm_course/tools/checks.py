@@ -503,7 +503,7 @@ def _checks_zero1_step(fn):
                            "one all-gather")
         # an all-reduce moves the same bytes, but leaves every rank the whole gradient: ZeRO-1
         # needs two collectives, each rank keeping only its shard in between
-        calls = [e.name for e in world.events if e.rank == 0 and e.kind == "comm"]
+        calls = [e.name for e in world.events if e.worker == 0 and e.stage == "comm"]
         return len(calls) == 2, (f"rank 0 took part in {len(calls)} collectives {calls}; expected "
                                  "two: a reduce-scatter, then an all-gather")
 

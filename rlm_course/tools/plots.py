@@ -96,18 +96,18 @@ COMM_COLORS = {"all-reduce": "#e7298a", "reduce-scatter": "#66a61e", "all-gather
 
 
 def plot_rank_timeline(events, path: str | Path | None = None, title: str = "timeline per rank"):
-    """Gantt chart of :class:`rlm_course.parallel.world.Event` s: one row per rank, compute in
-    green, each collective in its own colour, labelled by name."""
-    ranks = sorted({e.rank for e in events})
+    """Gantt chart of a simulated world's :class:`rlm_course.timeline.Event` s: one row per rank,
+    compute in green, each collective in its own colour, labelled by name."""
+    ranks = sorted({e.worker for e in events})
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(ranks) + 1.2))
     seen = set()
     for e in events:
-        if e.kind == "compute":
+        if e.stage == "compute":
             color, label = STAGE_COLORS["training"], "compute"
         else:
             key = next((k for k in COMM_COLORS if e.name.startswith(k)), "send")
             color, label = COMM_COLORS[key], e.name
-        ax.barh(e.rank, e.end - e.start, left=e.start, color=color, edgecolor="white",
+        ax.barh(e.worker, e.end - e.start, left=e.start, color=color, edgecolor="white",
                 label=None if label in seen else label)
         seen.add(label)
     ax.set(yticks=ranks, yticklabels=[f"rank {r}" for r in ranks], xlabel="seconds", title=title)
