@@ -36,11 +36,13 @@ from rlm_course.distributed.launch import (
 )
 from rlm_course.cost.comm import Link
 from rlm_course.parallel.world import World
+from rlm_course.utils import repo_root  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(repo_root())
 
 
 # ---------------------------------------------------------------------------- the launcher
+@pytest.mark.multiprocess
 def test_launch_returns_each_rank_result_in_rank_order():
     results = launch(hello, 2)
     assert [r["rank"] for r in results] == [0, 1]
@@ -90,6 +92,7 @@ def test_a_port_in_use_is_a_clear_error():
             launch(hello, 2, port=port)
 
 
+@pytest.mark.multiprocess
 def test_more_ranks_than_cores_warn_and_still_run():
     n = cores() + 1
     with pytest.warns(OversubscriptionWarning, match="oversubscribe"):
@@ -97,6 +100,7 @@ def test_more_ranks_than_cores_warn_and_still_run():
     assert [r["sum"] for r in results] == [n * (n + 1) / 2] * n
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("how,cause", [("raise", "ValueError: rank 1 fails on purpose"),
                                        ("exit", "exited with code 3")])
 def test_a_failing_rank_is_named_with_every_rank_traceback(how, cause):
@@ -111,6 +115,7 @@ def test_a_failing_rank_is_named_with_every_rank_traceback(how, cause):
     assert "--- rank 0 ---" in str(err) and "--- rank 1 ---" in str(err)
 
 
+@pytest.mark.multiprocess
 def test_a_rank_killed_by_pid_stops_the_others_within_the_grace(tmp_path):
     job = start(faulty, 2, kwargs=dict(how="none", ready_file=str(tmp_path / "ready")), grace=10.0)
     deadline = time.time() + 60
@@ -127,6 +132,7 @@ def test_a_rank_killed_by_pid_stops_the_others_within_the_grace(tmp_path):
     assert "rank 0: RuntimeError" in str(info.value)
 
 
+@pytest.mark.multiprocess
 def test_a_hung_rank_is_named_after_the_collective_timeout():
     start_time = time.time()
     with pytest.raises(DistributedError) as info:
@@ -193,6 +199,7 @@ def test_gradient_sync_on_catalog_links_follows_the_world():
         gradient_sync(0, 8, links["intra-node"])
 
 
+@pytest.mark.multiprocess
 def test_collectives_are_timed_on_real_ranks():
     sizes = (4, 4096, 4 << 20)
     table = launch(collectives_worker, 2, kwargs=dict(sizes=sizes, repeats=2, warmup=1))[0]
@@ -214,6 +221,7 @@ def _assert_equal_and_counted(rows):
         assert r["bytes_ok"], (r["strategy"], r["sent"], r["predicted"])
 
 
+@pytest.mark.multiprocess
 def test_every_strategy_equals_one_device_and_sends_the_formula_bytes_on_2_ranks():
     setup = S.check_setup(2)
     names = S.fitting(setup, 2)
@@ -224,6 +232,8 @@ def test_every_strategy_equals_one_device_and_sends_the_formula_bytes_on_2_ranks
     assert tp["calls"] == f"{4 * setup.n_layer} all_reduce"  # Megatron: 2 forward, 2 backward
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_strategies_on_4_ranks():
     setup = S.check_setup(4)
     names = ["ddp", "fsdp2", "tp_sp", "pp_interleaved"]
@@ -253,6 +263,7 @@ def test_head_major_qkv_is_the_same_attention():
 
 
 # ---------------------------------------------------------------------------- data-parallel GRPO
+@pytest.mark.multiprocess
 def test_one_dp_grpo_update_equals_the_single_process_update():
     from rlm_course.distributed.grpo import update_equivalence_worker
 
@@ -281,6 +292,7 @@ def test_data_parallel_refuses_what_it_cannot_run():
     check_data_parallel(preset("dapo"), 1)  # one process runs everything
 
 
+@pytest.mark.multiprocess
 def test_a_dp_grpo_run_writes_its_files_and_resumes_in_one_process(tmp_path):
     from rlm_course.distributed.grpo import run_rl_distributed
     from rlm_course.lm.checkpoint import load_checkpoint
@@ -323,6 +335,8 @@ def test_cli_nproc_refusals(capsys):
 
 
 # ---------------------------------------------------------------------------- torchrun
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_single_node_torchrun_command_runs_the_same_worker():
     from rlm_course.distributed.torchrun import torchrun_command
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 from rlm_course.lm.checkpoint import load_checkpoint  # noqa: E402
 from rlm_course.lm.tokenizer import CharTokenizer  # noqa: E402

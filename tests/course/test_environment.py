@@ -2,11 +2,11 @@
 
 import re
 import tomllib
-from pathlib import Path
 
 import yaml
+from rlm_course.utils import repo_root
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = repo_root()
 
 
 def split(spec: str) -> tuple[str, str]:

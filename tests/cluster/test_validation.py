@@ -23,6 +23,7 @@ FIGURES = DOC["figures"]
 BY_ID = {f["id"]: f for f in FIGURES}
 
 
+@pytest.mark.slow
 def test_a_course_run_record_is_simulated_stage_by_stage():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the measured run and its micro-benchmarks on one thread alike

@@ -12,6 +12,8 @@ from rlm_course.tasks import get_task
 TASK = get_task("addition", digits=3)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_family_experiment_writes_runs_and_the_command(tmp_path):
     out = run_family(TASK, ["--task", "addition"], seeds=[0], steps=2, variants=["rloo", "ppo"],
                      runs_dir=tmp_path / "runs", out=tmp_path / "family.json", progress=False)

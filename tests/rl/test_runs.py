@@ -15,11 +15,13 @@ from rlm_course.cli import main
 from rlm_course.rl.algorithms import GRPOConfig
 from rlm_course.rl.runs import run_rl
 from rlm_course.tasks import get_task
+from rlm_course.utils import repo_root
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = repo_root()
 TASK = get_task("addition", digits=3)
 
 
+@pytest.mark.slow
 def test_short_grpo_run_raises_held_out_accuracy(tmp_path):
     summary = run_rl(TASK, GRPOConfig(steps=40, eval_every=20, seed=0), out_dir=tmp_path,
                        progress=False, log=lambda *a: None)
@@ -58,6 +60,8 @@ def _rows(path):
             for r in map(json.loads, path.read_text().splitlines())]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo", "grpo --variant dapo"])
 def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_path, algorithm):
     cli = functools.partial(_cli, algorithm=algorithm)

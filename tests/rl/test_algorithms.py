@@ -184,6 +184,7 @@ def test_config_is_a_plain_dataclass_for_checkpoints():
     assert dataclasses.asdict(c)["variant"] == "dapo" and RLConfig(**dataclasses.asdict(c)) == c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo"])
 def test_each_preset_raises_held_out_accuracy_in_a_short_run(tmp_path, name):
     summary = run_rl(TASK, preset(name, steps=40, eval_every=20), out_dir=tmp_path, progress=False,

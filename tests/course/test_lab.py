@@ -14,8 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from rlm_course.utils import repo_root
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+ROOT = repo_root()
 NOTEBOOK = "06_work_and_depth"  # the calculators' notebook (work-depth and the RL-step calculator)
 TOKEN = "rlm-course-test"
 

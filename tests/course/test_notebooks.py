@@ -1,12 +1,12 @@
 """Notebooks are committed clean, with the python3 kernel, and agree with their paired .py."""
 
 import json
-from pathlib import Path
 
 import jupytext
 import pytest
+from rlm_course.utils import repo_root
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = repo_root()
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 ALL = NOTEBOOKS + sorted((ROOT / "solutions").glob("*.ipynb")) + sorted((ROOT / "exercises").glob("*.ipynb"))
 

@@ -44,6 +44,7 @@ def test_bad_ppo_config(kw, match):
     assert PPOConfig(group_size=1).group_size == 1  # PPO needs no group
 
 
+@pytest.mark.slow
 def test_short_ppo_run_raises_held_out_accuracy(tmp_path):
     summary = run_rl(TASK, PPOConfig(steps=40, eval_every=20), out_dir=tmp_path, progress=False,
                      log=lambda *a: None)

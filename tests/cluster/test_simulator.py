@@ -1,0 +1,156 @@
+"""Whole simulated iterations (rlm_course.cluster.simulator): a synchronous step is the sum of its
+stages, an asynchronous one the longer of generation and training, stage fusion's saving, the
+staleness bound, and the scenarios refused."""
+
+import pytest
+
+from rlm_course.cost.anatomy import Workload, generation_costs
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.rl.algorithms import preset
+from rlm_course.cost import comm
+from rlm_course.cost.layouts import (DoesNotFit, Layout)
+from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost, pass_flops
+from rlm_course.cluster.simulator import MODES, Mode, Scenario, simulate
+
+H100 = get_device("H100-SXM-80GB")
+SPEC = get_spec("qwen2.5-7b")
+
+
+def _scenario(**kw):
+    workload = kw.pop("workload", Workload(32, 8, 256, 1024))
+    config = kw.pop("config", preset("grpo", minibatches=2))
+    return Scenario(SPEC, config, workload, Cluster(H100, kw.pop("gpus", 16)), **kw)
+
+
+def test_a_synchronous_step_is_the_sum_of_its_stages():
+    s = _scenario(trainer=Layout(dp=16, zero=3))
+    result = simulate(s, iterations=3, warmup=1)
+    st = result.stages
+    assert result.step_seconds == pytest.approx(sum(st.values()), rel=1e-9)
+    # generation: one prefill of each group's prompt (prefix caching: 2 groups of 8 per replica)
+    # and 1023 decode steps of 16 sequences on each of 16 replicas
+    w = s.workload
+    cost = DecodeCost(SPEC, H100, 1, s.rates, None, w)
+    n = w.responses // 16
+    gen = cost.prefill_seconds({256: n // 8}) + cost.seconds(1023, n, n * 257)
+    assert st["generation"] == pytest.approx(gen, rel=1e-9)
+    # without prefix caching every sample prefills its prompt
+    plain = simulate(_scenario(trainer=Layout(dp=16, zero=3), rates=Rates(prefix_caching=False)),
+                     iterations=3, warmup=1)
+    assert plain.stages["generation"] == pytest.approx(
+        cost.prefill_seconds({256: n}) + cost.seconds(1023, n, n * 257), rel=1e-9)
+    trainer = TrainerCost(SPEC, s.config, s.trainer_layout, H100, s.rates,
+                          comm.Fabric.of(H100), 256).seconds([1024] * w.responses)
+    for stage, seconds in trainer.items():
+        assert st[stage] == pytest.approx(seconds, rel=1e-9)
+    # the FLOPs the replicas count are anatomy's generation FLOPs (independent code), the prompt
+    # of a group prefilled once
+    costs = generation_costs(SPEC, w)
+    flops = costs["prefill"].flops / w.group_size + costs["decode"].flops
+    trained = sum(pass_flops(SPEC, s.config, 256, [1024] * w.responses).values())
+    assert result.mfu == pytest.approx((flops + trained) / (16 * H100.peak_flops * result.step_seconds),
+                                       rel=1e-9)
+    assert result.tokens_per_second * result.step_seconds == pytest.approx(w.responses * 1280)
+
+
+def test_an_asynchronous_step_is_the_longer_of_generation_and_training():
+    for rollout in (4, 12):  # training-bound, then generation-bound
+        sync = simulate(_scenario(placement="disaggregated", rollout_gpus=rollout,
+                                  trainer=Layout(dp=16 - rollout, zero=3)), iterations=3, warmup=1)
+        off = simulate(_scenario(placement="disaggregated", rollout_gpus=rollout,
+                                 trainer=Layout(dp=16 - rollout, zero=3), mode=MODES["one-step-off"]))
+        gen = sync.stages["generation"]
+        train = sync.stages["scoring"] + sync.stages["policy update"]
+        sync_seconds = sync.stages["weight sync"]
+        assert sync.step_seconds == pytest.approx(gen + train + sync_seconds, rel=1e-9)
+        assert off.step_seconds == pytest.approx(max(gen, train) + sync_seconds, rel=1e-9)
+        assert off.staleness == pytest.approx(1.0) and sync.staleness == 0
+
+
+def test_stage_fusion_hides_scoring_behind_a_long_tail_and_cannot_without_one():
+    config = preset("grpo", minibatches=2)
+    lengths = tuple([256] * 7 + [4096]) * 32  # one long sample per group
+    tail = Workload(32, 8, 256, 4096, response_lengths=lengths)
+    fusion = Mode(stage_fusion=True, fusion_threshold=0.85)
+    base = simulate(_scenario(workload=tail, config=config, trainer=Layout(dp=16, zero=3)))
+    fused = simulate(_scenario(workload=tail, config=config, trainer=Layout(dp=16, zero=3),
+                               mode=fusion))
+    assert fused.step_seconds < base.step_seconds
+    # closed form: when the short 7/8 of the samples are done (each replica: a prefill of its 2
+    # groups' prompts and 255 steps of 16), the 32 long samples migrate to 2 of the 16 replicas
+    # (1/8), re-prefill their 511-token contexts there and decode their last 3,840 tokens, while
+    # the short ones are scored on the other 7/8 of the devices; the tail's samples are scored
+    # after it
+    s = _scenario(workload=tail, config=config, trainer=Layout(dp=16, zero=3))
+    cost = DecodeCost(SPEC, H100, 1, s.rates, None, tail)
+    t_short = cost.prefill_seconds({256: 2}) + cost.seconds(255, 16, 16 * 257)
+    t_tail = cost.prefill_seconds({511: 16}) + cost.seconds(3840, 16, 16 * 512)
+    trainer = TrainerCost(SPEC, config, s.trainer_layout, H100, s.rates, comm.Fabric.of(H100), 256)
+    head = trainer.seconds([256] * 224)["scoring"]
+    whole = trainer.seconds(list(lengths))
+    expected = (max(t_short + t_tail, t_short + head / (1 - 1 / 8)) + whole["scoring"] - head
+                + whole["policy update"] + base.stages["weight sync"])
+    assert fused.step_seconds == pytest.approx(expected, rel=1e-9)
+    assert fused.stages["generation"] == pytest.approx(t_short + t_tail, rel=1e-9)
+    uniform = simulate(_scenario(trainer=Layout(dp=16, zero=3), mode=fusion))
+    plain = simulate(_scenario(trainer=Layout(dp=16, zero=3)))
+    assert uniform.step_seconds >= plain.step_seconds  # nothing to overlap without a tail
+
+
+def test_partial_rollouts_and_staleness_bound():
+    long_tail = Workload.long_tailed(32, 8, 256, 1500, 1.2, 16384, seed=1)
+    kw = dict(workload=long_tail, placement="disaggregated", rollout_gpus=8,
+              trainer=Layout(dp=8, zero=3, recompute=True))
+    off = simulate(_scenario(mode=Mode(staleness=1), **kw))
+    partial = simulate(_scenario(mode=Mode(staleness=1, partial_rollout=True), **kw))
+    streaming = simulate(_scenario(mode=MODES["async"], **kw))
+    assert partial.step_seconds < off.step_seconds  # no waiting for the tail at each update
+    assert streaming.step_seconds <= partial.step_seconds * 1.0001
+    for r in (off, partial, streaming):
+        assert r.staleness <= 1 + 1e-9
+    sync = simulate(_scenario(**kw))
+    assert sync.step_seconds > off.step_seconds and sync.generation_share > off.generation_share
+
+
+def test_scenarios_that_make_no_sense_are_refused():
+    with pytest.raises(ValueError, match="streaming trains while generating"):
+        _scenario(mode=MODES["async"])
+    with pytest.raises(ValueError, match="stage fusion overlaps scoring"):
+        _scenario(placement="disaggregated", rollout_gpus=8, trainer=Layout(dp=8),
+                  mode=MODES["fused"])
+    with pytest.raises(ValueError, match="uses 8 devices, but the trainer pool has 16"):
+        _scenario(trainer=Layout(dp=8))
+    with pytest.raises(ValueError, match="rollout_gpus=16 must leave devices to both pools"):
+        _scenario(placement="disaggregated", rollout_gpus=16)
+    with pytest.raises(DoesNotFit, match="trainer layout dp16 of llama-3-70b needs"):
+        simulate(Scenario(get_spec("llama-3-70b"), preset("grpo"), Workload(32, 8, 256, 1024),
+                          Cluster(H100, 16)))
+
+
+def test_colocated_generation_memory_contention_and_offload():
+    spec = get_spec("llama-3-70b")
+    lay = Layout(dp=8, tp=8, zero=3, recompute=True)
+    s = Scenario(spec, preset("grpo", minibatches=2), Workload(64, 8, 512, 2048), Cluster(H100, 64),
+                 generation_tp=8, trainer=lay)
+    freed = Scenario(spec, preset("grpo", minibatches=2), Workload(64, 8, 512, 2048),
+                     Cluster(H100, 64), generation_tp=8, trainer=lay, offload_trainer=True)
+    a, b = simulate(s, iterations=2, warmup=1), simulate(freed, iterations=2, warmup=1)
+    assert a.memory["slots"] < b.memory["slots"]   # resident trainer state takes KV room
+    assert b.stages["offload"] > 0
+
+
+def test_nonsense_rates_and_modes_are_refused():
+    import math
+
+    for field in ("decode_step_latency", "iteration_overhead", "reward_seconds"):
+        with pytest.raises(ValueError, match=f"Rates.{field}=inf must be a finite"):
+            Rates(**{field: math.inf})
+    with pytest.raises(ValueError, match="host_bandwidth"):
+        Rates(host_bandwidth=math.inf)
+    with pytest.raises(ValueError, match="stage fusion .* does not combine"):
+        Mode(stage_fusion=True, partial_rollout=True)
+    with pytest.raises(ValueError, match=r"give a Mode, e.g. MODES\['async'\]"):
+        Scenario(get_spec("qwen2.5-7b"), preset("grpo"),
+                 Workload.long_tailed(8, 4, 64, 100, 0.5, 400),
+                 Cluster(get_device("H100-SXM-80GB"), 8), mode="async")

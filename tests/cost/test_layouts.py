@@ -1,0 +1,62 @@
+"""Memory per device and its refusals (rlm_course.cost.layouts): ZeRO, experts, KV slots, the
+generation TP."""
+
+import pytest
+
+from rlm_course.cost.anatomy import zero_model_state_bytes
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.cost import comm
+from rlm_course.cost.layouts import (DoesNotFit, Layout, check_training, choose_generation_tp,
+                                        kv_slots, training_memory)
+
+H100 = get_device("H100-SXM-80GB")
+SPEC = get_spec("qwen2.5-7b")
+
+
+def test_training_memory_uses_zero_and_refuses_what_does_not_fit():
+    spec = get_spec("llama-3-70b")
+    lay = Layout(dp=64, zero=3, recompute=True)
+    m = training_memory(spec, lay, 4096)
+    states = m["weights"] + m["gradients"] + m["optimizer"]
+    assert states == pytest.approx(zero_model_state_bytes(spec.params(), 64, 3), rel=1e-9)
+    # 70.55B parameters: 2 + 2 + 12 bytes each, replicated on every data-parallel rank
+    with pytest.raises(DoesNotFit, match=r"trainer layout dp8 of llama-3-70b needs 1,222.2 GB per "
+                                          r"H100-SXM-80GB \(weights 141.1, gradients 141.1, "
+                                          r"optimizer 846.6, .* 72.0 GB usable .* ZeRO-3/FSDP"):
+        check_training(spec, Layout(dp=8), H100, 4096, role="trainer")
+    offloaded = training_memory(spec, Layout(dp=8, tp=8, offload=True), 4096)
+    assert offloaded["optimizer"] == 0
+
+
+def test_expert_parallelism_shards_the_experts():
+    spec = get_spec("qwen3-30b-a3b")
+    a = training_memory(spec, Layout(dp=8, ep=8), 2048)
+    b = training_memory(spec, Layout(dp=8), 2048)
+    assert a["weights"] < b["weights"] / 4
+    with pytest.raises(ValueError, match="ep=3 must divide tp x cp x dp = 8"):
+        Layout(dp=8, ep=3)
+
+
+def test_kv_slots_and_the_generation_tp_choice():
+    spec = get_spec("llama-3-70b")
+    with pytest.raises(DoesNotFit, match="raise the generation tp"):
+        kv_slots(spec, 1, H100, 4096)
+    assert kv_slots(spec, 4, H100, 4096) < kv_slots(spec, 8, H100, 4096)
+    link = comm.Fabric.of(H100).link(8)
+    best, times = choose_generation_tp(spec, H100, 64, 1024, 4096, link)
+    assert 1 not in times and best in (2, 4, 8)
+    assert times[best] == min(times.values())
+    # a few sequences per device: decode is memory-bound, and splitting the weight reads wins;
+    # many: an engine's one-shot all-reduce inside a node keeps a wide TP's collectives cheap,
+    # and the weights it splits leave more room for KV caches (fewer waves)
+    few, t_few = choose_generation_tp(get_spec("llama-3-8b"), H100, 64, 64, 4096, link)
+    many, t_many = choose_generation_tp(get_spec("llama-3-8b"), H100, 64, 65536, 4096, link)
+    assert few == 8 and t_few[1] > 2 * t_few[8]
+    assert many == 8 and t_many[2] > t_many[8]
+    # across nodes the network's latency returns: a TP-16 step of Llama-3-70B pays NCCL's
+    # all-reduces over the NICs, several times the TP-8 step's in-node ones
+    spec70, fabric = get_spec("llama-3-70b"), comm.Fabric.of(H100)
+    inside = comm.decode_tp_comm(spec70, 8, 64, fabric.link(8), in_node=True).seconds
+    across = comm.decode_tp_comm(spec70, 16, 64, fabric.link(16)).seconds
+    assert across > 5 * inside

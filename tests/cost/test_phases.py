@@ -1,0 +1,70 @@
+"""Seconds of the stages (rlm_course.cost.phases) against closed forms: decode, the passes' FLOPs,
+the trainer's pipeline bubble."""
+
+import pytest
+
+from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.hardware import get_device
+from rlm_course.parallel.pipeline import schedule_table, simulate as simulate_pipeline
+from rlm_course.rl.algorithms import preset
+from rlm_course.cost import comm
+from rlm_course.cost.layouts import Layout
+from rlm_course.cost.phases import DecodeCost, Rates, TrainerCost, pass_flops
+
+H100 = get_device("H100-SXM-80GB")
+SPEC = get_spec("qwen2.5-7b")
+
+
+def test_decode_closed_form_equals_the_step_by_step_sum():
+    rates = Rates(decode_step_latency=1e-4)
+    cost = DecodeCost(SPEC, H100, 2, rates, comm.Fabric.of(H100))
+    for a, c, s in ((1, 300, 200), (512, 512 * 900, 300), (4096, 4096 * 8000, 50)):
+        brute = 0.0
+        for t in range(s):
+            f0, f1, b0, b1 = cost._terms(a, c)
+            brute += max(f0 + f1 * t, b0 + b1 * t) + cost._constant(a)
+        assert cost.seconds(s, a, c) == pytest.approx(brute, rel=1e-12)
+        k = cost.steps_within(cost.seconds(s, a, c) / 3, a, c, s)
+        assert cost.seconds(k, a, c) <= cost.seconds(s, a, c) / 3 < cost.seconds(k + 1, a, c)
+
+
+def test_one_sequence_decodes_at_the_bandwidth_bound():
+    rates = Rates(decode_bandwidth=1.0)
+    cost = DecodeCost(SPEC, H100, 1, rates)
+    # one token: the weights are read once, 2 bytes per parameter
+    assert cost.seconds(1, 1, 0) == pytest.approx(
+        (2 * SPEC.params() + SPEC.kv_cache_bytes_per_token()) / H100.memory_bandwidth)
+
+
+def test_pass_flops_follow_the_algorithms_passes():
+    grpo, ppo = preset("grpo"), preset("ppo")
+    g = pass_flops(SPEC, grpo, 100, [200, 300])
+    p = pass_flops(SPEC, ppo, 100, [200, 300])
+    assert set(g) == {"scoring", "policy update"} and set(p) == {"scoring", "policy update",
+                                                                 "critic update"}
+    assert g["policy update"] == pytest.approx(3 * g["scoring"] / 2)  # old policy + reference
+    engine = pass_flops(SPEC, grpo, 100, [200, 300], engine_log_probs=True)
+    assert engine["scoring"] == pytest.approx(g["scoring"] / 2)
+
+
+def test_trainer_pipeline_bubble_is_the_1f1b_bubble():
+    config = preset("grpo", minibatches=1, kl_coef=0.0, kl_mode="none")
+    lay = Layout(dp=1, pp=4, micro_batch=1)
+    lengths = [500] * 8  # 8 micro-batches per optimizer step
+    rates = Rates()
+    cost = TrainerCost(SPEC, config, lay, H100, rates, comm.Fabric.of(H100), 100)
+    seconds = cost.seconds(lengths)["policy update"]
+    flops = pass_flops(SPEC, config, 100, lengths)["policy update"]
+    ideal = flops / (4 * H100.peak_flops * rates.train_hfu)
+    bubble = simulate_pipeline(schedule_table("1f1b", 4, 8)).bubble_fraction
+    hops = 3 * comm.pipeline_comm(SPEC, 600, comm.Fabric.of(H100).link(4)).seconds
+    # the optimizer step: a device's weights, gradients and Adam states (16 bytes per parameter
+    # of its quarter of the model) read and written once at the memory bandwidth
+    adam = 2 * 16 * SPEC.params() / 4 / H100.memory_bandwidth
+    assert cost.adam_seconds() == pytest.approx(adam, rel=1e-9)
+    assert seconds == pytest.approx(ideal / (1 - bubble) + hops + adam, rel=1e-9)
+    # fixed seconds per micro-batch and per optimizer step add as counted: 8 micro-batches
+    slow = TrainerCost(SPEC, config, lay, H100, Rates(micro_batch_seconds=0.01,
+                                                        optimizer_step_seconds=0.5),
+                       comm.Fabric.of(H100), 100).seconds(lengths)["policy update"]
+    assert slow == pytest.approx(seconds + 8 * 0.01 + 0.5, rel=1e-9)

@@ -1,0 +1,42 @@
+"""Stage 4, the weight sync, in the anatomy and the work-depth DAG (rlm_course.cost.weight_sync)."""
+
+import math
+
+import pytest
+
+from rlm_course.cost import workdepth as wd
+from rlm_course.cost.anatomy import Workload, iteration_report
+from rlm_course.cost.weight_sync import sync_cost
+from rlm_course.cost.architectures import SPECS
+from rlm_course.cost.hardware import get_device
+from rlm_course.lm.tokenizer import CharTokenizer
+from rlm_course.rl.algorithms import preset
+
+TOK = CharTokenizer()
+
+
+def test_stage_four_in_the_anatomy_and_the_dag():
+    spec, h100 = SPECS["llama-3-70b"], get_device("H100-SXM-80GB")
+    dis = sync_cost(spec, h100, generation_tp=8, replicas=1)
+    assert dis.bytes == 2 * spec.params()
+    assert dis.messages == math.ceil(dis.bytes / 2**29)
+    # one trainer rank, 8 receivers on 9 devices (two nodes): the network link, pipelined
+    assert dis.transfer == pytest.approx(dis.messages * 4 * h100.inter_node_latency
+                                         + dis.bytes / h100.inter_node_bandwidth)
+    assert dis.copies == pytest.approx(4 * dis.bytes / h100.memory_bandwidth)
+    assert dis.seconds == pytest.approx(dis.transfer + dis.copies) and dis.ideal <= dis.seconds
+    col = sync_cost(spec, h100, "colocated", generation_tp=8, replicas=1)
+    assert col.network_bytes == 0 and col.seconds < dis.seconds / 10
+    with pytest.raises(ValueError, match="placement"):
+        sync_cost(spec, h100, "nearby")
+    w = Workload(8, 4, 128, 256)
+    plain = iteration_report(spec, preset("grpo"), w, h100, devices=16, generation_tp=8)
+    synced = iteration_report(spec, preset("grpo"), w, h100, devices=16, generation_tp=8,
+                              weight_sync="disaggregated")
+    assert "weight sync" not in plain["stages"] and "weight sync" in synced["stages"]
+    assert synced["seconds"] == pytest.approx(plain["seconds"]
+                                              + synced["stages"]["weight sync"]["seconds"])
+    node = wd.weight_sync(1000, receivers=3, messages=5)
+    assert (node.work, node.depth) == (3000, 5 * 2)
+    assert synced["work"] == plain["work"] + 2 * spec.params()  # two replicas receive
+    assert (wd.weight_sync(1000, 0).work, wd.weight_sync(1000, 0).depth) == (1000, 1)
