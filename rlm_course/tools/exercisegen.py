@@ -7,7 +7,8 @@ uses (e.g. :func:`rlm_course.rl.advantages.group_advantages`), between markers::
     ...worked code...
     # END SOLUTION
 
-``python -m rlm_course exercises`` writes, for every chapter in :data:`EXERCISES`:
+``python -m rlm_course exercises`` writes, for every chapter in :data:`EXERCISES` (one per checks
+module ``rlm_course/tools/checks/chNN_<topic>.py``: its title, functions and checks):
 
 * ``solutions/exNN_<topic>.py``: the functions with the worked code (markers removed);
 * ``exercises/exNN_<topic>.py``: the same signatures and docstrings, each marked region replaced
@@ -45,44 +46,20 @@ class Chapter:
         return f"ex{self.number}_{self.topic}"
 
 
-EXERCISES = (
-    Chapter("01", "kv_cache", "One KV-cache decoding step",
-            (("rlm_course.lm.model", "attend_with_kv_cache"),)),
-    Chapter("02", "grpo", "The pieces of the GRPO loss",
-            (("rlm_course.rl.advantages", "group_advantages"),
-             ("rlm_course.rl.losses", "clipped_objective"), ("rlm_course.rl.kl", "kl_k3"))),
-    Chapter("03", "ppo", "Generalized Advantage Estimation",
-            (("rlm_course.rl.advantages", "gae"),)),
-    Chapter("04", "grpo_family", "Parts of the GRPO family",
-            (("rlm_course.rl.advantages", "rloo_advantages"),
-             ("rlm_course.rl.losses", "sequence_ratio"), ("rlm_course.rl.losses", "aggregate_loss"))),
-    Chapter("05", "anatomy", "KV-cache size and decode arithmetic intensity",
-            (("rlm_course.cost.architectures", "kv_cache_bytes"),
-             ("rlm_course.cost.anatomy", "decode_intensity"))),
-    Chapter("06", "workdepth", "Work and depth of a layer; Brent's bound",
-            (("rlm_course.cost.workdepth", "layer"), ("rlm_course.cost.workdepth", "brent_bound"))),
-    Chapter("07", "zero", "ZeRO-1's optimizer step: reduce-scatter, shard update, all-gather",
-            (("rlm_course.parallel.data_parallel", "zero1_step"),)),
-    Chapter("08", "tensor_parallel", "A row-parallel linear layer",
-            (("rlm_course.parallel.tensor_parallel", "row_parallel_linear"),)),
-    Chapter("09", "pipeline", "The 1F1B schedule table",
-            (("rlm_course.parallel.pipeline", "one_f_one_b"),)),
-    Chapter("10", "context_expert", "The online-softmax merge and the all-to-all dispatch slots",
-            (("rlm_course.parallel.context_parallel", "online_softmax_merge"),
-             ("rlm_course.parallel.expert_parallel", "dispatch_indices"))),
-    Chapter("11", "distributed", "A ring all-reduce from send/recv; DDP's gradient buckets",
-            (("rlm_course.distributed.by_hand", "ring_all_reduce"),
-             ("rlm_course.distributed.by_hand", "bucketed_all_reduce"))),
-    Chapter("12", "weight_sync", "A bucketed broadcast of a state dict",
-            (("rlm_course.systems.weight_sync", "bucketed_broadcast"),)),
-    Chapter("13", "async_rl", "The staleness gate; the decoupled PPO loss",
-            (("rlm_course.systems.async_rl", "rollout_capacity"),
-             ("rlm_course.systems.async_rl", "decoupled_ppo_loss"))),
-    Chapter("14", "plan_a_cluster",
-            "The communication roofline's minimum batch; choosing TP for generation",
-            (("rlm_course.cost.comm", "min_tokens_per_device"),
-             ("rlm_course.cost.layouts", "choose_generation_tp"))),
-)
+def _chapters() -> tuple[Chapter, ...]:
+    """One :class:`Chapter` per checks module of :mod:`rlm_course.tools.checks` (its file name
+    gives the number and topic; its ``TITLE`` and ``FUNCTIONS`` the rest)."""
+    from rlm_course.tools.checks import CHAPTER_MODULE, chapter_modules
+
+    out = []
+    for module in chapter_modules():
+        number, topic = CHAPTER_MODULE.match(module.__name__.rsplit(".", 1)[1]).groups()
+        out.append(Chapter(number, topic, module.TITLE, tuple(module.FUNCTIONS)))
+    return tuple(out)
+
+
+#: Every chapter with an exercise, in order (from the checks modules).
+EXERCISES = _chapters()
 
 HEADER = '''"""{kind} for chapter {number}: {title}.
 

@@ -1,0 +1,70 @@
+"""Immediate feedback on exercise functions: hand-computed examples and properties.
+
+One module per chapter with an exercise, ``chNN_<topic>.py``: its ``TITLE``, the ``FUNCTIONS``
+the learner writes (module, name) and their ``CHECKS``. An exercise is the ``BEGIN SOLUTION`` /
+``END SOLUTION`` markers in the package function the course runs plus that one file:
+:mod:`rlm_course.tools.exercisegen` finds the chapters here.
+
+``run_check(name, fn)`` runs every check of exercise ``name`` on ``fn`` and returns a
+:class:`CheckReport` that prints as e.g. ``group_advantages: 3/4 checks pass`` followed by what
+failed. A function that still raises ``NotImplementedError`` is reported as "not implemented
+yet", never as a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+import traceback
+from types import ModuleType
+
+from rlm_course.tools.checks.common import CheckReport, CheckResult
+
+#: A chapter's checks module: ``ch`` + two digits + ``_`` + the topic.
+CHAPTER_MODULE = re.compile(r"^ch(\d\d)_(\w+)$")
+
+
+def chapter_modules() -> list[ModuleType]:
+    """The chapters' checks modules, in chapter order."""
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if CHAPTER_MODULE.match(m.name))
+    return [importlib.import_module(f"{__name__}.{name}") for name in names]
+
+
+def _all_checks() -> dict:
+    checks = {}
+    for module in chapter_modules():
+        for name, checker in module.CHECKS.items():
+            if name in checks:
+                raise ValueError(f"exercise {name!r} has checks in two chapters; rename one.")
+            checks[name] = checker
+    return checks
+
+
+#: Every exercise function's checks: name -> a generator of ``(description, check)``.
+CHECKS = _all_checks()
+
+
+def run_check(name: str, fn) -> CheckReport:
+    """Run every check of exercise ``name`` on ``fn``.
+
+    Raises:
+        ValueError: for an unknown exercise name.
+    """
+    if name not in CHECKS:
+        raise ValueError(f"no checks for {name!r}; known: {sorted(CHECKS)}.")
+    report = CheckReport(name)
+    for description, check in CHECKS[name](fn):
+        try:
+            passed, message = check()
+        except NotImplementedError as err:
+            report.not_implemented = str(err) or "raises NotImplementedError"
+            return report
+        except (Exception, SystemExit) as err:  # a learner's bug: report it, keep going
+            passed = False
+            message = f"{type(err).__name__}: {err} ({traceback.extract_tb(err.__traceback__)[-1].line})"
+        report.results.append(CheckResult(description, passed, message))
+    return report
+
+
+__all__ = ["CHECKS", "CheckReport", "CheckResult", "chapter_modules", "run_check"]
