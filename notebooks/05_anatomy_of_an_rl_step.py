@@ -331,14 +331,14 @@ for r in split.values():
 # Attention's arithmetic grows with the square of the length, so its time should grow smoothly
 # with it. Measure it: one causal self-attention of 256 sequences x 4 heads, for every length from
 # 8 to 40 tokens, with PyTorch's SDPA as it is and with the model's own `attention`
-# (`rlm_course.lm.model.attention`), which pads the keys with zeros to the next multiple of 16
+# (`rlm_course.lm.attention.attention`), which pads the keys with zeros to the next multiple of 16
 # when at most 6 are missing (and the result is at most 128 keys long) and masks the padding out.
 # The calls run without gradient: this plot is the forward pass alone.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 from rlm_course.cost.profiling import attention_by_key_length
-from rlm_course.lm.model import KEY_PAD_MULTIPLE, MAX_KEY_PAD
+from rlm_course.lm.attention import KEY_PAD_MULTIPLE, MAX_KEY_PAD
 
 rows = attention_by_key_length(range(8, 41))
 lengths = [r["length"] for r in rows]

@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from rlm_course.cost.architectures import from_model_config, kv_cache_bytes, teacher_forced_flops
-from rlm_course.lm.model import ModelConfig, attention_key_length
+from rlm_course.lm.attention import attention_key_length
+from rlm_course.lm.model import ModelConfig
 from rlm_course.algorithms import RLConfig
 
 ADAM_BYTES_PER_PARAM = 16  # fp32 weight + gradient + exp_avg + exp_avg_sq
@@ -96,7 +97,7 @@ def predict_iteration_flops(model_config: ModelConfig, config: RLConfig, *, gene
         decode_steps: forward steps of generation after the prefill (default ``R - 1``: the last
             token is sampled from the previous step's logits).
         padded_keys: count the scoring and training passes' attention over the keys the course's
-            model pads to on the CPU (:func:`rlm_course.lm.model.attention_key_length`), as
+            model pads to on the CPU (:func:`rlm_course.lm.attention.attention_key_length`), as
             ``torch.utils.flop_counter`` sees its kernel; False: over the real ``P + R`` keys.
 
     Returns:

@@ -213,7 +213,7 @@ def teacher_forced_flops(spec: TransformerSpec, seq_len: int, sequences: int,
     (``value_positions`` given) has no language-model head (``2 d V`` per token) but a scalar value
     head (``2 d``) on its ``value_positions`` response positions. ``key_len``: the keys each query
     is scored against (default ``seq_len``; more when the attention kernel runs over padded keys,
-    :func:`rlm_course.lm.model.attention_key_length`)."""
+    :func:`rlm_course.lm.attention.attention_key_length`)."""
     keys = seq_len if key_len is None else key_len
     flops = 2 * spec.matmul_params() * seq_len + 4 * spec.n_layer * spec.n_head * spec.head_dim * seq_len * keys
     if value_positions is not None:

@@ -16,7 +16,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from rlm_course.cost import flops as _flops  # noqa: F401  (registers the CPU attention FLOP formulas)
 from rlm_course.cost.accounting import predict_iteration_flops
-from rlm_course.lm.model import KVCache, TinyGPT, attention, forward_flops
+from rlm_course.lm.attention import attention
+from rlm_course.lm.model import KVCache, TinyGPT, forward_flops
 from rlm_course.utils import StageTimer, best_seconds
 
 
@@ -216,7 +217,7 @@ def roofline_points(model: TinyGPT, batches=(1, 4, 16, 64, 256), prompt_len: int
 def attention_by_key_length(lengths=range(8, 41), batch: int = 256, n_head: int = 4,
                             d_head: int = 32, repeats: int = 11, seed: int = 0) -> list[dict]:
     """Seconds of one causal self-attention over ``length`` tokens, for each length: PyTorch's
-    SDPA as it is, and the course's :func:`rlm_course.lm.model.attention`, which pads the keys to a
+    SDPA as it is, and the course's :func:`rlm_course.lm.attention.attention`, which pads the keys to a
     multiple of 16 when at most 6 are missing (up to 128 keys). Best of ``repeats``, no gradient, the current
     thread count.
 
