@@ -124,7 +124,7 @@ print(format_table(rows, ["eta", "v=0", "v=1", "v=2", "v=3"]))
 assert rows[0][1:] == [1, 2, 3, 4] and rows[1][1:] == [2, 3, 4, 5]
 
 # %% [markdown]
-# `tests/test_systems_async.py` checks, over hundreds of random event orders, that no trained
+# `tests/systems/test_async_rl.py` checks, over hundreds of random event orders, that no trained
 # sample is ever more than `eta` versions stale and that the gate never deadlocks.
 #
 # ## 3. Real runs: synchronous, one-step off-policy, bounded staleness, partial rollouts

@@ -3,8 +3,8 @@
 import pytest
 
 from rlm_course.lm.tokenizer import CharTokenizer
-from rlm_course.systems.timeline import (Event, Recorder, busy_seconds, clock_offset,
-                                         overlap_seconds, utilisation)
+from rlm_course.timeline import (Event, Recorder, busy_seconds, clock_offset,
+                                 overlap_seconds, utilisation)
 
 TOK = CharTokenizer()
 

@@ -325,7 +325,7 @@ class SimResult:
     staleness: float
 
     def events(self, replicas: int = 4) -> list:
-        """The timeline as :class:`rlm_course.systems.timeline.Event` objects, the form real
+        """The timeline as :class:`rlm_course.timeline.Event` objects, the form real
         runs record (chapters 12-13), so that :func:`rlm_course.tools.plots.plot_timelines`
         draws simulated and measured runs alike: the trainer's stages, the rollout pool's
         decoding and weight syncs, and the first ``replicas`` replicas; waiting is left out (the

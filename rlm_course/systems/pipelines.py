@@ -6,7 +6,7 @@ asynchronous RL and stage fusion on Ray workers.
 (disaggregated), or a set of workers each hosting both (colocated, synchronous only: one device
 cannot generate and train at once), gates the rollout by staleness
 (:func:`rlm_course.systems.async_rl.rollout_capacity`), syncs the weights, and records every
-worker's events (:mod:`rlm_course.systems.timeline`).
+worker's events (:mod:`rlm_course.timeline`).
 
 **The link** (:func:`measure_link`): alpha and beta of a sync group, from timed broadcasts on its
 workers (chapter 12).
@@ -59,7 +59,7 @@ class PipelineResult:
         steps: per iteration: ``step``, ``head_versions`` (min/max of the responses' starting
             versions), ``staleness`` (max, mean), ``tokens`` (response tokens trained), the
             trainer's metrics (reward, accuracy on the training samples, losses).
-        events: every worker's :class:`~rlm_course.systems.timeline.Event`, on one clock starting
+        events: every worker's :class:`~rlm_course.timeline.Event`, on one clock starting
             at the pipeline's start.
         seconds: wall time from the first generation to the last update; tokens_per_second:
             response tokens trained per second of it.

@@ -9,7 +9,7 @@ the policy, generating with ``RLTrainer.collect`` or a
 weights over in process. :class:`FusionMixin` serves stage fusion, :class:`WeightSyncMixin` and
 :class:`ReshardMixin` the measurements of chapter 12, and :class:`WorkerBase` the plumbing every
 worker needs (its process group, its events). Every method records what it did on the worker's
-:class:`~rlm_course.systems.timeline.Recorder`; the logic lives in the concept modules
+:class:`~rlm_course.timeline.Recorder`; the logic lives in the concept modules
 (:mod:`~rlm_course.systems.weight_sync`, :mod:`~rlm_course.systems.resharding`,
 :mod:`~rlm_course.systems.async_rl`, :mod:`~rlm_course.systems.fusion`), which these methods call.
 

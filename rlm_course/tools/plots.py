@@ -156,7 +156,7 @@ TIMELINE_COLORS = {"generation": STAGE_COLORS["generation"], "scoring": STAGE_CO
 def plot_timelines(runs: dict[str, list], path: str | Path | None = None,
                    title: str = "what every worker did", show_versions: bool = True):
     """Gantt charts of real runs side by side, one panel per run, one row per worker: each
-    :class:`rlm_course.systems.timeline.Event` a bar coloured by stage (generation, scoring,
+    :class:`rlm_course.timeline.Event` a bar coloured by stage (generation, scoring,
     training, sync, ...), labelled with its policy version; gaps are idle time. ``runs``:
     ``{name: events}`` (times in seconds from the run's start); the panels share the time
     axis, so the runs' lengths compare at a glance."""
