@@ -49,6 +49,12 @@ AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 KL_MODES = ("none", "loss", "reward")
 #: KL estimators (:func:`rlm_course.rl.kl.kl_estimate`).
 KL_ESTIMATORS = ("k1", "k2", "k3")
+#: Corrections for tokens sampled by another policy than the proximal one (staleness, the
+#: rollout/trainer mismatch): :mod:`rlm_course.rl.off_policy`.
+CORRECTIONS = ("none", "is", "tis", "mis", "seq-tis", "seq-mis")
+#: Numerics of the rollout engine's copy of the policy (:mod:`rlm_course.lm.precision`): the
+#: trainer's own (fp32), bf16 weights and activations, or weights rounded to fp8 (e4m3).
+PRECISIONS = ("fp32", "bf16", "fp8")
 
 MAX_BATCH = 16384  # responses per step; more does not fit a laptop's memory comfortably
 
@@ -106,6 +112,12 @@ class RLConfig:
             past the task's longest valid response, and a response reaching into them loses up to 1
             reward (0: off).
         use_critic, gamma, lam, critic_lr, value_clip, value_coef: PPO's critic and GAE.
+        rollout_precision: the numerics the rollout engine samples with (``fp32``: the trainer's
+            own; ``bf16``, ``fp8``: a rounded copy, synced every step, whose log-probs differ
+            from the trainer's for the same weights: chapter 13's mismatch).
+        correction, correction_cap: how the loss weighs tokens sampled by another policy than
+            the proximal one (:data:`CORRECTIONS`, :mod:`rlm_course.rl.off_policy`) and the cap
+            of the truncating and masking ones.
         variant: the preset this configuration started from; names the run.
 
     Raises:
@@ -196,6 +208,19 @@ class RLConfig:
         "help": "clip range of the critic's value loss"
     })
     value_coef: float = field(default=1.0, metadata={"help": "weight of the value loss"})
+    rollout_precision: str = field(default="fp32", metadata={
+        "help": "numerics of the rollout engine's copy of the policy (bf16, fp8: a rounded copy "
+                "whose log-probs differ from the trainer's)",
+        "choices": PRECISIONS
+    })
+    correction: str = field(default="none", metadata={
+        "help": "off-policy correction of tokens the proximal policy did not sample: none, is "
+                "(AReaL eq. 5), tis (truncate), mis (mask, AReaL's code), seq-tis, seq-mis",
+        "choices": CORRECTIONS
+    })
+    correction_cap: float = field(default=2.0, metadata={
+        "help": "cap of the truncating and masking corrections (>= 1)"
+    })
 
     @property
     def algorithm(self) -> str:
@@ -219,13 +244,15 @@ class RLConfig:
     def scoring_passes(self) -> tuple[str, ...]:
         """The models that score a batch before its update, one forward pass each without
         gradient, in this order: ``"policy"`` (the log-probs of the policy that sampled the batch,
-        when the batch is reused across gradient steps or the KL goes into the reward),
+        when the batch is reused across gradient steps, the KL goes into the reward or an
+        off-policy correction compares them with the rollout's),
         ``"reference"`` (when a KL term is on) and ``"critic"`` (PPO's values).
 
         :meth:`rlm_course.rl.trainer.RLTrainer.step` runs exactly these, and the cost model prices
         them (:func:`rlm_course.cost.accounting.predict_passes`)."""
         passes = []
-        if self.reuses_batch or (self.kl_mode == "reward" and self.uses_reference):
+        if self.reuses_batch or (self.kl_mode == "reward" and self.uses_reference) or \
+                self.correction != "none":
             passes.append("policy")
         if self.uses_reference:
             passes.append("reference")
@@ -240,7 +267,8 @@ class RLConfig:
     def _check_values(self) -> None:
         for name, allowed in (("advantage", ADVANTAGES), ("ratio_level", RATIO_LEVELS),
                               ("loss_agg", AGGREGATIONS), ("kl_mode", KL_MODES),
-                              ("kl_estimator", KL_ESTIMATORS)):
+                              ("kl_estimator", KL_ESTIMATORS), ("correction", CORRECTIONS),
+                              ("rollout_precision", PRECISIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not known; choose one of "
                                  f"{', '.join(allowed)}.")
@@ -262,6 +290,9 @@ class RLConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value} must be a positive finite number.")
+        if not (math.isfinite(self.correction_cap) and self.correction_cap >= 1.0):
+            raise ValueError(f"correction_cap={self.correction_cap} must be a finite number >= 1 "
+                             "(2 is typical); a weight below 1 is never truncated or masked.")
         if self.lr > 1.0:
             raise ValueError(f"lr={self.lr} is far too large for Adam (use 1e-4 to 1e-3).")
         if self.clip_eps >= 1.0:
@@ -335,6 +366,8 @@ class RLConfig:
                 why[name] = "only the group advantage divides by a standard deviation"
             elif name == "max_sampling_rounds" and not self.dynamic_sampling:
                 why[name] = "it bounds dynamic sampling, which is off (--dynamic-sampling)"
+            elif name == "correction_cap" and self.correction in ("none", "is"):
+                why[name] = f"correction {self.correction!r} has no cap (--correction tis or mis)"
             elif name == "kl_estimator" and not self.uses_reference:
                 why[name] = "no KL term is on (kl_mode none or kl_coef 0)"
         return why

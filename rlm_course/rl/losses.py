@@ -111,17 +111,22 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
 def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
                 response_mask: Tensor, ratio_level: str = "token", clip_low: float = 0.2,
                 clip_high: float | None = None, loss_agg: str = "seq-mean-token-mean",
-                constant_length: int | None = None) -> tuple[Tensor, Tensor]:
+                constant_length: int | None = None,
+                weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The clipped policy-gradient loss of the whole family, one option per part.
 
     * ratio: per token, ``exp(logp - old_logp)`` (PPO, GRPO), or per sequence,
       :func:`sequence_ratio` (GSPO; every token of a response then shares its loss);
     * clipping: :func:`clipped_objective` with ``clip_low``/``clip_high``;
-    * aggregation: :func:`aggregate_loss` with ``loss_agg``.
+    * aggregation: :func:`aggregate_loss` with ``loss_agg``;
+    * ``weights``: a per-token factor without gradient (the behaviour importance weight of an
+      off-policy correction, :func:`rlm_course.rl.off_policy.behaviour_weights`; ``old_log_probs``
+      are then the proximal policy's), applied before the aggregation.
 
     Args:
         log_probs, old_log_probs: ``(batch, R)``; advantages: ``(batch,)`` or ``(batch, R)``
-            (a sequence ratio needs ``(batch,)``); response_mask: ``(batch, R)``.
+            (a sequence ratio needs ``(batch,)``); response_mask: ``(batch, R)``;
+            weights: ``(batch, R)`` or None (all ones).
 
     Returns:
         ``(loss, clipped)``: the scalar loss and a ``(batch, R)`` bool tensor, True on the tokens
@@ -145,6 +150,8 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
         ratio = ratio[:, None].expand_as(log_probs)
     else:
         raise ValueError(f"unknown ratio level {ratio_level!r}; choose token or sequence.")
+    if weights is not None:
+        per_token = per_token * weights.detach()
     clipped = clipped_tokens(ratio, advantages, clip_low, clip_high)
     loss = aggregate_loss(per_token, response_mask, loss_agg, constant_length)
     return loss, clipped.detach() & response_mask

@@ -14,8 +14,14 @@ One iteration (:meth:`RLTrainer.step`):
    clipped objective (token or sequence ratio, symmetric or decoupled clip, one of three
    aggregations), plus the KL loss, the entropy bonus and the critic's clipped value loss if on.
 
-The rollout engine and the trainer are the same module here; at scale they are separate copies and
-step 4, weight sync, moves the new weights to the rollout engine (chapter 12).
+The rollout engine and the trainer are the same module here (``rollout_precision='fp32'``); at
+scale they are separate copies and step 4, weight sync, moves the new weights to the rollout engine
+(chapter 12). With ``rollout_precision`` bf16 or fp8 the trainer samples from a rounded copy,
+synced before every generation round, whose log-probs differ from its own (chapter 13's mismatch);
+the scoring pass then measures the difference (``behaviour_kl``, ``weight_max``,
+``over_cap_tokens`` in the metrics) and ``correction`` weighs the loss
+(:mod:`rlm_course.rl.off_policy`). A batch sampled elsewhere brings its own behaviour log-probs
+and token versions (asynchronous RL: chapter 13), and the metrics add its staleness.
 
 Every step is a pure function of ``(seed, step, weights, optimizer state)``: problems and samples
 are drawn from generators seeded by ``(seed, step, round)``, so a resumed run repeats an
@@ -31,6 +37,7 @@ import torch
 
 from rlm_course.cost.accounting import ActivationMeter, PassCounter, kv_cache_allocated_bytes
 from rlm_course.lm.model import TinyGPT
+from rlm_course.lm.precision import rollout_copy, sync_rollout_copy
 from rlm_course.lm.sampling import concat_rollouts, generate, response_log_probs, select_rollouts
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.advantages import gae, group_advantages, reinforce_pp_advantages, rloo_advantages
@@ -41,6 +48,7 @@ from rlm_course.rl.evaluate import evaluate
 from rlm_course.rl.kl import KL_CLAMP, kl_estimate
 from rlm_course.rl.losses import aggregate_loss, policy_loss
 from rlm_course.rl.masked import masked_mean, masked_whiten
+from rlm_course.rl.off_policy import behaviour_weights, mismatch_stats
 from rlm_course.rl.rewards import groups_with_signal, overlong_penalty
 from rlm_course.tasks.base import Problem, Task
 from rlm_course.utils import StageTimer, derived_seed
@@ -82,11 +90,8 @@ class RLTrainer:
         self.activations.exclude(policy, self.critic)
         self.responses = {"generated": 0, "trained": 0}
         self.peak_kv_cache_bytes = 0
-        #: Replaces the clipped loss when set: ``fn(log_probs, old_log_probs, advantages,
-        #: response_mask, rows) -> (loss, clipped)``, ``rows`` the mini-batch's indices into the
-        #: batch (e.g. the decoupled objective of asynchronous RL, which also weighs each token by
-        #: its behaviour policy: :mod:`rlm_course.systems.async_rl`). None: :func:`policy_loss`.
-        self.policy_loss_fn = None
+        #: The rollout engine's copy of the policy (None: the policy itself samples).
+        self.engine = None
 
     @property
     def max_new_tokens(self) -> int:
@@ -128,6 +133,18 @@ class RLTrainer:
             param_group["lr"] = self.config.lr_at(step) * (base_lr / self.config.lr)
 
     # ------------------------------------------------------------------ rollout and reward
+    def rollout_engine(self) -> TinyGPT:
+        """The model that samples: the policy itself, or (``rollout_precision`` bf16 or fp8) the
+        engine's rounded copy, loaded with the policy's current weights (its weight sync)."""
+        precision = self.config.rollout_precision
+        if precision == "fp32":
+            return self.policy
+        if self.engine is None:
+            self.engine = rollout_copy(self.policy, precision)
+        else:
+            sync_rollout_copy(self.policy, self.engine, precision)
+        return self.engine
+
     def rollout_and_reward(self, step: int, round_: int = 0):
         """Stages 1 and 2a of iteration ``step`` (generation round ``round_``): sample the group
         responses and score them with the verifier (and the overlong penalty).
@@ -145,7 +162,7 @@ class RLTrainer:
         with timer("generation"):
             tokens, mask = tok.encode_prompts([p.prompt for p in group])
             generator = torch.Generator().manual_seed(derived_seed(cfg.seed, step, 2, *extra))
-            rollout = generate(self.policy, tokens, mask, self.max_new_tokens, tok.eos_id,
+            rollout = generate(self.rollout_engine(), tokens, mask, self.max_new_tokens, tok.eos_id,
                                tok.pad_id, temperature=cfg.temperature, generator=generator)
         self.peak_kv_cache_bytes = max(self.peak_kv_cache_bytes, kv_cache_allocated_bytes(
             self.policy.config, len(group), tokens.shape[1] + self.max_new_tokens))
@@ -249,6 +266,7 @@ class RLTrainer:
             stats["value_loss"] = 0.0
         n_updates = 0
         kl_reward = None
+        off_policy = {}
         if rollout is not None:
             self.responses["trained"] += len(rewards)
             tokens, attn, plen = rollout.tokens, rollout.attention_mask, rollout.prompt_len
@@ -267,14 +285,28 @@ class RLTrainer:
                 if cfg.kl_mode == "reward" and ref_log_probs is not None:
                     kl_reward = kl_estimate(old_log_probs, ref_log_probs, cfg.kl_estimator)
                 advantages, returns = self.advantages(rewards, rmask, kl_reward, values)
+                weights = None
+                if old_log_probs is not None:
+                    behaviour = (batch.behaviour_log_probs if batch.behaviour_log_probs is not None
+                                 else rollout.log_probs)
+                    off_policy = mismatch_stats(old_log_probs, behaviour, rmask,
+                                                cfg.correction_cap)
+                    if cfg.correction != "none":
+                        weights, corrected = behaviour_weights(old_log_probs, behaviour, rmask,
+                                                               cfg.correction, cfg.correction_cap)
+                        off_policy["corrected_tokens"] = masked_mean(corrected.float(),
+                                                                     rmask).item()
+                if batch.versions is not None:
+                    off_policy.update(staleness_metrics(batch.versions, step))
 
             with timer("training"):
                 n_updates = self._train(step, rollout, old_log_probs, ref_log_probs, values,
-                                        advantages, returns, stats)
+                                        advantages, returns, stats, weights)
 
         seconds = timer.reset()
         metrics = self.rollout_metrics(step, batch, seconds)
         metrics.update({k: v / max(n_updates, 1) for k, v in stats.items()})
+        metrics.update(off_policy)
         if kl_reward is not None:
             metrics["kl"] = masked_mean(kl_reward, rollout.response_mask).item()
         if cfg.advantage in GROUP_ADVANTAGES:
@@ -286,8 +318,9 @@ class RLTrainer:
         return metrics
 
     def _train(self, step, rollout, old_log_probs, ref_log_probs, values, advantages, returns,
-               stats) -> int:
-        """Stage 3: the gradient steps; adds each step's diagnostics to ``stats``."""
+               stats, weights=None) -> int:
+        """Stage 3: the gradient steps; adds each step's diagnostics to ``stats``. ``weights``:
+        ``(batch, R)`` the off-policy correction's per-token weights (None: all ones)."""
         cfg = self.config
         tokens, attn, plen, rmask = (rollout.tokens, rollout.attention_mask, rollout.prompt_len,
                                      rollout.response_mask)
@@ -309,13 +342,10 @@ class RLTrainer:
                                                             plen, with_entropy=True,
                                                             temperature=cfg.temperature)
                     old = old_log_probs[idx] if old_log_probs is not None else log_probs.detach()
-                    if self.policy_loss_fn is None:
-                        loss, clipped = policy_loss(log_probs, old, advantages[idx], mask,
-                                                    cfg.ratio_level, cfg.clip_eps, cfg.clip_high,
-                                                    cfg.loss_agg, budget)
-                    else:
-                        loss, clipped = self.policy_loss_fn(log_probs, old, advantages[idx], mask,
-                                                            idx)
+                    loss, clipped = policy_loss(log_probs, old, advantages[idx], mask,
+                                                cfg.ratio_level, cfg.clip_eps, cfg.clip_high,
+                                                cfg.loss_agg, budget,
+                                                None if weights is None else weights[idx])
                     stats["policy_loss"] += loss.item()
                     if cfg.kl_mode == "loss" and ref_log_probs is not None:
                         kl = aggregate_loss(kl_estimate(log_probs, ref_log_probs[idx],
@@ -372,3 +402,19 @@ class RLTrainer:
                                  if batch.rollout is not None else 0),
             **{f"seconds_{s}": seconds.get(s, 0.0) for s in STAGES},
         }
+
+
+def staleness_metrics(versions: torch.Tensor, step: int) -> dict:
+    """How stale the responses of a batch trained at iteration ``step`` are (``(step - 1) - v``,
+    ``v`` the version that sampled a token; see :mod:`rlm_course.systems.async_rl`), per response
+    by the version that started it (its first token, the oldest; with partial rollouts its later
+    tokens are newer): ``staleness_max`` and ``staleness_mean``; ``staleness_token_mean`` over
+    every response token. ``versions``: ``(batch, R)``, -1 on padding."""
+    real = versions >= 0
+    rows = real.any(1)
+    if not rows.any():
+        return {"staleness_max": 0, "staleness_mean": 0.0, "staleness_token_mean": 0.0}
+    head = (step - 1) - versions[rows, 0]
+    tokens = (step - 1) - versions[real]
+    return {"staleness_max": int(head.max()), "staleness_mean": head.float().mean().item(),
+            "staleness_token_mean": tokens.float().mean().item()}

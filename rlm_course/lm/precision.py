@@ -1,0 +1,77 @@
+"""The rollout engine's numerics: a copy of the policy that samples with cheaper arithmetic than
+the trainer scores with (chapter 13's rollout/trainer mismatch).
+
+An inference engine (vLLM, SGLang) holds the policy in bf16, often with fp8 weights, and runs its
+own kernels; the trainer keeps fp32 master weights. The same weights then give two sets of
+log-probs. Here, on a CPU, the cheaper path is one of (:data:`~rlm_course.algorithms.PRECISIONS`):
+
+* ``bf16``: weights *and* activations in bfloat16 (8 significant bits), the engines' default;
+  the log-softmax is taken in fp32 from bf16 logits, as engines return log-probs;
+* ``fp8``: every matrix (2-D weight: linear layers, embeddings) rounded to float8 e4m3 with one
+  scale per output row (``absmax / 448``, the largest e4m3 value), then computed in fp32: the
+  weight error of fp8 serving (DeepSeek-V3's and the engines' fp8 rollouts) without the speed,
+  which a CPU has no fp8 units to give.
+
+Vectors (norms, biases) stay exact in both, as the engines keep them.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from rlm_course.algorithms import PRECISIONS
+
+#: The largest finite float8 e4m3 value (OCP FP8 spec; ``torch.finfo(torch.float8_e4m3fn).max``).
+E4M3_MAX = 448.0
+
+
+def round_to_fp8(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (``(out, in)`` or any 2-D) rounded to float8 e4m3 with one scale per row
+    (``absmax / 448``) and returned dequantized in its own dtype: what an fp8 engine computes
+    with. An all-zero row stays zero."""
+    scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / E4M3_MAX
+    return ((weight / scale).to(torch.float8_e4m3fn).to(weight.dtype) * scale)
+
+
+def rollout_copy(model: nn.Module, precision: str) -> nn.Module:
+    """A copy of ``model`` in the rollout engine's ``precision``, for sampling only (no gradient,
+    eval mode). ``fp32`` returns ``model`` itself (the trainer's own numerics: no copy).
+
+    Raises:
+        ValueError: for an unknown precision.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not known; choose one of "
+                         f"{', '.join(PRECISIONS)}.")
+    if precision == "fp32":
+        return model
+    engine = copy.deepcopy(model).requires_grad_(False).eval()
+    if precision == "bf16":
+        engine.to(torch.bfloat16)
+    sync_rollout_copy(model, engine, precision)
+    return engine
+
+
+@torch.no_grad()
+def sync_rollout_copy(model: nn.Module, engine: nn.Module, precision: str) -> None:
+    """Load ``model``'s current weights into the rollout ``engine`` (made by
+    :func:`rollout_copy`), rounded to ``precision``: the weight sync of a run whose engine
+    computes in other numerics.
+
+    Raises:
+        ValueError: for an unknown precision or models whose state dicts differ.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not known; choose one of "
+                         f"{', '.join(PRECISIONS)}.")
+    src, dst = model.state_dict(), engine.state_dict()
+    if list(src) != list(dst):
+        raise ValueError("sync_rollout_copy: the engine's parameters differ from the model's; "
+                         "make the engine with rollout_copy(model, precision).")
+    for name, value in src.items():
+        if precision == "fp8" and value.dim() == 2 and value.is_floating_point():
+            value = round_to_fp8(value)
+        dst[name].copy_(value)  # into a bf16 engine, copy_ rounds to nearest bf16

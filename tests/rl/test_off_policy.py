@@ -1,0 +1,71 @@
+"""Off-policy corrections (rlm_course.rl.off_policy): each correction's weights by hand, the
+statistics of a mismatch, and the trainer sampling from a rounded engine."""
+
+import math
+
+import pytest
+import torch
+
+from rlm_course.algorithms import CORRECTIONS, preset
+from rlm_course.rl.off_policy import behaviour_weights, mismatch_stats
+
+# two responses: w = prox / behav per token is (0.5, 3, 1) and (4, 1.5, padding)
+PROX = torch.log(torch.tensor([[0.1, 0.6, 0.3], [0.8, 0.3, 0.5]]))
+BEHAV = torch.log(torch.tensor([[0.2, 0.2, 0.3], [0.2, 0.2, 0.9]]))
+MASK = torch.tensor([[True, True, True], [True, True, False]])
+
+
+def weights(correction, cap=2.0):
+    w, corrected = behaviour_weights(PROX, BEHAV, MASK, correction, cap)
+    return [[round(x, 4) for x in row] for row in w.tolist()], corrected.tolist()
+
+
+def test_each_correction_by_hand():
+    assert weights("none") == ([[1, 1, 1], [1, 1, 0]], [[False] * 3, [False] * 3])
+    assert weights("is")[0] == [[0.5, 3, 1], [4, 1.5, 0]]  # AReaL eq. 5: no cap
+    assert weights("tis") == ([[0.5, 2, 1], [2, 1.5, 0]],  # truncated at 2
+                              [[False, True, False], [True, False, False]])
+    assert weights("mis") == ([[0.5, 0, 1], [0, 1.5, 0]],  # masked above 2 (AReaL's code)
+                              [[False, True, False], [True, False, False]])
+    # sequence weights: 0.5 x 3 x 1 = 1.5 and 4 x 1.5 = 6 (padding excluded)
+    assert weights("seq-tis")[0] == [[1.5, 1.5, 1.5], [2, 2, 0]]
+    assert weights("seq-mis")[0] == [[1.5, 1.5, 1.5], [0, 0, 0]]
+    assert weights("seq-mis")[1] == [[False] * 3, [True, True, False]]
+    assert weights("mis", cap=5.0)[0] == [[0.5, 3, 1], [4, 1.5, 0]]  # nothing above 5
+
+
+def test_weights_carry_no_gradient_and_bad_settings_are_named():
+    prox = PROX.clone().requires_grad_(True)
+    for correction in CORRECTIONS:
+        w, _ = behaviour_weights(prox, BEHAV, MASK, correction)
+        assert not w.requires_grad
+    with pytest.raises(ValueError, match="correction='vtrace'"):
+        behaviour_weights(PROX, BEHAV, MASK, "vtrace")
+    with pytest.raises(ValueError, match="cap=0.5"):
+        behaviour_weights(PROX, BEHAV, MASK, "tis", 0.5)
+    with pytest.raises(ValueError, match="correction_cap"):
+        preset("grpo", correction="tis", correction_cap=float("nan"))
+    with pytest.raises(ValueError, match="rollout_precision"):
+        preset("grpo", rollout_precision="int3")
+
+
+def test_mismatch_statistics_by_hand():
+    s = mismatch_stats(PROX, BEHAV, MASK, cap=2.0)
+    logs = [math.log(w) for w in (0.5, 3, 1, 4, 1.5)]
+    assert s["behaviour_kl"] == pytest.approx(sum(math.expm1(x) - x for x in logs) / 5)
+    assert s["behaviour_kl_seq"] == pytest.approx(-(math.log(1.5) + math.log(6)) / 2)
+    assert s["weight_max"] == pytest.approx(4) and s["log_ratio_abs_max"] == pytest.approx(
+        math.log(4))
+    assert s["over_cap_tokens"] == pytest.approx(2 / 5)
+    assert s["over_cap_responses"] == pytest.approx(1 / 2)
+    same = mismatch_stats(PROX, PROX, MASK)
+    assert same["behaviour_kl"] == 0 and same["weight_max"] == 1
+    with pytest.raises(ValueError, match="shapes"):
+        mismatch_stats(PROX, BEHAV[:1], MASK)
+
+
+def test_a_correction_adds_the_proximal_scoring_pass():
+    assert preset("grpo", minibatches=1).scoring_passes() == ("reference",)
+    assert preset("grpo", minibatches=1, correction="tis").scoring_passes() == (
+        "policy", "reference")
+    assert "correction_cap" in preset("grpo").unused(["correction_cap"])
