@@ -25,19 +25,27 @@ key-value cache of every unfinished sequence is recomputed with them (a prefill 
 response so far), and decoding continues: one response may carry tokens of several versions
 (:class:`PartialRollout` records the version of each token).
 
-**The decoupled PPO objective** (Hilton et al. 2022, "Batch size-invariance for policy
-optimization", arXiv:2110.00641; AReaL, arXiv:2505.24298, eq. 5) separates the *behaviour*
-policy that sampled a token (its log-probability comes from the rollout side, as generated) from
-the *proximal* policy at the centre of the trust region (the trainer's weights before this
-update, recomputed):
+**The decoupled PPO objective** (AReaL, Fu et al. 2025, arXiv:2505.24298, eq. 5; after Hilton et
+al. 2022, "Batch size-invariance for policy optimization", arXiv:2110.00641) separates the
+*behaviour* policy that sampled a token (its log-probability comes from the rollout side, as
+generated) from the *proximal* policy at the centre of the trust region (the trainer's weights
+before this update, recomputed):
 
     L = - E_t[ w_t min(u_t A_t, clip(u_t, 1 - eps, 1 + eps) A_t) ],
-    u_t = pi_theta / pi_prox,   w_t = min(pi_prox / pi_behav, cap)   (no gradient through w_t)
+    u_t = pi_theta / pi_prox,   w_t = pi_prox / pi_behav   (no gradient through w_t)
 
-(:func:`decoupled_ppo_loss`). The importance weight ``w_t`` corrects for the tokens being
-off-policy; truncating it at ``cap`` bounds its variance (truncated importance sampling, as TRL's
-and veRL's ``TIS`` corrections). With ``pi_behav = pi_prox`` (on-policy) ``w = 1`` and it is PPO's
-clipped loss.
+(:func:`decoupled_ppo_loss`). The trust region is centred on a policy the optimizer controls, and
+the importance weight ``w_t`` corrects for the distribution the tokens were sampled from. AReaL's
+eq. 5 has no cap (``correction='is'``); AReaL's code masks the tokens whose weight exceeds
+``behav_imp_weight_cap`` (``correction='mis'``); truncating it instead is TIS (``'tis'``). The
+weights, their sources and their bias are in :mod:`rlm_course.rl.off_policy`; the trainer applies
+the configuration's ``correction`` to every batch that carries behaviour log-probs, and logs the
+behaviour KL and the staleness of each step. With ``pi_behav = pi_prox`` (on-policy) ``w = 1`` and
+it is PPO's clipped loss.
+
+The weight mixes two causes: staleness (older weights sampled the token) and the rollout/trainer
+numeric mismatch (the engine's log-probs for the *same* weights differ from the trainer's), which
+a synchronous run has too (``RLConfig.rollout_precision``; chapter 13 measures it).
 
 The pipeline that runs these pieces on Ray workers (:func:`rlm_course.systems.pipelines.run_pipeline`)
 takes its settings from :class:`PipelineConfig`; this module imports no controller, so that the
@@ -52,13 +60,15 @@ import torch
 from torch import Tensor
 
 from rlm_course.rl.batch import Batch
-from rlm_course.rl.losses import aggregate_loss, clipped_objective, clipped_tokens
+from rlm_course.rl.losses import policy_loss
+from rlm_course.rl.off_policy import behaviour_weights
 
 #: Headline figures of asynchronous systems (each against a synchronous colocated baseline of its
 #: own setup; the reference notes, section 1, and data/published/rl_systems.json give the details).
 PUBLISHED = (
     {"system": "veRL one-step off-policy (vLLM + FSDP2)", "speedup": 1.23,
-     "what": "end-to-end, Qwen2.5-Math-7B DAPO, 2 x 16 H20 (its step times give 1.44x)",
+     "what": "end-to-end, Qwen2.5-Math-7B DAPO, 16 H20: 4 rollout + 12 training (its step "
+             "times give 1.44x)",
      "source": "volcengine/verl docs/advance/one_step_off.md"},
     {"system": "veRL one-step off-policy (vLLM + Megatron)", "speedup": 1.40,
      "what": "end-to-end, same setup (its step times give 1.24x)",
@@ -113,17 +123,21 @@ def staleness(train_step: int, version: int) -> int:
 # ---------------------------------------------------------------------------------- the loss
 def decoupled_ppo_loss(log_probs: Tensor, prox_log_probs: Tensor, behaviour_log_probs: Tensor,
                        advantages: Tensor, response_mask: Tensor, clip_low: float = 0.2,
-                       clip_high: float | None = None, weight_cap: float = 2.0,
+                       clip_high: float | None = None, correction: str = "mis", cap: float = 2.0,
                        loss_agg: str = "seq-mean-token-mean",
                        constant_length: int | None = None) -> tuple[Tensor, Tensor]:
     """The decoupled PPO loss of asynchronous RL (AReaL, arXiv:2505.24298, eq. 5):
     ``-w_t min(u_t A_t, clip(u_t, 1 - clip_low, 1 + clip_high) A_t)`` per token, aggregated by
-    ``loss_agg`` (:func:`rlm_course.rl.losses.aggregate_loss`), with
+    ``loss_agg`` (:func:`rlm_course.rl.losses.aggregate_loss`; masked tokens still count in its
+    denominator, as in AReaL), with
 
     * ``u_t = exp(log_probs - prox_log_probs)``: the ratio to the proximal policy (the trust
       region's centre, the trainer's weights before this update);
-    * ``w_t = min(exp(prox_log_probs - behaviour_log_probs), weight_cap)``: the truncated
-      importance weight of the behaviour policy that sampled the token, with no gradient.
+    * ``w_t``: the behaviour importance weight ``exp(prox_log_probs - behaviour_log_probs)`` as
+      ``correction`` makes it, with no gradient
+      (:func:`rlm_course.rl.off_policy.behaviour_weights`): ``is`` as eq. 5 writes it, ``mis``
+      as AReaL's code runs it (tokens above ``cap`` contribute 0), ``tis`` truncated at ``cap``
+      (a token above it contributes ``cap`` times its objective).
 
     Args:
         log_probs: ``(batch, R)`` under the policy being trained (with gradient).
@@ -132,51 +146,23 @@ def decoupled_ppo_loss(log_probs: Tensor, prox_log_probs: Tensor, behaviour_log_
             rollout side).
         advantages: ``(batch,)`` (one per response) or ``(batch, R)``.
         response_mask: ``(batch, R)`` bool.
-        weight_cap: the truncation of ``w_t`` (> 0).
+        correction, cap: see :data:`rlm_course.algorithms.CORRECTIONS` (``cap >= 1``).
 
     Returns:
         ``(loss, clipped)``: the scalar loss and ``(batch, R)`` bool, True where the ratio's
         clip removed the gradient.
 
     Raises:
-        ValueError: for a non-positive ``weight_cap``, and the errors of
+        ValueError: for an unknown correction or a cap below 1, and the errors of
             :func:`~rlm_course.rl.losses.clipped_objective` and
             :func:`~rlm_course.rl.losses.aggregate_loss`.
     """
-    if not weight_cap > 0:
-        raise ValueError(f"weight_cap={weight_cap} must be positive (2 is typical).")
-    # BEGIN SOLUTION: the ratio u to the proximal policy; the behaviour weight w = exp(prox - behaviour) truncated at weight_cap and detached; the per-token loss is w times the clipped objective of u
-    ratio = torch.exp(log_probs - prox_log_probs)
-    weight = torch.exp(prox_log_probs - behaviour_log_probs).clamp(max=weight_cap).detach()
-    per_token = weight * clipped_objective(ratio, advantages, clip_low, clip_high)
+    # BEGIN SOLUTION: the behaviour weights of the correction (behaviour_weights), then the clipped loss of the ratio to the proximal policy, each token's objective times its weight (policy_loss's weights)
+    weights, _ = behaviour_weights(prox_log_probs, behaviour_log_probs, response_mask,
+                                   correction, cap)
+    return policy_loss(log_probs, prox_log_probs, advantages, response_mask, "token", clip_low,
+                       clip_high, loss_agg, constant_length, weights)
     # END SOLUTION
-    clipped = clipped_tokens(ratio, advantages, clip_low, clip_high) & response_mask
-    return aggregate_loss(per_token, response_mask, loss_agg, constant_length), clipped.detach()
-
-
-class DecoupledObjective:
-    """The decoupled loss as an :class:`~rlm_course.rl.trainer.RLTrainer` ``policy_loss_fn``,
-    for one batch: it holds the batch's behaviour log-probabilities and picks the mini-batch's
-    rows. The trainer's ``old_log_probs`` (recomputed with its weights before the update) are the
-    proximal ones.
-
-    Raises:
-        ValueError: for a sequence-level ratio (GSPO), which this objective does not define.
-    """
-
-    def __init__(self, config, behaviour_log_probs: Tensor, constant_length: int,
-                 weight_cap: float = 2.0) -> None:
-        if config.ratio_level != "token":
-            raise ValueError("the decoupled objective weighs tokens; use ratio_level='token' "
-                             "(GSPO's sequence ratio is not supported asynchronously here).")
-        self.config, self.behaviour = config, behaviour_log_probs
-        self.constant_length, self.weight_cap = constant_length, weight_cap
-
-    def __call__(self, log_probs, prox_log_probs, advantages, response_mask, rows):
-        c = self.config
-        return decoupled_ppo_loss(log_probs, prox_log_probs, self.behaviour[rows], advantages,
-                                  response_mask, c.clip_eps, c.clip_high, self.weight_cap,
-                                  c.loss_agg, self.constant_length)
 
 
 # ---------------------------------------------------------------------------------- partial rollouts
@@ -352,18 +338,14 @@ def head_versions(versions: Tensor) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------- the run's settings
-OBJECTIVES = ("decoupled", "ppo")
-
-
 @dataclass
 class PipelineConfig:
     """How the RL pipeline runs on workers.
 
     Attributes:
-        eta: the staleness bound (0 synchronous, 1 one-step off-policy, ...).
-        objective: ``"decoupled"`` (:func:`decoupled_ppo_loss`, behaviour log-probs from the
-            rollout) or ``"ppo"`` (the trainer's own clipped loss, ignoring off-policyness).
-        weight_cap: the decoupled loss's truncation of the behaviour importance weight.
+        eta: the staleness bound (0 synchronous, 1 one-step off-policy, ...). The loss's
+            correction of stale tokens is the RL configuration's (``RLConfig.correction``:
+            ``none`` ignores the behaviour policy, the others are :func:`decoupled_ppo_loss`).
         partial_rollout: interrupt in-flight generation when new weights arrive (decode in
             segments of ``segment_tokens``); False generates each batch in one piece.
         bucket_bytes: the weight sync's bucket size (disaggregated).
@@ -376,8 +358,6 @@ class PipelineConfig:
     """
 
     eta: int = 0
-    objective: str = "decoupled"
-    weight_cap: float = 2.0
     partial_rollout: bool = False
     segment_tokens: int = 16
     bucket_bytes: int = 1 << 20
@@ -387,10 +367,7 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         if not (isinstance(self.eta, int) and self.eta >= 0):
             raise ValueError(f"eta={self.eta!r} must be an integer >= 0 (0: synchronous).")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective={self.objective!r}: choose one of {OBJECTIVES}.")
         for name in ("segment_tokens", "bucket_bytes", "checkpoint_every", "eval_every"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer.")
-        if not self.weight_cap > 0:
-            raise ValueError(f"weight_cap={self.weight_cap} must be positive.")
+

@@ -15,6 +15,9 @@ plot: ``python -m rlm_course systems <experiment>`` writes
   response lengths and the timelines (:func:`async_experiment`).
 * ``fusion``: experience preparation unfused against fused on two colocated workers
   (:func:`rlm_course.systems.pipelines.fusion_experiment`).
+* ``mismatch``: the rollout/trainer mismatch of rounded engines, measured, and GRPO with fp8
+  rollouts without a correction, with TIS and with MIS, two seeds each (one process per run, no
+  Ray: :func:`rlm_course.systems.mismatch.mismatch_experiment`).
 
 Timings on a shared machine move with its load; every comparison is made inside one run, side by
 side, and the stored file says how many cores and threads it had.
@@ -29,7 +32,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-EXPERIMENTS = ("weight-sync", "reshard", "async", "fusion")
+EXPERIMENTS = ("weight-sync", "reshard", "async", "fusion", "mismatch")
 
 
 def experiment_path(name: str) -> Path:
@@ -186,11 +189,12 @@ ASYNC_RUNS = (("colocated sync (2 devices)", "colocated", 0, False),
 
 def async_config(steps: int = 60, seed: int = 0, **overrides):
     """The GRPO configuration of chapter 13's runs on the scratchpad task: 16 prompts x 8
-    samples per step, lr 1e-4, no in-run evaluation (snapshots are evaluated after the run)."""
+    samples per step, lr 1e-4, no in-run evaluation (snapshots are evaluated after the run); the
+    decoupled loss with truncated behaviour weights (TIS, cap 2), as the stored runs used."""
     from rlm_course.algorithms import preset
 
     settings = dict(prompts_per_step=16, group_size=8, lr=1e-4, steps=steps, seed=seed,
-                    eval_every=10**9, warmup_steps=10)
+                    eval_every=10**9, warmup_steps=10, correction="tis", correction_cap=2.0)
     settings.update(overrides)
     return preset("grpo", **settings)
 
@@ -249,6 +253,13 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
         f" --{k} {v}" for k, v in sorted(given.items()) if v is not None)
     started = time.time()
     machine = _machine()
+    if name == "mismatch":
+        from rlm_course.systems.mismatch import mismatch_experiment
+
+        first = seed or 0
+        result = mismatch_experiment(steps=steps or 60, seeds=(first, first + 1),
+                                     progress=progress)
+        return _store(name, result, command, machine, started)
     start_ray()
     try:
         if name == "weight-sync":
@@ -274,6 +285,10 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
                 result["windows"] = [list(w) for w in result["windows"]]
     finally:
         stop_ray()
+    return _store(name, result, command, machine, started)
+
+
+def _store(name: str, result: dict, command: str, machine: dict, started: float) -> int:
     from rlm_course.utils import atomic_write_json
 
     result.update(command=command, machine=machine, seconds=round(time.time() - started, 1))

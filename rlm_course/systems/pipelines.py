@@ -21,6 +21,8 @@ RLWorker.train, batch)``), so that a wrong name fails here, in Python, before an
 
 from __future__ import annotations
 
+import json
+
 import math
 import statistics
 import time
@@ -159,21 +161,28 @@ def _origin_events(controller, result: PipelineResult, origin: float) -> None:
     result.events = relative(controller.events(), origin)
 
 
-def _record_step(result: PipelineResult, step: int, metrics: dict, eta: int) -> None:
+def _record_step(result: PipelineResult, step: int, metrics: dict, eta: int,
+                 run_dir: Path | None = None) -> None:
+    """One trained step into the result and, with a ``run_dir``, one line of its
+    ``metrics.jsonl`` (the trainer's metrics, with the behaviour KL and the staleness)."""
     heads = metrics.pop("head_versions")
     stale = [staleness(step, v) for v in heads if v >= 0]
     result.response_lengths += metrics.pop("response_lengths")
     versions = metrics.pop("token_version_counts", {})
     for v, count in versions.items():
         result.token_versions[str(v)] = result.token_versions.get(str(v), 0) + count
-    row = {"step": step, "head_version_min": min(heads), "head_version_max": max(heads),
-           "staleness_max": max(stale) if stale else 0,
-           "staleness_mean": sum(stale) / len(stale) if stale else 0.0, **metrics}
+    row = {**metrics, "step": step, "head_version_min": min(heads),
+           "head_version_max": max(heads), "staleness_max": max(stale) if stale else 0,
+           "staleness_mean": sum(stale) / len(stale) if stale else 0.0}
     if row["staleness_max"] > eta:
         raise AssertionError(f"step {step} trained a sample {row['staleness_max']} versions old, "
                              f"more than eta={eta}: the staleness gate failed.")
     result.max_staleness = max(result.max_staleness, row["staleness_max"])
     result.steps.append(row)
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / "metrics.jsonl", "w" if step == 1 else "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def _bar(progress: bool, steps: int, desc: str):
@@ -249,7 +258,7 @@ def _run_disaggregated(controller, task, config, pipe, checkpoint, run_dir, resu
                 version = trained
                 if value.pop("checkpoint", None):
                     state["checkpoint"] = trained
-                _record_step(result, trained, value, pipe.eta)
+                _record_step(result, trained, value, pipe.eta, run_dir)
                 bar.update(1)
     _finish(controller, result, origin, start, bar)
 
@@ -286,7 +295,7 @@ def _run_colocated(controller, task, config, pipe, checkpoint, run_dir, result, 
         merged = _merge_metrics(outs)
         if merged.pop("checkpoint", None):
             state["checkpoint"] = step
-        _record_step(result, step, merged, pipe.eta)
+        _record_step(result, step, merged, pipe.eta, run_dir)
         bar.update(1)
     _finish(controller, result, origin, start, bar)
 

@@ -45,8 +45,8 @@ from rlm_course.rl.batch import Batch
 from rlm_course.rl.evaluate import evaluate
 from rlm_course.rl.trainer import RLTrainer
 from rlm_course.systems import resharding, weight_sync
-from rlm_course.systems.async_rl import (DecoupledObjective, PartialRollout, PipelineConfig,
-                                         head_versions, tag_versions)
+from rlm_course.systems.async_rl import (PartialRollout, PipelineConfig, head_versions,
+                                         tag_versions)
 from rlm_course.systems.fusion import score_rows
 from rlm_course.timeline import Recorder
 from rlm_course.tasks import get_task
@@ -259,10 +259,6 @@ class TrainerMixin:
         """
         trainer, pipe = self.trainer, self.pipe
         step = trainer.step_count + 1
-        trainer.policy_loss_fn = None
-        if pipe.objective == "decoupled":
-            trainer.policy_loss_fn = DecoupledObjective(self.config, batch.behaviour_log_probs,
-                                                        trainer.max_new_tokens, pipe.weight_cap)
         start = self.recorder.clock()
         metrics = trainer.step(batch)
         end = self.recorder.clock()

@@ -14,9 +14,8 @@ from rlm_course.rl.algorithms import preset
 from rlm_course.rl.losses import policy_loss
 from rlm_course.rl.sft import default_model_config
 from rlm_course.rl.trainer import RLTrainer
-from rlm_course.systems.async_rl import (DecoupledObjective, PartialRollout, PipelineConfig,
-                                         decoupled_ppo_loss, rollout_capacity, staleness,
-                                         tag_versions)
+from rlm_course.systems.async_rl import (PartialRollout, PipelineConfig, decoupled_ppo_loss,
+                                         rollout_capacity, staleness, tag_versions)
 from rlm_course.tasks import get_task
 from rlm_course.tasks.eval_sets import load_eval_set
 
@@ -71,31 +70,52 @@ def test_decoupled_loss_is_ppo_on_policy_and_weights_off_policy_tokens():
     adv = torch.tensor([1.0, -1.0, 0.5, 0.0])
     on, _ = decoupled_ppo_loss(logp, prox, prox, adv, mask)
     assert torch.equal(on, policy_loss(logp, prox, adv, mask)[0])
-    off, _ = decoupled_ppo_loss(logp, prox, prox - math.log(1.5), adv, mask, weight_cap=10.0)
+    off, _ = decoupled_ppo_loss(logp, prox, prox - math.log(1.5), adv, mask, correction="is")
     assert torch.allclose(off, 1.5 * on)
-    capped, _ = decoupled_ppo_loss(logp, prox, prox - math.log(5.0), adv, mask, weight_cap=2.0)
-    assert torch.allclose(capped, 2.0 * on)
-    with pytest.raises(ValueError, match="weight_cap"):
-        decoupled_ppo_loss(logp, prox, prox, adv, mask, weight_cap=0.0)
+    # every token above the cap: masked (AReaL's code) contributes nothing, truncated contributes
+    # the cap times its objective, eq. 5 uncapped the full weight
+    far = prox - math.log(5.0)
+    assert decoupled_ppo_loss(logp, prox, far, adv, mask, correction="mis")[0] == 0
+    assert torch.allclose(decoupled_ppo_loss(logp, prox, far, adv, mask, correction="tis")[0],
+                          2.0 * on)
+    assert torch.allclose(decoupled_ppo_loss(logp, prox, far, adv, mask, correction="is")[0],
+                          5.0 * on)
+    with pytest.raises(ValueError, match="cap"):
+        decoupled_ppo_loss(logp, prox, prox, adv, mask, cap=0.5)
+    with pytest.raises(ValueError, match="correction"):
+        decoupled_ppo_loss(logp, prox, prox, adv, mask, correction="vtrace")
 
 
-def test_the_trainer_hook_with_behaviour_equal_to_proximal_makes_the_plain_update():
+def test_a_batch_whose_behaviour_is_the_proximal_policy_makes_the_plain_update():
     from rlm_course.lm.sampling import response_log_probs
 
-    plain, hooked = _trainer(), _trainer()
+    plain, weighted = _trainer(), _trainer(correction="is")
     batch = plain.collect(1)
     plain.step_count = 0
     plain.step(batch)
     r = batch.rollout
     with torch.no_grad():  # what the trainer recomputes as pi_old: the proximal policy
-        prox = response_log_probs(hooked.policy, r.tokens, r.attention_mask, r.prompt_len,
-                                  temperature=hooked.config.temperature)
-    hooked.policy_loss_fn = DecoupledObjective(hooked.config, prox, hooked.max_new_tokens)
-    hooked.step(batch)
-    a, b = plain.policy.state_dict(), hooked.policy.state_dict()
+        prox = response_log_probs(weighted.policy, r.tokens, r.attention_mask, r.prompt_len,
+                                  temperature=weighted.config.temperature)
+    batch.behaviour_log_probs = prox  # w = 1 on every token
+    metrics = weighted.step(batch)
+    a, b = plain.policy.state_dict(), weighted.policy.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    with pytest.raises(ValueError, match="token"):
-        DecoupledObjective(preset("gspo"), prox, 8)
+    assert metrics["behaviour_kl"] == 0 and metrics["weight_max"] == 1
+    assert metrics["corrected_tokens"] == 0
+
+
+def test_a_stale_batch_reports_its_staleness_and_behaviour_kl():
+    trainer = _trainer(correction="mis")
+    batch = tag_versions(trainer.collect(1), 0)
+    trainer.step_count = 2  # the batch of version 0 trains at step 3: 2 versions stale
+    batch.behaviour_log_probs = batch.rollout.log_probs - 0.9  # w = e^0.9 > 2: every token masked
+    metrics = trainer.step(batch)
+    assert metrics["staleness_max"] == 2 and metrics["staleness_mean"] == 2
+    assert metrics["staleness_token_mean"] == 2
+    assert metrics["over_cap_tokens"] == 1 and metrics["corrected_tokens"] == 1
+    assert metrics["policy_loss"] == 0  # every token masked
+    assert metrics["behaviour_kl"] == pytest.approx(math.exp(0.9) - 1 - 0.9, rel=1e-3)
 
 
 def test_one_segment_partial_rollout_is_the_trainers_own_batch():
@@ -151,7 +171,5 @@ def test_tagged_batches_carry_versions_and_behaviour_log_probs():
 def test_pipeline_config_is_checked():
     with pytest.raises(ValueError, match="eta"):
         PipelineConfig(eta=-1)
-    with pytest.raises(ValueError, match="objective"):
-        PipelineConfig(objective="magic")
     with pytest.raises(ValueError, match="bucket_bytes"):
         PipelineConfig(bucket_bytes=0)

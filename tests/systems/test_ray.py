@@ -78,7 +78,7 @@ def test_weight_sync_is_exact_and_moves_the_formula_bytes(disaggregated):
 
 def test_eta_zero_pipeline_makes_the_synchronous_update(disaggregated):
     config = small_config(steps=2)
-    result = run_pipeline(disaggregated, TASK, config, PipelineConfig(eta=0, objective="ppo"),
+    result = run_pipeline(disaggregated, TASK, config, PipelineConfig(eta=0),
                           CHECKPOINT, evaluate=False)
     async_weights = disaggregated.call(disaggregated.role_workers("actor"), RLWorker.policy_state)[0]
     threads = torch.get_num_threads()

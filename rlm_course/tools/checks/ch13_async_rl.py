@@ -1,4 +1,5 @@
-"""Checks of chapter 13's exercise: The staleness gate; the decoupled PPO loss."""
+"""Checks of chapter 13's exercise: The staleness gate; off-policy corrections; the decoupled
+PPO loss."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import torch
 from rlm_course.tools.checks.common import close
 
 #: The exercise's title.
-TITLE = "The staleness gate; the decoupled PPO loss"
+TITLE = "The staleness gate; off-policy corrections; the decoupled PPO loss"
 #: The functions the learner writes: (module, name), in the order the exercise presents them.
 FUNCTIONS = (
     ("rlm_course.systems.async_rl", "rollout_capacity"),
+    ("rlm_course.rl.off_policy", "behaviour_weights"),
     ("rlm_course.systems.async_rl", "decoupled_ppo_loss"),
 )
 
@@ -63,6 +65,49 @@ def _checks_rollout_capacity(fn):
         never_more_than_eta_stale
 
 
+def _checks_behaviour_weights(fn):
+    # two responses: w = prox / behaviour per token is (0.5, 3, 1) and (4, 1.5, padding)
+    prox = torch.log(torch.tensor([[0.1, 0.6, 0.3], [0.8, 0.3, 0.5]]))
+    behav = torch.log(torch.tensor([[0.2, 0.2, 0.3], [0.2, 0.2, 0.9]]))
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    want = {"none": [[1, 1, 1], [1, 1, 0]], "is": [[0.5, 3, 1], [4, 1.5, 0]],
+            "tis": [[0.5, 2, 1], [2, 1.5, 0]], "mis": [[0.5, 0, 1], [0, 1.5, 0]],
+            "seq-tis": [[1.5, 1.5, 1.5], [2, 2, 0]], "seq-mis": [[1.5, 1.5, 1.5], [0, 0, 0]]}
+
+    def hand_examples():
+        for correction, expected in want.items():
+            weights, _ = fn(prox, behav, mask, correction, 2.0)
+            if not torch.allclose(weights, torch.tensor(expected, dtype=weights.dtype),
+                                  atol=1e-5):
+                return False, (f"{correction}: weights {weights.tolist()}, expected {expected} "
+                               "(cap 2; sequence weights are the product over the response)")
+        return True, ""
+
+    def corrected_tokens():
+        _, tis = fn(prox, behav, mask, "tis", 2.0)
+        _, none = fn(prox, behav, mask, "none", 2.0)
+        ok = tis.tolist() == [[False, True, False], [True, False, False]] and not none.any()
+        return ok, "'corrected' marks the real tokens whose weight is above the cap (tis, mis)"
+
+    def no_gradient():
+        weights, _ = fn(prox.clone().requires_grad_(True), behav, mask, "is", 2.0)
+        return not weights.requires_grad, "the weights must carry no gradient (detach them)"
+
+    def bad_settings():
+        for args in (("vtrace", 2.0), ("tis", 0.5)):
+            try:
+                fn(prox, behav, mask, *args)
+            except ValueError:
+                continue
+            return False, f"correction={args[0]!r}, cap={args[1]} must raise ValueError"
+        return True, ""
+
+    yield "each correction by hand (cap 2)", hand_examples
+    yield "the tokens the cap changed", corrected_tokens
+    yield "no gradient through the weights", no_gradient
+    yield "an unknown correction or a cap below 1 is refused", bad_settings
+
+
 def _checks_decoupled_ppo_loss(fn):
     from rlm_course.rl.losses import policy_loss
 
@@ -72,6 +117,7 @@ def _checks_decoupled_ppo_loss(fn):
     behav = prox + torch.randn(3, 4, generator=g) * 0.3
     adv = torch.tensor([1.0, -0.5, 2.0])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    one = (torch.tensor([[0.0]]), torch.tensor([[0.0]]))  # u = 1: the objective is A
 
     def on_policy_is_ppo():
         loss, _ = fn(logp, prox, prox, adv, mask)
@@ -79,18 +125,23 @@ def _checks_decoupled_ppo_loss(fn):
         return close(loss, want)
 
     def hand_example():
-        lp, px, bh = torch.tensor([[0.0]]), torch.tensor([[0.0]]), torch.tensor([[-0.5]])
-        loss, _ = fn(lp, px, bh, torch.tensor([2.0]), torch.tensor([[True]]), weight_cap=10.0)
+        loss, _ = fn(*one, torch.tensor([[-0.5]]), torch.tensor([2.0]), torch.tensor([[True]]),
+                     correction="is")
         return close(loss, torch.tensor(-2.0 * math.exp(0.5)))  # w = e^0.5, u = 1, A = 2
 
-    def weight_is_truncated():
-        lp, px, bh = torch.tensor([[0.0]]), torch.tensor([[0.0]]), torch.tensor([[-3.0]])
-        loss, _ = fn(lp, px, bh, torch.tensor([1.0]), torch.tensor([[True]]), weight_cap=2.0)
-        return close(loss, torch.tensor(-2.0))  # w = min(e^3, 2)
+    def masked_token_contributes_nothing():
+        loss, _ = fn(*one, torch.tensor([[-3.0]]), torch.tensor([1.0]), torch.tensor([[True]]),
+                     correction="mis", cap=2.0)
+        return close(loss, torch.tensor(0.0))  # w = e^3 > 2: masked (AReaL's code)
+
+    def truncated_token_contributes_the_cap():
+        loss, _ = fn(*one, torch.tensor([[-3.0]]), torch.tensor([1.0]), torch.tensor([[True]]),
+                     correction="tis", cap=2.0)
+        return close(loss, torch.tensor(-2.0))  # min(e^3, 2) x A
 
     def weight_has_no_gradient():
         x = logp.clone().requires_grad_(True)
-        loss, _ = fn(x, prox, behav, adv, mask, weight_cap=100.0)
+        loss, _ = fn(x, prox, behav, adv, mask, correction="is")
         loss.backward()
         y = logp.clone().requires_grad_(True)
         w = torch.exp(prox - behav)  # PPO's per-token objective, times the constant weight
@@ -106,8 +157,11 @@ def _checks_decoupled_ppo_loss(fn):
         return close(fn(logp, prox, b2, adv, mask)[0], fn(logp, prox, behav, adv, mask)[0])
 
     yield "behaviour = proximal: PPO's clipped loss", on_policy_is_ppo
-    yield "hand example: w = exp(prox - behaviour) scales the objective", hand_example
-    yield "the weight is truncated at weight_cap", weight_is_truncated
+    yield "hand example (eq. 5, no cap): w = exp(prox - behaviour) scales the objective", \
+        hand_example
+    yield "AReaL's masking: a token above the cap contributes 0", masked_token_contributes_nothing
+    yield "TIS: a token above the cap contributes cap x its advantage", \
+        truncated_token_contributes_the_cap
     yield "the weight is a constant: the gradient is w times PPO's", weight_has_no_gradient
     yield "padding tokens change nothing", padding_is_ignored
 
@@ -115,5 +169,6 @@ def _checks_decoupled_ppo_loss(fn):
 #: The checks of each function: name -> a generator of ``(description, check)``.
 CHECKS = {
     "rollout_capacity": _checks_rollout_capacity,
+    "behaviour_weights": _checks_behaviour_weights,
     "decoupled_ppo_loss": _checks_decoupled_ppo_loss,
 }
