@@ -7,6 +7,8 @@ Keep the signatures; replace each `raise NotImplementedError` with your code, th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor

@@ -6,6 +6,8 @@ Do not edit: change the package source and regenerate.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor

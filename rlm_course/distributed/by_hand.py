@@ -83,11 +83,17 @@ def ring_all_reduce(tensor: Tensor, group=None) -> Tensor:
 def bucketed_all_reduce(grads: list[Tensor], bucket_bytes: int, group=None) -> list[int]:
     """Average ``grads`` over the ranks of ``group`` in place, in buckets, as DDP does.
 
-    Walk the gradients in order, adding each to the current bucket unless that would take the
-    bucket past ``bucket_bytes`` (then start a new one; a gradient larger than ``bucket_bytes``
+    Walk the gradients in the order given, adding each to the current bucket unless that would
+    take the bucket past ``bucket_bytes`` (then start a new one; a gradient larger than ``bucket_bytes``
     fills a bucket alone). For each bucket: flatten its gradients into one tensor
     (``torch.cat`` of ``reshape(-1)``), all-reduce it once (sum), divide by the number of ranks,
     and copy each slice back into its gradient.
+
+    DDP itself walks the parameters in *reverse* order (the order backward produces their
+    gradients, so the first bucket can start while backward continues), and its first bucket is
+    capped at 1 MiB (``torch.distributed``'s ``_DEFAULT_FIRST_BUCKET_BYTES``) so that
+    communication starts early; ``bucket_cap_mb`` (25 MB by default) applies to the others. Pass
+    ``grads`` reversed to walk them as DDP does.
 
     Args:
         grads: gradients (any shapes, one dtype), the same shapes on every rank.
