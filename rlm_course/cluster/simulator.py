@@ -305,7 +305,9 @@ class SimResult:
             (busy while any replica decodes) and the first eight replicas.
         replica_utilisation: per replica, the fraction of the measured window it decoded.
         staleness: mean versions between a sample's admission and the update that trains on it
-            (after the warm-up).
+            (after the warm-up); staleness_max: the largest. Groups are trained in the order they
+            finish, so with partial rollouts or streaming a long group admitted early can be
+            trained later than eta allows: the maximum can exceed eta, as in AReaL.
     """
 
     scenario: Scenario
@@ -323,6 +325,7 @@ class SimResult:
     timeline: dict[str, list[tuple]]
     replica_utilisation: list[float]
     staleness: float
+    staleness_max: int = 0
 
     def events(self, replicas: int = 4) -> list:
         """The timeline as :class:`rlm_course.timeline.Event` objects, the form real
@@ -866,4 +869,5 @@ def _result(sim: _Sim, warmup: int) -> SimResult:
         memory=sim.memory,
         timeline=sim.timeline, replica_utilisation=utilisation,
         staleness=(sum(sum(x) for x in sim.staleness[warmup:])
-                   / max(1, sum(len(x) for x in sim.staleness[warmup:]))))
+                   / max(1, sum(len(x) for x in sim.staleness[warmup:]))),
+        staleness_max=max((max(x) for x in sim.staleness[warmup:] if x), default=0))
