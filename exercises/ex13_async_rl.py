@@ -78,7 +78,7 @@ def behaviour_weights(prox_log_probs: Tensor, behaviour_log_probs: Tensor,
     mask = response_mask.bool()
     # TODO: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w), the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere
     raise NotImplementedError("not implemented yet: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w), the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere")
-    return weights * mask, above
+    return torch.where(mask, weights, 0.0), above  # padding: 0 even where the weight overflowed
 
 
 def decoupled_ppo_loss(log_probs: Tensor, prox_log_probs: Tensor, behaviour_log_probs: Tensor,

@@ -245,14 +245,14 @@ class RLConfig:
         """The models that score a batch before its update, one forward pass each without
         gradient, in this order: ``"policy"`` (the log-probs of the policy that sampled the batch,
         when the batch is reused across gradient steps, the KL goes into the reward or an
-        off-policy correction compares them with the rollout's),
+        off-policy correction or a rounded rollout engine compares them with the rollout's),
         ``"reference"`` (when a KL term is on) and ``"critic"`` (PPO's values).
 
         :meth:`rlm_course.rl.trainer.RLTrainer.step` runs exactly these, and the cost model prices
         them (:func:`rlm_course.cost.accounting.predict_passes`)."""
         passes = []
         if self.reuses_batch or (self.kl_mode == "reward" and self.uses_reference) or \
-                self.correction != "none":
+                self.correction != "none" or self.rollout_precision != "fp32":
             passes.append("policy")
         if self.uses_reference:
             passes.append("reference")
@@ -339,6 +339,10 @@ class RLConfig:
                              f"{self.advantage} gives one per token (and puts a per-token KL in the "
                              "reward); use advantage group or rloo with a sequence ratio, or "
                              "ratio_level='token' (--ratio-level token).")
+        if self.ratio_level == "sequence" and self.correction in ("is", "tis", "mis"):
+            raise ValueError(f"correction={self.correction!r} with ratio_level='sequence': GSPO "
+                             "weighs whole responses, so weigh them with a sequence correction "
+                             "(--correction seq-tis or seq-mis), or use ratio_level='token'.")
         if self.dynamic_sampling and self.advantage not in GROUP_ADVANTAGES:
             raise ValueError(f"dynamic_sampling with advantage={self.advantage!r}: the filter drops "
                              "groups whose rewards are all equal, so it needs a group advantage "
@@ -367,7 +371,8 @@ class RLConfig:
             elif name == "max_sampling_rounds" and not self.dynamic_sampling:
                 why[name] = "it bounds dynamic sampling, which is off (--dynamic-sampling)"
             elif name == "correction_cap" and self.correction in ("none", "is"):
-                why[name] = f"correction {self.correction!r} has no cap (--correction tis or mis)"
+                why[name] = (f"correction {self.correction!r} has no cap (--correction tis, mis, "
+                             "seq-tis or seq-mis)")
             elif name == "kl_estimator" and not self.uses_reference:
                 why[name] = "no KL term is on (kl_mode none or kl_coef 0)"
         return why

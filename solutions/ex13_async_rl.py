@@ -87,7 +87,7 @@ def behaviour_weights(prox_log_probs: Tensor, behaviour_log_probs: Tensor,
         weights = weights.clamp(max=cap)
     elif correction in ("mis", "seq-mis"):
         weights = torch.where(above, 0.0, weights)
-    return weights * mask, above
+    return torch.where(mask, weights, 0.0), above  # padding: 0 even where the weight overflowed
 
 
 def decoupled_ppo_loss(log_probs: Tensor, prox_log_probs: Tensor, behaviour_log_probs: Tensor,

@@ -282,7 +282,8 @@ def combine_metrics(rows: list[dict]) -> dict:
             out[key] = sum(values)
         elif key.startswith("seconds_"):
             out[key] = max(values)
-        elif key in ("prompt_columns", "response_columns", "sampling_rounds"):
+        elif key in ("prompt_columns", "response_columns", "sampling_rounds") or \
+                key.endswith("_max"):
             out[key] = max(values)
         else:
             out[key] = sum(values) / len(values)

@@ -7,10 +7,11 @@ log-probs. Here, on a CPU, the cheaper path is one of (:data:`~rlm_course.algori
 
 * ``bf16``: weights *and* activations in bfloat16 (8 significant bits), the engines' default;
   the log-softmax is taken in fp32 from bf16 logits, as engines return log-probs;
-* ``fp8``: every matrix (2-D weight: linear layers, embeddings) rounded to float8 e4m3 with one
-  scale per output row (``absmax / 448``, the largest e4m3 value), then computed in fp32: the
-  weight error of fp8 serving (DeepSeek-V3's and the engines' fp8 rollouts) without the speed,
-  which a CPU has no fp8 units to give.
+* ``fp8``: every matrix (2-D weight: linear layers, the embeddings and the output head) rounded
+  to float8 e4m3 with one scale per row (``absmax / 448``, the largest e4m3 value), then computed
+  in fp32: the kind of weight error fp8 serving adds, without its speed (a CPU has no fp8 units).
+  Coarser than DeepSeek-V3's fp8 recipe, which keeps the embeddings and the output head in
+  higher precision and scales blocks of 128 x 128.
 
 Vectors (norms, biases) stay exact in both, as the engines keep them.
 """

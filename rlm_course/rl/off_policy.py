@@ -18,8 +18,10 @@ gradient, multiplying PPO's clipped per-token objective of ``u_t = pi_theta / pi
 This is AReaL's decoupled objective (Fu et al. 2025, arXiv:2505.24298, eq. 5), after Hilton et al.
 (2022, arXiv:2110.00641): the trust region is centred on a policy the optimizer controls (the
 proximal one), and the importance weight corrects for the distribution the tokens were sampled
-from. Unbiased, but ``w_t`` is unbounded: one token whose behaviour probability is tiny can carry
-the whole gradient. The named corrections (:data:`CORRECTIONS`) trade that variance for bias:
+from. Per token it corrects PPO's per-token surrogate (which, like PPO itself, ignores that the
+prefixes were sampled by the behaviour policy too; the sequence weight is the full ratio), and
+``w_t`` is unbounded: one token whose behaviour probability is tiny can carry the whole gradient.
+The named corrections (:data:`CORRECTIONS`) bound that variance and pay for it in bias:
 
 ============  ===========================================================  =========================
 name          per-token weight (``c`` = ``cap``)                           source
@@ -38,10 +40,12 @@ name          per-token weight (``c`` = ``cap``)                           sourc
 
 Truncation keeps every token but biases the weight of the rare ones down (a token above the cap
 still contributes ``c`` times its objective); masking drops the tokens (or whole responses) the
-behaviour policy was least likely to produce, bias of another kind (their gradient is lost), and
-keeps the rest unbiased. Sequence-level weights are the right ratio for a sequence reward but
-their variance grows with length (a product of many ``w_t``). A masked token still counts in the
-denominator of the aggregation, as in AReaL (its loss is 0, not removed).
+behaviour policy was least likely to produce: their gradient is lost, a bias of another kind,
+while each kept token keeps its exact weight. Sequence-level weights are the ratio of whole
+responses, the one a sequence reward calls for, but their variance grows with length (a product
+of many ``w_t``). A masked token still counts in the denominator of the aggregation, as in AReaL
+(its loss is 0, not removed). verl's masking mode also has a lower threshold; here only the upper
+one is kept, as in AReaL and TRL.
 
 Shapes: per-token tensors ``(batch, R)`` with a ``response_mask (batch, R)``.
 """
@@ -98,7 +102,7 @@ def behaviour_weights(prox_log_probs: Tensor, behaviour_log_probs: Tensor,
     elif correction in ("mis", "seq-mis"):
         weights = torch.where(above, 0.0, weights)
     # END SOLUTION
-    return weights * mask, above
+    return torch.where(mask, weights, 0.0), above  # padding: 0 even where the weight overflowed
 
 
 def mismatch_stats(prox_log_probs: Tensor, behaviour_log_probs: Tensor, response_mask: Tensor,
@@ -108,8 +112,9 @@ def mismatch_stats(prox_log_probs: Tensor, behaviour_log_probs: Tensor, response
 
     * ``behaviour_kl``: the mean per-token k3 estimate of KL(pi_behav || pi_prox) (Schulman's
       ``w - 1 - log w``, >= 0, unbiased on tokens sampled from pi_behav);
-    * ``behaviour_kl_seq``: the mean over responses of the summed per-token k1 estimate
-      ``sum_t -log w_t`` (the KL of whole responses, which grows with length);
+    * ``behaviour_kl_seq``: the mean over responses of the summed per-token k3 estimates
+      ``sum_t (w_t - 1 - log w_t)``: the KL of whole responses (the chain rule makes the sum
+      over a response's tokens an unbiased estimate of it, always >= 0), which grows with length;
     * ``log_ratio_abs_max``: the largest ``|log w_t|``;
     * ``weight_max``: the largest ``w_t``;
     * ``over_cap_tokens``: the share of tokens with ``w_t > cap`` (what ``tis`` truncates and
@@ -132,12 +137,12 @@ def mismatch_stats(prox_log_probs: Tensor, behaviour_log_probs: Tensor, response
         return {"behaviour_kl": 0.0, "behaviour_kl_seq": 0.0, "log_ratio_abs_max": 0.0,
                 "weight_max": 1.0, "over_cap_tokens": 0.0, "over_cap_responses": 0.0}
     log_w = torch.where(mask, prox_log_probs - behaviour_log_probs, 0.0).double()
-    k3 = torch.expm1(log_w) - log_w
+    k3 = torch.where(mask, torch.expm1(log_w) - log_w, 0.0)
     seq_log_w = log_w.sum(1)
     rows = mask.any(1)
     return {
         "behaviour_kl": float(masked_mean(k3, mask)),
-        "behaviour_kl_seq": float((-seq_log_w[rows]).mean()),
+        "behaviour_kl_seq": float(k3.sum(1)[rows].mean()),
         "log_ratio_abs_max": float(log_w.abs().max()),
         "weight_max": float(torch.exp(log_w[mask]).max()),
         "over_cap_tokens": float(((torch.exp(log_w) > cap) & mask).sum() / mask.sum()),

@@ -24,7 +24,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
@@ -330,7 +330,9 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
 
     setup_start = time.perf_counter()
     if resume:
-        saved, wanted = state.get("config") or {}, asdict(config)
+        # a run saved before a field existed ran with its default
+        defaults = {f.name: f.default for f in fields(RLConfig)}
+        saved, wanted = {**defaults, **(state.get("config") or {})}, asdict(config)
         differ = sorted(k for k in set(saved) | set(wanted)
                         if k != "steps" and saved.get(k) != wanted.get(k))
         if state.get("algorithm", "grpo") != config.algorithm:

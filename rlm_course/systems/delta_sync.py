@@ -5,8 +5,8 @@ moves each fp32 master weight by about the learning rate (Adam's update is about
 the gradient's scale), while one bf16 step of a weight ``|x|`` is ``2^-7 |x|`` (8 significant
 bits). With the small learning rates of RL post-training (1e-6 on weights of size 1e-2) almost
 every bf16 weight rounds to the same value as before: about 99% are bit-identical, so a sparse
-delta (the positions and new values of the changed ones) sends a few percent of the bytes. TRL,
-slime and NeMo-RL offer it in 2026. With the course's learning rates (1e-4 to 3e-4 on a model of
+delta (the positions and new values of the changed ones) sends a few percent of the bytes
+(proposed in 2026 for TRL and slime). With the course's learning rates (1e-4 to 3e-4 on a model of
 a million weights) many more change: :func:`unchanged_fraction` measures it.
 
 **Format and bytes.** Per tensor of ``n`` weights of which ``k`` changed, a header of 8 bytes, then

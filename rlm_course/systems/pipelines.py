@@ -316,7 +316,7 @@ def _merge_metrics(outs: list[dict]) -> dict:
         elif key in ("tokens", "checkpoint"):
             merged[key] = sum(values) if key == "tokens" else any(values)
         elif all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values):
-            merged[key] = sum(values) / len(values)
+            merged[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
         else:
             merged[key] = values[0]
     return merged

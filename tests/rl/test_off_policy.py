@@ -9,8 +9,9 @@ import torch
 from rlm_course.algorithms import CORRECTIONS, preset
 from rlm_course.rl.off_policy import behaviour_weights, mismatch_stats
 
-# two responses: w = prox / behav per token is (0.5, 3, 1) and (4, 1.5, padding)
-PROX = torch.log(torch.tensor([[0.1, 0.6, 0.3], [0.8, 0.3, 0.5]]))
+# two responses: w = prox / behav per token is (0.5, 3, 1) and (4, 1.5, padding); the padding's
+# 1/9 would pull the second response's product from 6 to 0.67, below the cap
+PROX = torch.log(torch.tensor([[0.1, 0.6, 0.3], [0.8, 0.3, 0.1]]))
 BEHAV = torch.log(torch.tensor([[0.2, 0.2, 0.3], [0.2, 0.2, 0.9]]))
 MASK = torch.tensor([[True, True, True], [True, True, False]])
 
@@ -53,7 +54,8 @@ def test_mismatch_statistics_by_hand():
     s = mismatch_stats(PROX, BEHAV, MASK, cap=2.0)
     logs = [math.log(w) for w in (0.5, 3, 1, 4, 1.5)]
     assert s["behaviour_kl"] == pytest.approx(sum(math.expm1(x) - x for x in logs) / 5)
-    assert s["behaviour_kl_seq"] == pytest.approx(-(math.log(1.5) + math.log(6)) / 2)
+    k3 = [math.expm1(x) - x for x in logs]
+    assert s["behaviour_kl_seq"] == pytest.approx((sum(k3[:3]) + sum(k3[3:])) / 2)
     assert s["weight_max"] == pytest.approx(4) and s["log_ratio_abs_max"] == pytest.approx(
         math.log(4))
     assert s["over_cap_tokens"] == pytest.approx(2 / 5)
@@ -69,3 +71,26 @@ def test_a_correction_adds_the_proximal_scoring_pass():
     assert preset("grpo", minibatches=1, correction="tis").scoring_passes() == (
         "policy", "reference")
     assert "correction_cap" in preset("grpo").unused(["correction_cap"])
+
+
+def test_an_overflowing_sequence_weight_is_masked_not_nan():
+    # 30 tokens of log w = 4: W = e^120 overflows float32; seq-mis must mask the response, and
+    # the padding column must stay 0, not inf * 0 = nan
+    prox = torch.full((1, 31), 4.0)
+    behaviour = torch.zeros(1, 31)
+    mask = torch.ones(1, 31, dtype=torch.bool)
+    mask[0, -1] = False
+    weights, corrected = behaviour_weights(prox, behaviour, mask, "seq-mis")
+    assert torch.equal(weights, torch.zeros(1, 31)) and corrected[0, :30].all()
+    truncated, _ = behaviour_weights(prox, behaviour, mask, "seq-tis")
+    assert truncated[0, :30].eq(2.0).all() and truncated[0, 30] == 0
+
+
+def test_a_sequence_ratio_takes_only_sequence_corrections():
+    with pytest.raises(ValueError, match="seq-tis or seq-mis"):
+        preset("gspo", correction="mis")
+    assert preset("gspo", correction="seq-mis").correction == "seq-mis"
+
+
+def test_a_rounded_engine_adds_the_proximal_scoring_pass():
+    assert "policy" in preset("grpo", minibatches=1, rollout_precision="bf16").scoring_passes()

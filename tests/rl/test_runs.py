@@ -264,6 +264,20 @@ def test_resume_with_other_options_is_refused(tmp_path, capsys):
     assert "already has 2 steps" in capsys.readouterr().err
 
 
+def test_a_run_saved_before_a_setting_existed_resumes_with_its_default(tmp_path):
+    import torch
+
+    assert main(["grpo", "--task", "addition", "--steps", "1", "--out", str(tmp_path),
+                 "--name", "old", "--no-progress", *SMALL]) == 0
+    path = tmp_path / "old" / "checkpoint.pt"
+    payload = torch.load(path, weights_only=False)
+    for key in ("rollout_precision", "correction", "correction_cap"):  # as an older run saved it
+        del payload["config"][key]
+    torch.save(payload, path)
+    assert main(["grpo", "--task", "addition", "--steps", "2", "--resume", "--out", str(tmp_path),
+                 "--name", "old", "--no-progress", *SMALL]) == 0
+
+
 def test_resume_needs_the_same_variant(tmp_path, capsys):
     assert main(["grpo", "--task", "addition", "--variant", "gspo", "--steps", "1", "--out",
                  str(tmp_path), "--name", "g", "--no-progress", *SMALL]) == 0
