@@ -91,13 +91,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     from rlm_course.systems.experiments import EXPERIMENTS
 
     p = sub.add_parser("systems", help="chapters 12-13's measured experiments on Ray workers "
-                                       "(weight-sync, reshard, async, fusion); stores "
+                                       "(weight-sync, reshard, async, fusion) and the "
+                                       "rollout/trainer mismatch (mismatch); stores "
                                        "data/experiments/systems-<experiment>.json")
     p.add_argument("experiment", choices=EXPERIMENTS)
-    p.add_argument("--steps", type=int, default=None, help="async: RL steps per run (default 60)")
+    p.add_argument("--steps", type=int, default=None, help="async, mismatch: RL steps per run (default 60)")
     p.add_argument("--repeats", type=int, default=None,
                    help="timing repeats (weight-sync 5, reshard 3); fusion: iterations (5)")
-    p.add_argument("--seed", type=int, default=None, help="async, fusion: the RL seed (0)")
+    p.add_argument("--seed", type=int, default=None, help="async, fusion: the RL seed (0); mismatch: the first of "
+                                         "its two seeds (0)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_systems)
 

@@ -256,6 +256,9 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
     if name == "mismatch":
         from rlm_course.systems.mismatch import mismatch_experiment
 
+        if repeats is not None:
+            raise ValueError("--repeats: the mismatch experiment has no timing repeats; give "
+                             "--steps (per run) and --seed (the first of two seeds).")
         first = seed or 0
         result = mismatch_experiment(steps=steps or 60, seeds=(first, first + 1),
                                      progress=progress)
