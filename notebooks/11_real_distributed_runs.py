@@ -197,8 +197,9 @@ assert all(r["seconds"] > 0 and r["busbw"] > 0 for r in bench["rows"])
 
 # %% [markdown]
 # What the fit says. `alpha` is a few hundred microseconds here: a gloo call crosses Python, a
-# TCP loopback and the operating system's scheduler (NCCL over NVLink: about 3 us). `beta` is a
-# few GB/s at 2 processes and drops at 4: four processes share two cores, and on loopback every
+# TCP loopback and the operating system's scheduler (NCCL over NVLink: a few us per ring step,
+# about 10-20 us for a small all-reduce over 8 GPUs). `beta` is a few GB/s at 2 processes and
+# drops at 4: four processes share two cores, and on loopback every
 # byte "sent" is a copy made by a CPU that is also busy reducing. A single `(alpha, beta)` per
 # collective fits most sizes within tens of percent; the misses are small messages, where the
 # time is noise around `alpha`, and the largest, where caches and the scheduler enter.
@@ -422,9 +423,10 @@ plot_timeline([[e for e in events if e.start >= starts[-3]] for events in timeli
 #   Bigger buckets pay `alpha` less often but start later.
 #
 # The World with the catalog's links: DDP's gradient all-reduce for an 8B-parameter model (bf16
-# gradients, 16 GB) on 8 GPUs in a node and on 8 nodes, against a backward pass of one 4k-token
-# sequence per GPU at 40% of the H100's peak (`4 N` FLOPs per token), and on this machine's
-# fitted gloo link:
+# gradients, 16 GB; with Adam's states the model does not fit plain DDP on an 80 GB GPU, so in
+# practice ZeRO-1/2, which moves the same bytes) on 8 GPUs in a node and on 8 nodes, against a
+# backward pass of one 4k-token sequence per GPU at 40% of the H100's peak (`4 N` FLOPs per
+# token), and on this machine's fitted gloo link:
 
 # %%
 from rlm_course.cost.hardware import get_device
