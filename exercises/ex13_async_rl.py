@@ -51,7 +51,8 @@ def rollout_capacity(trainer_version: int, eta: int, batch_size: int, started: i
 def behaviour_weights(prox_log_probs: Tensor, behaviour_log_probs: Tensor,
                       response_mask: Tensor, correction: str = "mis",
                       cap: float = 2.0) -> tuple[Tensor, Tensor]:
-    """The per-token weight of each correction (see the module docstring's table).
+    """The per-token weight of each correction (the table in the docstring of
+    :mod:`rlm_course.rl.off_policy`).
 
     Args:
         prox_log_probs: ``(batch, R)`` log-probs of the sampled tokens under the proximal policy

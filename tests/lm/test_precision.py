@@ -67,7 +67,7 @@ def test_rounded_engines_give_other_log_probs_for_the_same_weights():
     assert gaps["bf16"] > 1e-3 and gaps["fp8"] > 1e-3
 
 
-def test_a_trainer_with_a_rounded_engine_measures_and_corrects_the_mismatch():
+def test_a_trainer_with_a_rounded_engine_measures_the_mismatch_and_weighs_the_loss():
     from rlm_course.rl.sft import default_model_config
     from rlm_course.rl.trainer import RLTrainer
     from rlm_course.tasks import get_task
