@@ -468,41 +468,64 @@ def generation_time_bounds(spec: TransformerSpec, workload: Workload, device: De
                            step_latency: float = 0.0) -> dict[str, float]:
     """Brent's bound for generation, in seconds: the work term against the depth term.
 
-    * ``work_seconds``: the generation FLOPs (prefill and decode, :func:`generation_costs`) at full
-      peak on all ``devices``: ``W / (p x peak)``; it shrinks as devices are added;
+    Brent's theorem (``T_p <= W/p + D``; Blelloch 1996, section 2) counts work and depth in the
+    same unit-time operations. In seconds, each term must be a time the hardware can achieve:
+
+    * ``work_seconds``: generation's work on all ``devices`` at the roofline (chapter 05):
+      ``max(FLOPs / (p peak), bytes(p) / (p bandwidth))`` per stage (prefill and decode,
+      :meth:`StageCost.seconds`), where ``bytes(p)`` counts the KV-cache reads and the weights
+      re-read by each of the ``p / tp`` replicas at every decode step. Decode is memory-bound,
+      so its work in seconds is its bytes, not its FLOPs at peak; the work term shrinks as
+      devices are added, but more slowly than ``1/p``;
     * ``depth_seconds``: the ``T_max - 1`` decode steps of the longest response, one after the
       other (token ``t + 1`` needs token ``t``), each at least :func:`decode_step_seconds` of that
       sequence alone at its context ``prompt_len + t`` on its replica of ``tp`` devices; no
       number of replicas shortens it;
     * ``step_seconds``: the first of those steps (``2 N / (tp x bandwidth)`` plus the latency,
       about);
-    * ``lower``: ``max(work, depth)``; ``upper``: ``work + depth`` (Brent: ``W/p + D``);
-    * ``crossover_devices``: the device count past which the depth term is the larger,
-      ``W / (peak x depth_seconds)``.
+    * ``lower``: ``max(work, depth)``; ``upper``: ``work + depth``;
+    * ``crossover_devices``: the smallest device count (a multiple of ``tp``, up to 2^20) at
+      which the depth term is at least the work term (``inf`` if none).
 
     Chapter 06 counts depth in scalar operations; this is the same critical path timed by the
     roofline of chapter 05.
 
     Raises:
-        ValueError: for non-positive ``devices``, a ``tp`` that does not divide them, or the
-            errors of :func:`decode_step_seconds`.
+        ValueError: for non-positive ``devices``, a ``tp`` that does not divide them, a replica
+            whose weights do not fit its ``tp`` devices, or the errors of
+            :func:`decode_step_seconds`.
     """
     if not (isinstance(devices, int) and devices >= 1):
         raise ValueError(f"devices={devices!r}: need at least one device.")
     if not (isinstance(tp, int) and tp >= 1 and devices % tp == 0):
         raise ValueError(f"tp={tp!r} must be a positive divisor of devices={devices}.")
     costs = generation_costs(spec, workload)
-    work = sum(costs[s].flops for s in ("prefill", "decode") if s in costs)
-    work_seconds = work / (devices * device.peak_flops)
+
+    def work_seconds(p: int) -> float:
+        return sum(cost.seconds(device, p, tp) for cost in costs.values())
+
     steps = range(1, workload.max_response_len)
     times = [decode_step_seconds(spec, device, tp, 1, workload.prompt_len + t, step_latency,
                                  workload) for t in steps]
     depth_seconds = sum(times)
-    return {"work_seconds": work_seconds, "depth_seconds": depth_seconds,
+    work = work_seconds(devices)
+    # the crossover: double the replicas while the work term exceeds the depth, then bisect
+    # between the last two counts (the work term falls with the devices)
+    crossover = math.inf
+    if depth_seconds > 0:
+        hi = 1
+        while work_seconds(hi * tp) > depth_seconds and hi < 2**20:
+            hi *= 2
+        if work_seconds(hi * tp) <= depth_seconds:
+            lo = hi // 2  # work(lo) > depth, or lo == 0
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if work_seconds(mid * tp) > depth_seconds else (lo, mid)
+            crossover = hi * tp
+    return {"work_seconds": work, "depth_seconds": depth_seconds,
             "step_seconds": times[0] if times else 0.0,
-            "lower": max(work_seconds, depth_seconds), "upper": work_seconds + depth_seconds,
-            "crossover_devices": (work / (device.peak_flops * depth_seconds) if depth_seconds
-                                  else math.inf)}
+            "lower": max(work, depth_seconds), "upper": work + depth_seconds,
+            "crossover_devices": crossover}
 
 
 def shares(values: dict[str, float]) -> dict[str, float]:

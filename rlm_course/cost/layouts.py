@@ -30,7 +30,13 @@ replica spans, the fewer all-reduces per token, and the more replicas decode sid
   (stage 0 holds ``pp`` micro-batches of ``n_layer / pp`` layers), counted by
   :func:`rlm_course.cost.anatomy.activation_bytes` for its tokens (``micro_batch`` sequences of
   the longest length, or the packed token budget ``micro_batch_tokens``; FlashAttention keeps
-  them linear in the tokens) and divided by ``tp x cp`` (with sequence parallelism);
+  them linear in the tokens) and divided by ``tp x cp`` with sequence parallelism
+  (``sequence_parallel``, Megatron's ``--sequence-parallel``); without it TP splits only the
+  ``24 s h`` inside its matmuls (attention's Q, K, V and output, the MLP's hidden tensors) and
+  every rank keeps the ``10 s h`` around them (the layer norms' and the blocks' inputs, the
+  dropout masks): ``s h (10 + 24 / t)`` per layer (Korthikanti et al. 2022, arXiv:2205.05198,
+  section 4.2.2 and Table 2), and with full recomputation the layer inputs are whole on every
+  rank;
 * the fp32 logits of a micro-batch, ``tokens x vocab x 4 / tp``, the RL-specific peak of
   computing log-probs and entropy (chunking removes it; not assumed);
 
@@ -73,6 +79,9 @@ class Layout:
         recompute: full activation recomputation.
         offload: optimizer states in host memory.
         overlap: overlap gradient communication with the backward (DDP buckets, FSDP prefetch).
+        sequence_parallel: Megatron's sequence parallelism, which splits the activations outside
+            TP's matmuls over the ``tp`` ranks too (on by default, as in Megatron-Core's
+            recommended settings; off: only the parts inside the split matmuls are divided).
         main_grads_fp32: gradients accumulated and reduced in fp32 (Megatron-Core's default
             ``accumulate_allreduce_grads_in_fp32``): 4 bytes per parameter in memory and on the
             data-parallel wire instead of 2.
@@ -94,6 +103,7 @@ class Layout:
     offload: bool = False
     overlap: bool = True
     main_grads_fp32: bool = False
+    sequence_parallel: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch"):
@@ -216,7 +226,12 @@ def training_memory(spec: TransformerSpec, layout: Layout, seq_len: int,
             out[k] = out.get(k, 0.0) + v
     tokens = layout.micro_tokens(seq_len)  # packed: one sequence of this many tokens
     acts = activation_bytes(spec, 1, tokens, layout.recompute)
-    out["activations"] = acts / (layout.tp * layout.cp)
+    if layout.sequence_parallel or layout.tp == 1:
+        out["activations"] = acts / (layout.tp * layout.cp)
+    elif layout.recompute:  # the layer inputs, whole on every TP rank
+        out["activations"] = acts / layout.cp
+    else:  # s h (10 + 24 / t) of the 34 s h per layer
+        out["activations"] = acts * (10 + 24 / layout.tp) / 34 / layout.cp
     out["logits"] = 4.0 * tokens / layout.cp * spec.vocab_size / layout.tp
     return out
 

@@ -1,6 +1,8 @@
 """Per-stage FLOPs, bytes, memory and roofline time of an iteration at any scale."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlm_course.cost.accounting import predict_iteration_flops
 from rlm_course.cost.anatomy import (
@@ -9,6 +11,7 @@ from rlm_course.cost.anatomy import (
     activation_bytes,
     decode_intensity,
     decode_step_seconds,
+    generation_costs,
     generation_time_bounds,
     lognormal_lengths,
     memory,
@@ -212,17 +215,52 @@ def test_generation_time_bounds_depth_term_is_the_longest_response():
     assert b["depth_seconds"] == pytest.approx(sum(steps))
     assert b["step_seconds"] == pytest.approx(steps[0])
     gen = stage_costs(LLAMA, preset("grpo"), work)
-    flops = gen["prefill"].flops + gen["decode"].flops
-    assert b["work_seconds"] == pytest.approx(flops / (8 * 989.4e12))
+    # the work in seconds is the roofline time of generation on the 8 devices (bytes, not FLOPs)
+    roofline = gen["prefill"].seconds(H100, 8, 1) + gen["decode"].seconds(H100, 8, 1)
+    assert b["work_seconds"] == pytest.approx(roofline)
     assert b["lower"] == max(b["work_seconds"], b["depth_seconds"])
     assert b["upper"] == pytest.approx(b["work_seconds"] + b["depth_seconds"])
-    assert b["crossover_devices"] == pytest.approx(flops / (989.4e12 * b["depth_seconds"]))
-    # the work term falls with the devices, the depth term does not
+    # the work term falls with the devices (not as 1/p: each replica re-reads the weights), the
+    # depth term does not
     more = generation_time_bounds(LLAMA, work, H100, devices=64, tp=1, step_latency=0.002)
-    assert more["work_seconds"] == pytest.approx(b["work_seconds"] / 8)
+    assert more["work_seconds"] < b["work_seconds"]
     assert more["depth_seconds"] == b["depth_seconds"]
     with pytest.raises(ValueError, match="tp=3"):
         generation_time_bounds(LLAMA, work, H100, devices=8, tp=3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=st.sampled_from(["llama-3-8b", "qwen2.5-7b", "llama-3-70b"]),
+       log_devices=st.integers(0, 10), tp_log=st.integers(0, 3), prompts=st.integers(1, 64),
+       group=st.integers(1, 16), prompt_len=st.integers(16, 2048),
+       response_len=st.integers(2, 4096), latency=st.sampled_from([0.0, 0.005]))
+def test_brent_upper_bound_is_never_below_the_roofline_time(model, log_devices, tp_log, prompts,
+                                                           group, prompt_len, response_len,
+                                                           latency):
+    """For any device count, model and workload, Brent's upper bound in seconds holds the
+    roofline time of generation (chapter 05's) and the depth, and the crossover is where the
+    depth first reaches the work."""
+    from rlm_course.cost.architectures import SPECS
+
+    spec, tp = SPECS[model], 2 ** tp_log
+    devices = max(tp, 2 ** log_devices)
+    devices -= devices % tp
+    work = Workload(prompts, group, prompt_len, response_len)
+    try:
+        b = generation_time_bounds(spec, work, H100, devices, tp, latency)
+    except ValueError as err:  # the replica's weights do not fit its tp devices
+        assert "do not fit" in str(err)
+        return
+    generation = sum(c.seconds(H100, devices, tp) for c in generation_costs(spec, work).values())
+    assert b["upper"] >= generation * (1 - 1e-12) and b["upper"] >= b["depth_seconds"]
+    assert b["lower"] <= b["upper"]
+    c = b["crossover_devices"]
+    if c != float("inf"):
+        at = generation_time_bounds(spec, work, H100, c, tp, latency)
+        assert at["work_seconds"] <= at["depth_seconds"]
+        if c > tp:
+            before = generation_time_bounds(spec, work, H100, c - tp, tp, latency)
+            assert before["work_seconds"] > before["depth_seconds"]
 
 
 def test_iteration_report_with_long_tailed_lengths():

@@ -123,3 +123,22 @@ def test_scoring_refuses_a_bad_temperature(model):
     r = sample(model, 0)
     with pytest.raises(ValueError, match="temperature=0"):
         response_log_probs(model, r.tokens, r.attention_mask, r.prompt_len, temperature=0)
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_token_forwards_with_and_without_the_cache(use_cache):
+    """Chapter 01's count: without a cache token t needs a forward over the P + t - 1 tokens
+    before it, T P + T (T - 1) / 2 in all; with one, P + T - 1 (a prefill, then one per step)."""
+    torch.manual_seed(0)
+    model = TinyGPT(ModelConfig(vocab_size=TOK.vocab_size, n_layer=1, n_head=2, d_model=16,
+                                max_seq_len=32))
+    prompt, mask = TOK.encode_prompts(["12+34="])
+    p, t = prompt.shape[1], 9
+    seen = []
+    hook = model.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
+    try:  # an eos id no token can take, so every sequence runs the whole budget
+        generate(model, prompt, mask, t, eos_id=-1, generator=torch.Generator().manual_seed(0),
+                 use_cache=use_cache)
+    finally:
+        hook.remove()
+    assert sum(seen) == (p + t - 1 if use_cache else t * p + t * (t - 1) // 2)
