@@ -135,11 +135,14 @@ print(f"mean response: {length:.1f} tokens; the policy's fp32 weights: {weights_
 #   step, not by memory bandwidth.
 #
 # Reasoning models flip the picture. Responses run to thousands of tokens, and each decode step
-# re-reads gigabytes of weights from memory to produce one token per sequence. Open systems that
-# train with long chains of thought report **generation at 70-90% of the wall time** (OpenRLHF,
-# arXiv:2405.11143 and its documentation: about 80%, up to 90% for long chains of thought; verl's
-# DAPO recipe on a 32B model: about 70%); with short generations training can dominate instead
-# (chapter 04 cites a PPO breakdown with 128-token responses). Generation's *depth* (sequential steps) grows with the longest
+# re-reads gigabytes of weights from memory to produce one token per sequence. Open systems
+# report **generation at about 30% to 90% of the wall time**: 70-90% in several runs with long
+# chains of thought (OpenRLHF, arXiv:2405.11143 and its documentation: about 80%, up to 90%;
+# verl's DAPO recipe on a 32B model: about 70%), but 30-43% in verl's own 7B DAPO run with
+# 8k-20k-token budgets on 16 H20s (`docs/advance/one_step_off.md`: 207 s of 699 s, 321 s of
+# 749 s), whose GPUs are poor in FLOPs and rich in bandwidth. The share depends on the hardware,
+# the model size, the placement and the length tail; with short generations training can
+# dominate (chapter 04 cites a PPO breakdown with 128-token responses). Generation's *depth* (sequential steps) grows with the longest
 # response, and no number of devices removes it. Chapters 05-06 make that precise; chapters
 # 07-13 are ways to split, hide or shorten it.
 #
@@ -168,7 +171,8 @@ print(f"mean response: {length:.1f} tokens; the policy's fp32 weights: {weights_
 # > * The tiny policy: about 0.8M parameters, 23% held-out accuracy after its warm start; 30 GRPO
 # >   steps already raise it (the curve above).
 # > * Here generation is a minority of the seconds: 4-5-token answers and 3 MB of cached weights.
-# > * For reasoning models with long chains of thought, generation takes 70-90% of the wall time.
+# > * For reasoning models, generation takes about 30-90% of the wall time (70-90% in several
+# >   long chain-of-thought runs); the share depends on hardware, model size and length tail.
 #
 # ## Further reading
 #

@@ -148,7 +148,9 @@ for name, ts in times.items():
 plt.xlabel("new tokens"); plt.ylabel("seconds (32 sequences)"); plt.legend(); plt.title("decoding cost");
 
 # %% [markdown]
-# Recomputation grows quadratically with the number of new tokens; the cache makes it linear.
+# Recomputation grows quadratically with the number of new tokens; the cache makes the matmul
+# work linear (the attention over the cache still grows with the context, so the total stays
+# quadratic, with a far smaller constant).
 # `python -m rlm_course bench sampling` measures the ratio at 64 new tokens.
 #
 # **Temperature** trades diversity for accuracy. GRPO needs diversity: a group whose 8 samples are
@@ -178,8 +180,9 @@ for temperature in (0.3, 1.0, 2.0):
 #
 # <details><summary>Answers</summary>
 #
-# * Without a cache step `t` re-runs the model over all `P + t` tokens: `sum_{t=1}^{T} (P + t) =
-#   T P + T (T + 1) / 2` token-forwards, quadratic in `T`. With a cache: one prefill of `P`
+# * Without a cache, token `t` needs a forward over the `P + t - 1` tokens before it:
+#   `sum_{t=1}^{T} (P + t - 1) = T P + T (T - 1) / 2` token-forwards, quadratic in `T` (at
+#   `T = 1` it is the prefill, `P`, as with the cache). With a cache: one prefill of `P`
 #   tokens, then one token per step: `P + T - 1`, linear (the attention of each new token still
 #   reads all earlier keys, so its attention FLOPs grow with the context, but no matmul is
 #   repeated).
@@ -195,8 +198,9 @@ for temperature in (0.3, 1.0, 2.0):
 # > * The tiny transformer: 4 layers of width 128, about 0.8M parameters (printed above).
 # > * A forward pass costs `2 x matmul parameters` FLOPs per token plus attention; the formula
 # >   agrees with `torch.utils.flop_counter` within 2%.
-# > * The KV cache turns decoding from quadratic into linear work in the response length, and
-# >   gives the same samples (checked in float64).
+# > * The KV cache turns decoding's matmul work from quadratic into linear in the response length
+# >   (the attention over the cache stays quadratic), and gives the same samples (checked in
+# >   float64).
 # > * GRPO needs diversity within a group: identical samples get identical rewards and zero
 # >   advantage.
 #

@@ -18,8 +18,8 @@
 #
 # GRPO (chapter 02) judges a response against the other responses to the same prompt. PPO, as
 # used for InstructGPT (Ouyang et al. 2022, arXiv:2203.02155), judges **every token** against a
-# learned critic `V(s_t)`: the expected final reward from "prompt plus the first t response
-# tokens". One iteration:
+# learned critic `V(s_t)`: the expected return from "prompt plus the first t response tokens"
+# (the final reward, minus the KL penalties still to come when the KL is in the reward). One iteration:
 #
 # 1. **generation**: one response per prompt (no group needed);
 # 2. **scoring**: three forward passes: the policy (`log pi_old`), the frozen reference
@@ -35,8 +35,8 @@
 # 4. **training**: the clipped policy loss *and* the clipped value loss
 #    `1/2 max((V - R_t)^2, (clip(V, V_old ± eps) - R_t)^2)`, with one optimizer per model.
 #
-# The price: a second trained model (weights, gradients, Adam state) and two more passes per
-# sample. This notebook builds the pieces, trains PPO next to GRPO, and measures what each costs.
+# The price: a second trained model (weights, gradients, Adam state) and three more passes per
+# sample (a critic forward when scoring, a critic forward and backward when training). This notebook builds the pieces, trains PPO next to GRPO, and measures what each costs.
 #
 # **Learning objectives.** After this chapter you can:
 #

@@ -161,7 +161,8 @@ plt.xlabel("ratio r"); plt.ylabel("objective for A = +1"); plt.legend(fontsize=8
 # The reward belongs to the whole response, yet GRPO weighs it by each token's ratio. GSPO (Zheng
 # et al. 2025, arXiv:2507.18071) uses one ratio per response, the geometric mean of its token
 # ratios `s_i = exp(mean_t log r_t)`, and clips that. One token that moved a lot (ratio 3) is
-# clipped alone under the token ratio; under the sequence ratio it moves the whole response's
+# clipped alone under the token ratio when its advantage is positive (with a negative advantage
+# `min(r A, clip(r) A)` keeps `3 A`, unclipped: the case dual-clip PPO bounds); under the sequence ratio it moves the whole response's
 # ratio by `3^(1/T)` and the response is kept or clipped as a unit. Because `s_i` is an average,
 # it stays close to 1, and GSPO's clip range is tiny: 3e-4 / 4e-4.
 
@@ -208,13 +209,17 @@ assert generated >= trained and all(m["responses_trained"] <= 512 for m in dapo_
 #
 # The longer comparison is a CLI experiment: each preset for 150 steps, seeds 0-2, each run in its
 # own process. Its results are stored in `data/experiments/family-addition-3.json`, together with
-# the command that made them; rerun it (about 40 minutes) to reproduce or extend them.
+# the command that made them; rerun it (about an hour: the stored runs' processes took 55
+# minutes in all, printed below) to reproduce or extend them.
 
 # %%
 from rlm_course.utils import data_dir
 
 results = json.loads((data_dir() / "experiments" / "family-addition-3.json").read_text())
 print("made by:", results["command"])
+stored_minutes = sum(run["process_seconds"] for run in results["runs"]) / 60
+print(f"the stored runs took {stored_minutes:.0f} minutes of process time")
+assert 45 < stored_minutes < 70
 curves = {}
 for run in results["runs"]:
     curves.setdefault(run["variant"], []).append(
@@ -298,8 +303,9 @@ assert min(share, key=share.get) == "ppo" and max(share, key=share.get) == "dapo
 # Generation is 9% (PPO, whose critic adds scoring and training FLOPs) to 37% (DAPO, whose
 # dynamic sampling generates 2.5 responses per response trained in the stored runs) of the FLOPs
 # in this example. Yet in runs that generate long chains of thought, open systems report it
-# taking 70-90% of the wall time (OpenRLHF: about 80%, up to 90% for long CoT; verl's DAPO
-# recipe: about 70%; see chapter 05), because decoding reads all the weights for each token and
+# taking a much larger share of the wall time, up to 70-90% (OpenRLHF: about 80%, up to 90% for
+# long CoT; verl's DAPO recipe on 32B: about 70%; but 30-43% in verl's 7B DAPO run on H20s;
+# see chapter 05), because decoding reads all the weights for each token and
 # cannot be parallelised along the response. That holds for long generations only: a PPO
 # breakdown with 128-token prompts and 128-token responses (OpenRLHF, 34B actor and 7B critic on
 # 32 GPUs, in github.com/openpsi-project/ReaLHF/issues/10) spent 5.25 s in generation and 51.0 s
@@ -318,9 +324,11 @@ assert min(share, key=share.get) == "ppo" and max(share, key=share.get) == "dapo
 # <details><summary>Answers</summary>
 #
 # * It grows. As the policy improves, more groups are all correct (and, on hard prompts, some stay
-#   all wrong); those groups are dropped and replaced by new prompts, so DAPO generates
+#   all wrong); those groups are dropped and replaced by new prompts, so DAPO generates at least
 #   `1 / (1 - p_deg)` responses per response trained, `p_deg` the share of groups with equal
-#   rewards (up to `max_sampling_rounds` rounds). The stored runs measured 2.5 on average over 150
+#   rewards (up to `max_sampling_rounds` rounds): at least, because the trainer, like verl's
+#   DAPO, generates whole rounds of `prompts_per_step` groups and drops the overshoot
+#   (`p_deg = 0.6` takes 3 rounds, a ratio of 3.0, not 2.5). The stored runs measured 2.5 on average over 150
 #   steps, more than section 5 measured on its 20 early steps. Each extra round is a whole
 #   generation pass, the most expensive stage per FLOP.
 # * `ppo`, `grpo`, `rloo` and `reinforce_pp` (a KL term, in the loss or in the reward) hold a
@@ -343,8 +351,8 @@ assert min(share, key=share.get) == "ppo" and max(share, key=share.get) == "dapo
 # > * Std normalisation makes every group with signal sum to `sum A^2 = G - 1`; Dr. GRPO drops it.
 # > * For a 6.6B model with 4,096-token responses, generation is 9% (PPO) to 37% (DAPO) of the
 # >   FLOPs; dropping the KL term removes a model and a forward pass.
-# > * Long chain-of-thought runs spend 70-90% of their time generating; short-generation runs can
-# >   be dominated by training.
+# > * Long chain-of-thought runs spend a large share of their time generating (30-90% reported,
+# >   70-90% in several); short-generation runs can be dominated by training.
 # > * A 0.8M model and 3 seeds show that each preset learns and what it costs, not which is best.
 #
 # ## Further reading

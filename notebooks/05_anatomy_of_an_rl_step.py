@@ -93,7 +93,8 @@ print(format_table(rows, ["algorithm", "stage", "predicted GFLOP", "measured GFL
 # **Forward: `2N` per token.** A linear layer `y = x W` with `W` of shape `(k, n)` does, for each
 # token, one multiply and one add per weight: `2 k n` FLOPs. Summed over every weight that takes
 # part in a matmul, a forward pass costs `2N` FLOPs per token, `N` the matmul parameters
-# (Kaplan et al. 2020, arXiv:2001.08361, section 2.1).
+# (Kaplan et al. 2020, arXiv:2001.08361, section 2.1, whose `N` leaves out the embedding and the
+# output head; counting the head, which is a matmul, follows PaLM and Megatron).
 #
 # **Backward: `4N` per token.** The backward of the same layer needs two matmuls of the same
 # size: the gradient for the layer's input, `dx = dy W^T` (to pass back to the layer below), and
@@ -119,8 +120,9 @@ assert abs(ratio - 3) < 0.05
 # kernel that computes it does (the forward third of PaLM's `12 L H Q T` training term, Chowdhery
 # et al. 2022, arXiv:2204.02311, appendix B). Causal counters count only the lower triangle, half
 # of it: verl's MFU counter uses `6 L H d_h sum_s s^2` for forward and backward
-# (`verl/utils/flop_counter.py`), **half** the course's `12 L H d_h S^2`. Compare two MFU figures
-# only after checking which one they use. For Llama-3-8B on 4,096-token sequences:
+# (`verl/utils/flops_counter.py`, since its PR #4959 of January 2026; before it verl used 12,
+# the course's count), **half** the course's `12 L H d_h S^2`. Compare two MFU figures only
+# after checking which count, and which version of the counter, they use. For Llama-3-8B on 4,096-token sequences:
 
 # %%
 from rlm_course.cost.architectures import get_spec
@@ -392,11 +394,13 @@ print(f"SDPA: 15 tokens take {sdpa[15] / sdpa[16]:.1f}x the time of 16, 31 token
 # grows at every decode step, so the shapes change and the compiled loop ran slower).
 # `python -m rlm_course bench peer` sets the course's loop beside Hugging Face `generate` and TRL's
 # `GRPOTrainer`, with the FLOP floor of each row: the time the row's FLOPs take at the matmul peak
-# measured in the same run. On that CPU, at one thread, the course's generation ran at about 4x
-# its floor and `generate` at about 6x; the GRPO step at 2.5x and TRL's at 3x. So the course was
-# 1.3x and 1.1x faster, and no implementation can beat TRL's step by more than its 3x above the
-# floor; the headroom left is in generation, whose small per-token kernels and Python loop are
-# overhead, as the profile above shows.
+# measured in the same run. On that CPU, at one thread, the course's generation was 1.21x faster
+# than `generate` and its GRPO step 1.02x faster than TRL's (1.28x and 1.14x at two threads;
+# both rows of a pair share one floor, so these ratios are the exact ones: rounded multiples of
+# the floor, about 4x against 6x and 2.5x against 3x, would read as 1.5x and 1.2x). No
+# implementation can beat a step by more than its distance above the floor; the headroom left is
+# in generation, whose small per-token kernels and Python loop are overhead, as the profile
+# above shows.
 #
 # ## 4. At scale: an 8B and a 70B policy on 64 H100s
 #
@@ -467,9 +471,15 @@ for family in ("verl", "nemo-rl"):
     assert fitted.train_hfu <= 1 and fitted.decode_step_latency >= 0
 
 # %% [markdown]
-# Measured systems that generate long chains of thought report generation at about 70% of a step
-# or more (verl's DAPO recipe on a 32B model, `docs/advance/one_step_off.md`; NeMo-Aligner's
-# 405B PPO, about 140 s of a 165 s step, arXiv:2405.01481).
+# Measured systems report generation between about 30% and 90% of a step. Several long
+# chain-of-thought runs sit at 70% or more (verl's DAPO recipe on a 32B model; OpenRLHF's
+# documentation, up to 90%); verl's own 7B DAPO run with 8k-20k-token budgets on 16 H20s spent
+# 30-43% (207 s of 699 s with Megatron, 321 s of 749 s with FSDP2,
+# `docs/advance/one_step_off.md`): the H20 has little compute and much bandwidth, so its training
+# is slow and its decoding relatively fast. NeMo-Aligner's 405B PPO (about 140 s of a 165 s step,
+# arXiv:2405.01481) is chat RLHF with short responses, a large model generating: long chains of
+# thought are not needed for generation to dominate. The share depends on the hardware, the
+# model size, the placement and the length tail.
 #
 # Why decode is memory-bound: its intensity is at most about the batch size (2 FLOPs per weight
 # per sequence, 2 bytes per bf16 weight), and the KV-cache reads, which grow with the context and
@@ -629,7 +639,9 @@ assert calc.message == ""
 # 2. One sequence's cache: `(512 + 4,096) x 320 KiB = 1.51 GB`; the whole rollout's: `4,096 x
 #    1.51 GB = 6.2 TB`, more than the cluster's `64 x 80 GB = 5.1 TB`. A replica has
 #    `8 x 80 = 640 GB`, of which the weights take 141 GB: room for `499 / 1.51 = 330` sequences,
-#    but each replica serves `4,096 / 8 = 512`: **2 waves**.
+#    but each replica serves `4,096 / 8 = 512`: **2 waves**. This assumes the training state
+#    (17.6 GB per GPU) and the reference are offloaded while generating, as colocated systems
+#    do; left resident they take about 160 GB of the replica, room for 225 sequences: 3 waves.
 # 3. With `N` = 70.6e9 and `64 x 989e12 = 6.3e16` FLOP/s:
 #    * prefill: `2N x 4,096 x 512 = 3.0e17` FLOPs: **about 5 s**;
 #    * decode: each replica reads its 141 GB of weights at each of the 4,095 steps of each of its
@@ -641,7 +653,8 @@ assert calc.message == ""
 #      forward over `4,096 x 4,608 = 1.9e7` tokens, `2 x 2N x 1.9e7 = 5.3e18` FLOPs: **about
 #      85 s**;
 #    * policy update: `6N x 1.9e7 = 8.0e18` FLOPs: **about 127 s** at peak (the attention term
-#      adds a few percent).
+#      adds about 9% with the course's full-matrix count at 4,608 tokens, about 4% counted
+#      causally, for scoring too).
 #
 #    Together about 330 s, a third of it generation, and that is a bound: training at 50% of peak
 #    (Megatron-LM reached 52% at 1T parameters, Narayanan et al. 2021, arXiv:2104.04473) doubles

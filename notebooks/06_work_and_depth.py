@@ -34,8 +34,8 @@
 # 1. compute the work, depth and parallelism of a layer, a forward pass, autoregressive decoding
 #    and a whole GRPO or PPO iteration, and use Brent's bound;
 # 2. explain why decode depth grows with the response length while a larger group adds only work;
-# 3. turn depth into seconds with the roofline of chapter 05, and find the device count past which
-#    the depth term decides an iteration's time;
+# 3. turn work and depth into seconds with the roofline of chapter 05, and see why, for
+#    memory-bound decode, the work term falls towards the depth term instead of below it;
 # 4. see how a long tail of response lengths sets the depth by its longest response and lowers the
 #    parallelism.
 
@@ -189,15 +189,22 @@ plt.legend(fontsize=7);
 # `t_step = max(FLOPs / (tp x peak), (weight bytes + KV bytes) / (tp x bandwidth)) + latency`,
 #
 # about `2N / (tp x bandwidth)` for the last sequence of a batch, plus a per-step latency (kernel
-# launches, sampling, TP collectives). The depth in seconds is `(T_max - 1) x t_step`; the work in
-# seconds is `W / (p x peak)`. Brent's bound becomes `max(W/(p peak), D_s) <= T <= W/(p peak) + D_s`
-# (`rlm_course.cost.anatomy.generation_time_bounds`). For the same GRPO generation on H100s in
-# replicas of one GPU, with no per-step latency and with the latency chapter 14 calibrates on
-# NeMo-RL's published runs (vLLM on H100s; chapter 05 measured this machine's):
+# launches, sampling, TP collectives). The depth in seconds is `D_s = (T_max - 1) x t_step`.
+#
+# The work in seconds needs the same care. Brent's theorem counts work and depth in the same
+# unit-time operations; a decode step is memory-bound, so its work in seconds is its **bytes**,
+# not its FLOPs at peak: the KV-cache reads, and the weights, which every one of the `p / tp`
+# replicas streams again at every step. The work term is the roofline time of chapter 05 on `p`
+# devices, `W_s(p) = max(FLOPs / (p peak), bytes(p) / (p bandwidth))` per stage, and the bound is
+# `max(W_s(p), D_s) <= T <= W_s(p) + D_s` (`rlm_course.cost.anatomy.generation_time_bounds`;
+# counting the FLOPs at peak instead would put the "upper" bound below the roofline time, about
+# 25 s against 50 s on one GPU here). For the same GRPO generation on H100s in replicas of one
+# GPU, with no per-step latency and with the latency chapter 14 calibrates on NeMo-RL's published
+# runs (vLLM on H100s; chapter 05 measured this machine's):
 
 # %%
 from rlm_course.cluster.calibration import calibrated_rates
-from rlm_course.cost.anatomy import Workload, generation_time_bounds
+from rlm_course.cost.anatomy import Workload, generation_costs, generation_time_bounds
 from rlm_course.cost.hardware import get_device
 
 h100 = get_device("H100-SXM-80GB")
@@ -208,26 +215,41 @@ devices = [2 ** k for k in range(0, 11)]
 bounds = {lat: [generation_time_bounds(llama, example, h100, p, 1, lat) for p in devices]
           for lat in (0.0, latency)}
 at_64 = generation_time_bounds(llama, example, h100, 64, 1)
+stages = generation_costs(llama, example)
+roofline = [sum(c.seconds(h100, p, 1) for c in stages.values()) for p in devices]
+flops_at_peak = [sum(c.flops for c in stages.values()) / (p * h100.peak_flops) for p in devices]
 print(f"one decode step of Llama-3-8B on one H100: {at_64['step_seconds'] * 1e3:.1f} ms; "
-      f"depth {at_64['depth_seconds']:.1f} s for {example.max_response_len - 1} steps; work "
-      f"{at_64['work_seconds']:.2f} s on 64 GPUs; the depth term wins from "
-      f"{at_64['crossover_devices']:.1f} GPUs on")
+      f"depth {at_64['depth_seconds']:.2f} s for {example.max_response_len - 1} steps; work "
+      f"{bounds[0.0][0]['work_seconds']:.1f} s on 1 GPU, {bounds[0.0][3]['work_seconds']:.2f} s on "
+      f"8, {at_64['work_seconds']:.2f} s on 64 (FLOPs at peak would say "
+      f"{flops_at_peak[6]:.3f} s); the depth term reaches the work term at "
+      f"{at_64['crossover_devices']:,} GPUs")
 plt.figure(figsize=(5.5, 3.2))
-plt.loglog(devices, [b["work_seconds"] for b in bounds[0.0]], "o-", ms=3, label="work W / (p peak)")
+plt.loglog(devices, [b["work_seconds"] for b in bounds[0.0]], "o-", ms=3,
+           label="work: roofline time W_s(p)")
+plt.loglog(devices, flops_at_peak, "x:", ms=3, alpha=0.5, label="FLOPs at peak (not the work)")
 for lat, style in ((0.0, "k--"), (latency, "k:")):
     plt.loglog(devices, [b["depth_seconds"] for b in bounds[lat]], style,
                label=f"depth, {lat * 1e3:.1f} ms latency per step")
 plt.loglog(devices, [b["upper"] for b in bounds[latency]], "s-", ms=3, alpha=0.6,
            label=f"Brent: work + depth ({latency * 1e3:.1f} ms)")
 plt.xlabel("H100s p"); plt.ylabel("seconds of generation"); plt.legend(fontsize=7);
-assert at_64["depth_seconds"] > 10 * at_64["work_seconds"]
-assert at_64["crossover_devices"] < 64
+for b, t in zip(bounds[0.0], roofline):  # the work term is the roofline time; upper is above it
+    assert abs(b["work_seconds"] - t) <= 1e-9 * t and b["upper"] >= t
+assert 20 < flops_at_peak[0] + at_64["depth_seconds"] < 30  # FLOPs at peak: an "upper" of ~25 s
+assert 45 < roofline[0] < 55 and 1.5 < bounds[0.0][3]["work_seconds"] / at_64["depth_seconds"] < 2.5
+assert at_64["work_seconds"] > at_64["depth_seconds"] and at_64["crossover_devices"] > 512
 
 # %% [markdown]
-# Past a few GPUs the work term is the smaller one, and from there on adding GPUs shortens only
-# the work term: the iteration's generation cannot take less than `(T_max - 1) x t_step`. Chapter
-# 05's roofline times and this chapter's depth are the same critical path, counted once in
-# operations and once in seconds.
+# The work term falls fast at first (the KV reads and the FLOPs spread over more GPUs) and then
+# flattens onto the depth term: on 8 GPUs it is already within 2x of it (asserted), and it meets
+# it only past a thousand GPUs. Both end up measuring the same thing, a replica streaming its
+# weights once per decode step, `T_max - 1` times: the work of a memory-bound decode is mostly
+# that stream, which every replica pays whatever its share of the batch, and the depth is that
+# stream for one sequence. So past a few GPUs adding GPUs buys little, and the generation cannot
+# take less than `(T_max - 1) x t_step` however many there are. Chapter 05's roofline times and
+# this chapter's depth are the same critical path, counted once in operations and once in
+# seconds.
 #
 # ## 7. Long tails: depth follows the longest response
 #
@@ -338,22 +360,26 @@ print(f"generation depth {deep:,} for 8k-token responses; the whole iteration's 
 #   is `T` dependent *forward passes*: in section 5's table, 5.3 million operations of depth for
 #   1,024 tokens, about 5,000 per step against GAE's 2; and in seconds each decode step streams the
 #   weights (milliseconds, section 6) while a GAE step is a few arithmetic operations. A GAE loop
-#   is slow only when written as a Python loop over tokens (verl issue #336 reports 10,751 s for
-#   the advantage step on >10k-token outputs), which the scan, or a vectorised loop, fixes.
+#   is slow only when written as a Python loop over tokens, which the scan, or a vectorised
+#   loop, fixes. (verl issue #336 reports an unexplained 10,751 s advantage step on >10k-token
+#   outputs; that timer covers the reward and KL handling too, and the issue names no cause.)
 #
 # </details>
 #
 # > **Key numbers and takeaways**
 # >
-# > * Brent: `max(W/p, D) <= T_p <= W/p + D`; past `p ~ W/D` more processors barely help.
+# > * Brent: `max(W/p, D) <= T_p <= W/p + D`; past `p ~ W/D` more processors barely help. In
+# >   seconds the work term must be a roofline time (bytes for memory-bound decode), or the
+# >   "upper" bound falls below what the hardware can do.
 # > * A Llama-3-8B layer has depth about 156 operations whatever the batch; a forward pass's depth
 # >   grows only with the logarithm of the sequence length.
 # > * Decode depth grows linearly with the response length; a larger group adds work, not depth
 # >   (for equal lengths).
 # > * In the GRPO example generation is about a sixth of the work and 99% of the depth.
 # > * In seconds, one decode step of Llama-3-8B on an H100 takes at least 4.8 ms (its 16 GB of
-# >   weights at 3.35 TB/s); 1,023 of them take about 5 s, while the generation work takes a
-# >   fraction of a second on 64 GPUs: the depth term wins past a few GPUs.
+# >   weights at 3.35 TB/s); 1,023 of them take about 5 s. The generation's work at the roofline
+# >   takes about 50 s on one GPU, 9 s on 8 and 5.5 s on 64: it flattens onto the depth, because
+# >   every replica streams its weights at every step.
 # > * With long-tailed lengths the depth follows `T_max`, which grows with `G`; the parallelism
 # >   of generation is about ten times lower than with equal lengths of the same mean (section 7).
 #

@@ -60,9 +60,12 @@ print(torch.__version__)
 # `p - 1` steps each chunk has visited every rank, so rank `r` holds the full sum of one chunk;
 # each rank has sent `(p-1)` chunks, `(p-1)/p x M` bytes. *All-gather*: the same ring passes the
 # finished chunks around, `p - 1` more steps and `(p-1)/p x M` more bytes. Together `2(p-1)/p x M`
-# per rank, sent over every link at once. No algorithm sends less: each rank must contribute its
-# data to the other ranks' sums and receive what it lacks of the result, at least
-# `(p-1)/p x M` each way (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms").
+# per rank, sent over every link at once. No algorithm sends less (Patarasuk & Yuan 2009,
+# "Bandwidth optimal all-reduce algorithms"): split the result into the `p` parts each rank
+# finishes; every part needs the other `p - 1` ranks' data, so each rank sends at least
+# `(p-1)/p x M` towards the sums; and every rank needs the `p - 1` parts it did not finish, so
+# at least `(p-1)/p x M` more must reach it. In-network reduction (NVLink SHARP, InfiniBand
+# SHARP) beats the bound by letting the switches add.
 
 # %%
 from rlm_course.cost.comm import Link
@@ -189,7 +192,9 @@ plot_rank_timeline([e for e in worlds["ZeRO-3"].events if e.end <= worlds["ZeRO-
 # (`python -m rlm_course hardware`) gives each accelerator's links **per direction**: an H100
 # talks to the seven others of its node over NVLink at 450 GB/s and to other nodes through its
 # own 400 Gb/s NIC, 50 GB/s, with NCCL's latencies of 3.4 and 9.6 us per ring step
-# (`rlm_course.cost.comm.Fabric`). A data-parallel group that fits in a node uses the first;
+# (`rlm_course.cost.comm.Fabric`; 9.6 us is an older NCCL's network figure: current releases'
+# `src/graph/tuning.cc` has 14 us per network ring step plus a base latency of about 8 us per
+# collective, which matters for small messages only). A data-parallel group that fits in a node uses the first;
 # any larger group is paced by the second.
 #
 # **Which RL stage uses data parallelism.** The updates (policy, critic) and the scoring forwards
@@ -219,12 +224,15 @@ for dp in (8, 64, 1024):
 print(format_table(rows, ["model", "devices", "link", "strategy", "GB sent / device / step",
                           "seconds / step"]))
 dp64 = comm.data_parallel_comm(spec.params(), 64, fabric.link(64), 0)
-assert comm.data_parallel_comm(spec.params(), 64, fabric.link(64), 3).bytes == 1.5 * dp64.bytes
+zero3_64 = comm.data_parallel_comm(spec.params(), 64, fabric.link(64), 3)
+assert zero3_64.bytes == 1.5 * dp64.bytes
+assert 0.6 < dp64.seconds < 0.66 and 0.9 < zero3_64.seconds < 1.0  # the numbers the text quotes
 
 # %% [markdown]
-# Sixteen gigabytes of bf16 gradients take a third of a second to all-reduce across nodes, on
-# every optimizer step, whatever the batch. The compute of the step grows with the batch: `6 N`
-# FLOPs per token. **The communication roofline** is where the two meet. With `B` tokens per
+# Sixteen gigabytes of bf16 gradients take about 0.63 s to all-reduce across nodes (0.95 s with
+# ZeRO-3: the table, 64 devices), on every optimizer step, whatever the batch. The compute of
+# the step grows with the batch: `6 N` FLOPs per token. **The communication roofline** is where
+# the two meet. With `B` tokens per
 # device, `k (p-1)/p x b N` bytes to move (`k = 2` for DP and ZeRO-1/2, 3 for ZeRO-3; `b = 2`
 # bytes per bf16 gradient) and a link of `beta` bytes/s:
 #
@@ -232,10 +240,12 @@ assert comm.data_parallel_comm(spec.params(), 64, fabric.link(64), 3).bytes == 1
 #
 # The model size cancels: `B* ~ 13,200` tokens per device for H100s across nodes, whatever the
 # model (the ratio `peak / beta`, about 19,800 FLOP per byte of network, does all the work).
-# Below `B*` a step is communication-bound. Above it, the communication can hide behind the
-# backward pass: DDP all-reduces gradient *buckets* as soon as their layers' backward is done,
-# FSDP *prefetches* the next layer's parameters during the current layer's compute, and only the
-# last bucket (or the first gather) stays exposed.
+# Below `B*` a step is communication-bound. Above it, the communication *can* hide behind the
+# compute, if the compute it overlaps is long enough: DDP all-reduces gradient *buckets* as soon
+# as their layers' backward is done, so it can hide only behind the backward, `4N` of the `6N`
+# FLOPs per token, and needs about `1.5 B*` tokens to hide it all (the last bucket stays exposed);
+# FSDP *prefetches* the next layer's parameters during the current layer's compute, forward
+# included, so its factor is smaller.
 
 # %%
 import matplotlib.pyplot as plt
@@ -260,15 +270,26 @@ at = comm.data_parallel_step(spec, h100, 64, b_star * spec.params() / spec.matmu
 # the bandwidth formula leaves out
 assert abs(at["compute"] / at["comm"] - 1) < 0.01
 assert round(comm.min_tokens_per_device(h100.peak_flops, net.beta, 10**6)) == 13192
+ridge = b_star * spec.params() / spec.matmul_params()
+rows = []
+for factor in (1.0, 1.2, 1.5, 2.0):
+    one = comm.data_parallel_step(spec, h100, 64, factor * ridge, net, overlap=True)
+    rows.append([f"{factor:g} B*", f"{factor * ridge:,.0f}", f"{one['exposed']:.3f}",
+                 f"{one['step']:.3f}", f"{one['exposed'] / one['step']:.0%}"])
+print(format_table(rows, ["tokens per device", "", "exposed comm s", "step s", "exposed share"]))
+at_ridge = comm.data_parallel_step(spec, h100, 64, ridge, net, overlap=True)
+at_1_5 = comm.data_parallel_step(spec, h100, 64, 1.5 * ridge, net, overlap=True)
+assert 0.2 < at_ridge["exposed"] / at_ridge["step"] < 0.3  # at B*, DDP still exposes a quarter
+assert at_1_5["exposed"] / at_1_5["step"] < 0.05  # at 1.5 B*, only the last bucket is left
 
 # %% [markdown]
 # (The vertical line sits at `B*` scaled by `params / matmul params`: the gradients are all of
 # the 8.0B parameters, embeddings included, while the `6N` compute counts only the matmul
 # weights.) An RL update of 512 prompts x 16 responses of 4,000 tokens has 33M tokens, 512,000 per
 # device on 64 GPUs, a sixteenth of it in each of 16 mini-batches: ~32,000 tokens per device
-# per optimizer step, above `B*`, so the gradient traffic of an RL update hides, if the framework
-# overlaps it. Cut the batch into 64 mini-batches or spread it over 256 GPUs and it no longer
-# does.
+# per optimizer step, above `1.5 B*`, so the gradient traffic of an RL update hides, if the
+# framework overlaps it. Cut the batch into 64 mini-batches or spread it over 256 GPUs and it no
+# longer does.
 
 # %% [markdown]
 # ## Questions
@@ -329,8 +350,10 @@ assert [round(x, 1) for x in gb] == [120.0, 31.4, 16.6, 1.9]
 # >   float64 (1e-13 here), machine-dependent differences in float32.
 # > * The communication roofline: data parallelism stays compute-bound above
 # >   `B* = k (p-1)/p x b x peak / (6 beta)` tokens per device and optimizer step, about 13,200
-# >   for H100s across nodes (19,800 with ZeRO-3), independent of the model; overlap (DDP
-# >   buckets, FSDP prefetch) then hides the communication, below it nothing can.
+# >   for H100s across nodes (19,800 with ZeRO-3), independent of the model. Overlap hides the
+# >   communication only behind the compute it overlaps: DDP's buckets overlap the backward
+# >   (4N of 6N), so they need about 1.5 B* (at B* a quarter of the step is still exposed);
+# >   below B* nothing can.
 #
 # ## Further reading
 #

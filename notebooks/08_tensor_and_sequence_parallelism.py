@@ -34,7 +34,8 @@
 #    check its forward and backward against one device;
 # 3. count the collectives and bytes per layer, and say why TP stays inside a node;
 # 4. say what sequence parallelism saves: the activations of chapter 05's per-layer count,
-#    `sbh (34 + 5as/h)`, all divided by `tp` instead of only the parts inside the split matmuls.
+#    `sbh (34 + 5as/h)`, all divided by `tp` instead of only the parts inside the split matmuls
+#    (section 2's last cell derives it: `sbh (10 + 24/t)` with TP alone, `34 sbh / t` with SP).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -112,6 +113,36 @@ from rlm_course.tools.plots import plot_rank_timeline
 plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block forward + backward");
 
 # %% [markdown]
+# **What sequence parallelism saves.** Chapter 05 counts the activations a layer keeps for the
+# backward, in 16-bit bytes, as `sbh (34 + 5as/h)` (Korthikanti et al. 2022, arXiv:2205.05198,
+# eq. 1; `s` tokens, `b` sequences, `h` the width, `a` heads); with a fused attention kernel
+# (FlashAttention) the `5as/h` of scores, softmax and dropout mask is recomputed, not kept. Split
+# the `34 sbh` by where it lives:
+#
+# * **inside TP's split matmuls, `24 sbh`**: attention's Q, K and V (`2 + 2 + 2`), the attention
+#   output before the row-parallel projection (`2`), and the MLP's hidden tensor before and after
+#   its activation (`8 + 8`, the paper's 4h MLP), which each rank holds for its heads or columns
+#   only: divided by `t`;
+# * **around them, `10 sbh`**: the two layer norms' inputs (`2 + 2`), the inputs of the
+#   column-parallel QKV and first MLP matmuls (`2 + 2`), the dropout masks after the attention
+#   and MLP blocks (`1 + 1`): with TP alone every rank holds all of them.
+#
+# So TP alone keeps `sbh (10 + 24/t)` per layer; sequence parallelism splits the second group
+# along the sequence (the all-gather before a column-parallel matmul and the reduce-scatter after
+# a row-parallel one replace TP's all-reduce, section 2) and keeps `34 sbh / t` (the paper's
+# Table 2). Per layer of Llama-3-70B with an 8,192-token micro-batch:
+
+# %%
+from rlm_course.cost.architectures import get_spec
+
+llama70 = get_spec("llama-3-70b")
+sbh = 8192 * 1 * llama70.d_model
+rows = [[t, f"{34 * sbh / 1e9:.2f}", f"{sbh * (10 + 24 / t) / 1e9:.2f}",
+         f"{34 * sbh / t / 1e9:.2f}", f"{(10 + 24 / t) / (34 / t):.1f}x"] for t in (1, 2, 4, 8)]
+print(format_table(rows, ["tp", "no TP GB", "TP alone GB", "TP + SP GB", "SP saves"]))
+assert (10 + 24 / 8) * sbh == 13 * sbh  # 13 sbh at t = 8, against 34/8 = 4.25 sbh with SP
+
+# %% [markdown]
 # ## 3. Seconds at scale: TP stays inside a node, and TP in generation
 #
 # A TP layer's collectives sit *between* the matmuls that need their result, so they add to
@@ -120,12 +151,13 @@ plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block f
 # grow with the tokens, so their ratio depends only on the shapes and the link: the
 # **communication roofline of TP**. For an MLP block with `m` matrices of `d x d_ff`,
 #
-#     compute-bound  <=>  d_ff / tp  >=  (tp-1)/tp x b x peak / (m beta)
+#     compute >= communication  <=>  d_ff / tp  >=  (tp-1)/tp x b x peak / (m beta)
 #
 # (`rlm_course.cost.comm.min_ffn_per_shard`): about 1,300 hidden units per shard over an
 # H100's NVLink at `tp = 8`, but 11,500 over the network. Llama-3-70B's 28,672 units give 3,584
-# per shard at `tp = 8`: comfortably compute-bound inside a node, communication-bound across
-# nodes.
+# per shard at `tp = 8`: comfortably above the threshold inside a node, below it across nodes.
+# TP's collectives sit between the matmuls and cannot overlap them, so at the threshold they are
+# still half of the step: "compute >= communication", not "communication hidden".
 
 # %%
 from rlm_course.cost.architectures import get_spec
@@ -144,7 +176,7 @@ for tp, where, link in ((8, "one node: NVLink", fabric.link(8)),
                  f"{layer['comm'] / layer['step']:.0%}"])
 print(format_table(rows, ["tp", "group", "matmuls ms", "all-reduces ms", "communication share"]))
 for name, beta in (("NVLink", 450e9), ("network", 50e9)):
-    print(f"{name}: compute-bound above d_ff / tp = "
+    print(f"{name}: compute >= communication above d_ff / tp = "
           f"{comm.min_ffn_per_shard(h100.peak_flops, beta, 8):,.0f} (Llama-3-70B: "
           f"{spec70.d_ff // 8:,})")
 assert comm.min_ffn_per_shard(h100.peak_flops, 450e9, 8) < spec70.d_ff / 8 < \
@@ -243,10 +275,12 @@ assert (few, many) == (8, 8)
 # >   forward, 2 backward, each of `b s h` activations; every rank sends `2(tp-1)/tp` of them per
 # >   all-reduce (the `bytes/rank` column equals `layer_bytes_per_rank`, asserted).
 # > * Sequence parallelism: the same bytes as reduce-scatter + all-gather; norms, dropout and
-# >   residuals on `1/tp` of the positions, so all of a layer's activations divide by `tp`.
+# >   residuals on `1/tp` of the positions, so all of a layer's activations divide by `tp`:
+# >   `34 sbh / t` per layer against `sbh (10 + 24/t)` with TP alone (13 sbh at `t = 8`).
 # > * TP results equal one device's up to float32 rounding of sums in another order.
-# > * TP is compute-bound when `d_ff / tp >= (tp-1)/tp x b x peak / (m beta)`: about 1,300
-# >   hidden units per shard on H100 NVLink at `tp = 8`, 11,500 across nodes; keep TP in a node.
+# > * TP's compute is at least its communication when `d_ff / tp >= (tp-1)/tp x b x peak /
+# >   (m beta)`: about 1,300 hidden units per shard on H100 NVLink at `tp = 8`, 11,500 across
+# >   nodes; its collectives cannot overlap, so keep TP in a node.
 # > * In generation, TP costs two all-reduces per layer per token, cheap inside a node with an
 # >   engine's one-shot all-reduce, dear across nodes: the right TP depends on the sequences per
 # >   device and on where the replica sits.
@@ -263,6 +297,8 @@ assert (few, many) == (8, 8)
 #
 # ## Exercise
 #
-# Chapter 14's exercise file has this chapter's generation trade-off as its second exercise:
-# write `choose_generation_tp` in `exercises/ex14_plan_a_cluster.py` and check it with
-# `python -m rlm_course grade 14`.
+# `exercises/ex08_tensor_parallel.py`: write `row_parallel_linear` (section 1's split, its
+# all-reduce, equal to one device) and check it with `python -m rlm_course grade 08` (or the
+# checks in `exercises/ex08_tensor_parallel.ipynb`). Chapter 14's exercise file has this
+# chapter's generation trade-off as its second exercise: `choose_generation_tp` in
+# `exercises/ex14_plan_a_cluster.py`, `python -m rlm_course grade 14`.

@@ -107,6 +107,17 @@ plt.xlabel("micro-batches m"); plt.ylabel("bubble fraction of the total time")
 plt.legend(fontsize=8);
 
 # %% [markdown]
+# **Beyond interleaving: zero-bubble schedules.** A backward is two computations with different
+# dependencies: the gradient with respect to the layer's *input* (`B`), which the previous stage
+# waits for, and the gradient with respect to its *weights* (`W`), which nothing downstream needs
+# until the optimizer step. Qi et al. (2023, arXiv:2401.10241) split them and schedule the `W`
+# passes into the slots where a device would otherwise idle, removing almost all of the bubble
+# of 1F1B at the same activation memory (ZB-H1) or all of it with more memory (ZB-H2).
+# DeepSeek-V3's DualPipe (arXiv:2412.19437, section 3.2.1) feeds micro-batches from both ends
+# of the pipeline and overlaps each stage's computation with the all-to-all communication of
+# expert parallelism. This chapter's simulator runs GPipe, 1F1B and interleaved 1F1B only.
+
+# %% [markdown]
 # ## 3. Executing a schedule gives one device's gradients
 
 # %%
@@ -183,8 +194,11 @@ print(format_table([[r, *(measured[a][r] for a in ("dp", "pp", "tp"))] for r in 
 #
 # What a layout costs per device for a real model (`rlm_course.cost.layouts`): the model
 # states sharded by TP, PP and ZeRO, the activations of the micro-batches in flight (one
-# micro-batch of all layers under 1F1B, chapter 05's count divided by `tp`), and the fp32 logits
-# of a micro-batch. Llama-3-70B on 64 H100s, 8,192-token micro-batches:
+# micro-batch of all layers under 1F1B: chapter 05's `34 s h` per layer divided by `tp`, which
+# assumes Megatron's **sequence parallelism** (chapter 08); without it TP divides only the
+# `24 s h` inside its matmuls and every rank keeps the other `10 s h`, `s h (10 + 24 / t)` per
+# layer), and the fp32 logits of a micro-batch. Llama-3-70B on 64 H100s, 8,192-token
+# micro-batches:
 
 # %%
 from rlm_course.cost.architectures import get_spec
@@ -195,25 +209,30 @@ from rlm_course.tools.plots import plot_memory_per_rank
 spec70, h100 = get_spec("llama-3-70b"), get_device("H100-SXM-80GB")
 layouts = {"DP 64, ZeRO-1": Layout(dp=64, zero=1), "FSDP 64": Layout(dp=64, zero=3),
            "FSDP 64, recompute": Layout(dp=64, zero=3, recompute=True),
-           "TP 8 x DP 8, ZeRO-1": Layout(dp=8, tp=8, zero=1),
-           "TP 8 x PP 4 x DP 2, ZeRO-1": Layout(dp=2, tp=8, pp=4, zero=1)}
+           "TP 8 x DP 8, ZeRO-1, no SP": Layout(dp=8, tp=8, zero=1, sequence_parallel=False),
+           "TP 8 + SP x DP 8, ZeRO-1": Layout(dp=8, tp=8, zero=1),
+           "TP 8 + SP x PP 4 x DP 2, ZeRO-1": Layout(dp=2, tp=8, pp=4, zero=1)}
 memory = {name: training_memory(spec70, lay, 8192) for name, lay in layouts.items()}
 plot_memory_per_rank(memory, title="Llama-3-70B on 64 H100s: bytes per device")
 total = {name: sum(parts.values()) / 1e9 for name, parts in memory.items()}
 for name, gb in total.items():
     print(f"{name:28s} {gb:7.1f} GB per device")
-assert total["DP 64, ZeRO-1"] > total["FSDP 64"] > 80 > total["TP 8 x DP 8, ZeRO-1"]
-assert total["FSDP 64, recompute"] < total["TP 8 x PP 4 x DP 2, ZeRO-1"] < 80
+assert total["DP 64, ZeRO-1"] > total["FSDP 64"] > 80 > total["TP 8 + SP x DP 8, ZeRO-1"]
+assert total["FSDP 64, recompute"] < total["TP 8 + SP x PP 4 x DP 2, ZeRO-1"] < 80
+assert 110 < total["TP 8 x DP 8, ZeRO-1, no SP"]  # without SP the same layout does not fit
 
 # %% [markdown]
 # Sharding the model states is not enough: an 8,192-token micro-batch keeps 182 GB of
-# activations (`34 s h` bytes per layer, 80 layers) unless TP splits them or recomputation drops
-# them. The layouts that fit an 80 GB device differ in seconds too: FSDP moves 1.5x the
-# gradient bytes over the network every step (chapter 07's roofline), TP keeps its traffic on
-# NVLink but splits each matmul, PP adds its bubble. For a pipeline of `p` stages with `m`
-# micro-batches per optimizer step, the training stage of an RL iteration takes
-# `compute / (1 - (p-1)/(m+p-1))`, plus the activations' hops; the number of micro-batches is
-# what an RL trainer controls (its mini-batches).
+# activations (`34 s h` bytes per layer, 80 layers) unless TP with sequence parallelism splits
+# them or recomputation drops them; TP alone leaves `13 s h` per layer at `t = 8` on every rank,
+# and the TP 8 x DP 8 layout then needs about 119 GB (asserted). The layouts that fit an 80 GB
+# device differ in seconds too: FSDP moves 1.5x the gradient bytes over the network every step
+# (chapter 07's roofline), TP keeps its traffic on NVLink but splits each matmul, PP adds its
+# bubble. For a pipeline of `p` stages with `m` micro-batches per optimizer step, each optimizer
+# step takes `compute / (1 - (p-1)/(m+p-1))`, plus the activations' hops. An RL trainer sets `m`
+# through its batch sizes: `m` = the tokens of a *mini-batch* (one optimizer step) over the
+# tokens of a *micro-batch*; cutting the rollout into more mini-batches lowers `m` and pays one
+# more fill and drain per optimizer step, so an update of `n` mini-batches pays `n` bubbles.
 
 # %%
 from rlm_course.cost import comm
@@ -254,8 +273,13 @@ for m in (4, 16, 64):
 #   backward, and cannot hide, so they need the fastest link (chapter 08). PP next: its traffic
 #   is a point-to-point hop per micro-batch and boundary, small and overlappable. DP across
 #   nodes: one all-reduce per optimizer step, which overlap hides above the communication
-#   roofline (chapter 07). That is the order of the mesh's axes, `dp, pp, tp` from slowest to
-#   fastest, and Megatron's default.
+#   roofline (chapter 07). That is the order of section 4's mesh, `dp, pp, tp` from slowest to
+#   fastest. Megatron-Core orders its ranks `tp-cp-ep-dp-pp` (`initialize_model_parallel`): TP
+#   fastest, then DP, and PP slowest, pipeline stages across nodes, as Narayanan et al. 2021
+#   (section 3) place them. Both keep TP inside the node; they differ in which of DP's one large
+#   collective per step and PP's small hops per micro-batch gets the slower links: Megatron
+#   gives PP the slowest, since its point-to-point traffic is the smallest; putting DP outermost
+#   keeps its all-reduce on the network when PP fits in a node.
 #
 # </details>
 #
@@ -280,3 +304,8 @@ for m in (4, 16, 64):
 #   https://huggingface.co/spaces/nanotron/ultrascale-playbook
 # * *How to Scale Your Model* (the JAX scaling book); https://jax-ml.github.io/scaling-book/
 # * Stanford CS336, systems assignment and lectures on parallelism; https://github.com/stanford-cs336
+#
+# ## Exercise
+#
+# `exercises/ex09_pipeline.py`: write `one_f_one_b`, the 1F1B schedule table of section 2, and
+# check it with `python -m rlm_course grade 09` (or the checks in `exercises/ex09_pipeline.ipynb`).

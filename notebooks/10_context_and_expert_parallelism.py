@@ -19,12 +19,15 @@
 # **Context parallelism** splits one long sequence over ranks. Ring attention (Liu et al. 2023)
 # keeps each rank's queries and passes the keys and values around a ring; the online-softmax merge
 # combines partial results exactly (in exact arithmetic; in floats, up to rounding). Long
-# reasoning traces (tens of thousands of tokens) make this the way to score and train on them.
+# reasoning traces (tens of thousands of tokens) make context parallelism how systems score and
+# train on them: ring attention, or DeepSpeed-Ulysses's all-to-alls over the heads (section 3).
 #
 # **Expert parallelism** spreads the experts of a mixture-of-experts layer over ranks: a router
 # sends each token to its `k` best experts, an all-to-all carries the tokens to the experts' ranks
-# and a second one brings the results back; experts take at most `capacity` tokens, the rest are
-# dropped.
+# and a second one brings the results back. In GShard's and Switch Transformer's scheme, which
+# this chapter runs, experts take at most `capacity` tokens and the rest are dropped; current
+# MoEs such as DeepSeek-V3 and Qwen3 are *dropless* (every token reaches its experts; the load
+# is balanced by a bias or an auxiliary loss instead, and the all-to-all sizes vary).
 #
 # **Learning objectives.** After this chapter you can:
 #
@@ -192,7 +195,10 @@ print(f"for scale: the matmuls of that 128k sequence take {flops / (0.5 * h100.p
 # (half that with Ulysses), next to 1.5 s of matmuls and more of attention: it hides behind the
 # compute it splits. Expert parallelism's all-to-alls, by contrast, sit between the router and
 # the experts of every MoE layer, and across nodes they slow to the network's 50 GB/s, ten times
-# the in-node time here: that is why MoE systems keep EP inside a node
+# the in-node time here. (An upper estimate: the model counts all 61 layers of DeepSeek-V3 as
+# MoE, of which 58 are, and puts all of the ep-64 traffic on the network, where DeepSeek-V3
+# sends each token to at most 4 nodes and forwards within a node over NVLink, its report's
+# section 3.2.2.) That is why MoE systems keep EP inside a node
 # (or a fast domain) where they can, and why RL frameworks for MoE models lean on fast all-to-all
 # kernels (DeepEP in slime).
 
@@ -256,3 +262,10 @@ print(f"for scale: the matmuls of that 128k sequence take {flops / (0.5 * h100.p
 # * Ultra-Scale Playbook, context and expert parallelism;
 #   https://huggingface.co/spaces/nanotron/ultrascale-playbook
 # * *How to Scale Your Model* (the JAX scaling book); https://jax-ml.github.io/scaling-book/
+#
+# ## Exercise
+#
+# `exercises/ex10_context_expert.py`: write `online_softmax_merge` (how ring attention combines
+# the partial softmaxes of each key block) and `dispatch_indices` (the all-to-all's send slots
+# of expert parallelism), and check them with `python -m rlm_course grade 10` (or the checks in
+# `exercises/ex10_context_expert.ipynb`).
