@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.systems.async_rl import policy_loss
-from rlm_course.rl.off_policy import CORRECTIONS
+from rlm_course.rl.off_policy import CORRECTIONS, check_log_probs
 
 __all__ = ['rollout_capacity', 'behaviour_weights', 'decoupled_ppo_loss']
 
@@ -68,14 +68,14 @@ def behaviour_weights(prox_log_probs: Tensor, behaviour_log_probs: Tensor,
         or masked).
 
     Raises:
-        ValueError: for an unknown correction or a cap below 1 or not finite.
+        ValueError: for an unknown correction, a cap below 1 or not finite, tensors that are not
+            ``(batch, R)`` of one shape, or log-probs of real tokens that are not finite
+            (:func:`check_log_probs`).
     """
     if correction not in CORRECTIONS:
         raise ValueError(f"correction={correction!r} is not known; choose one of "
                          f"{', '.join(CORRECTIONS)}.")
-    if not 1.0 <= cap < float("inf"):  # also refuses NaN
-        raise ValueError(f"cap={cap} must be a finite number >= 1 (2 is typical; AReaL and TRL "
-                         "use 2-5).")
+    check_log_probs(prox_log_probs, behaviour_log_probs, response_mask, cap, "behaviour_weights")
     mask = response_mask.bool()
     # TODO: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w), the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere
     raise NotImplementedError("not implemented yet: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w), the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere")

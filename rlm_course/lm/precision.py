@@ -31,10 +31,21 @@ E4M3_MAX = 448.0
 
 def round_to_fp8(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` (``(out, in)`` or any 2-D) rounded to float8 e4m3 with one scale per row
-    (``absmax / 448``) and returned dequantized in its own dtype: what an fp8 engine computes
-    with. An all-zero row stays zero."""
-    scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / E4M3_MAX
-    return ((weight / scale).to(torch.float8_e4m3fn).to(weight.dtype) * scale)
+    (``absmax / 448``, taken in fp32) and returned dequantized in its own dtype: what an fp8
+    engine computes with. An all-zero row stays zero.
+
+    Raises:
+        ValueError: for a weight that is not a non-empty 2-D tensor, or holds NaN or inf.
+    """
+    if weight.dim() != 2 or weight.numel() == 0:
+        raise ValueError(f"round_to_fp8: a non-empty 2-D weight (rows scaled one by one), not "
+                         f"shape {tuple(weight.shape)}.")
+    w = weight.float()  # the scale in fp32: an fp16 absmax / 448 would fall into subnormals
+    if not torch.isfinite(w).all():
+        raise ValueError("round_to_fp8: the weight holds NaN or inf; an fp8 scale cannot be "
+                         "taken from it (the model has diverged).")
+    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / E4M3_MAX
+    return ((w / scale).to(torch.float8_e4m3fn).float() * scale).to(weight.dtype)
 
 
 def rollout_copy(model: nn.Module, precision: str) -> nn.Module:
@@ -69,9 +80,14 @@ def sync_rollout_copy(model: nn.Module, engine: nn.Module, precision: str) -> No
         raise ValueError(f"precision={precision!r} is not known; choose one of "
                          f"{', '.join(PRECISIONS)}.")
     src, dst = model.state_dict(), engine.state_dict()
-    if list(src) != list(dst):
+    if list(src) != list(dst) or any(src[k].shape != dst[k].shape for k in src):
         raise ValueError("sync_rollout_copy: the engine's parameters differ from the model's; "
                          "make the engine with rollout_copy(model, precision).")
+    bf16 = any(v.dtype == torch.bfloat16 for v in dst.values() if v.is_floating_point())
+    if bf16 != (precision == "bf16"):
+        raise ValueError(f"sync_rollout_copy: precision={precision!r} for an engine made "
+                         f"{'in bf16' if bf16 else 'in fp32'}; sync it with the precision it was "
+                         "made with (rollout_copy(model, precision)).")
     for name, value in src.items():
         if precision == "fp8" and value.dim() == 2 and value.is_floating_point():
             value = round_to_fp8(value)

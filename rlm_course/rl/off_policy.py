@@ -59,6 +59,31 @@ from rlm_course.algorithms import CORRECTIONS
 from rlm_course.rl.masked import masked_mean
 
 
+def check_log_probs(prox_log_probs: Tensor, behaviour_log_probs: Tensor, response_mask: Tensor,
+                    cap: float, where: str) -> None:
+    """Refuse what the corrections cannot weigh: tensors that are not all ``(batch, R)`` of one
+    shape, log-probs that are not finite on real tokens (NaN would pass every cap unseen), or a
+    cap that is not a finite number >= 1.
+
+    Raises:
+        ValueError: naming the function ``where``, the shapes or the count of bad log-probs.
+    """
+    shapes = [tuple(t.shape) for t in (prox_log_probs, behaviour_log_probs, response_mask)]
+    if any(len(x) != 2 for x in shapes) or len(set(shapes)) != 1:
+        raise ValueError(f"{where}: proximal, behaviour log-probs and response mask must all be "
+                         f"(batch, R) of one shape; got {shapes[0]}, {shapes[1]} and {shapes[2]}.")
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 1.0 <= cap < float("inf"):
+        raise ValueError(f"{where}: cap={cap!r} must be a finite number >= 1 (2 is typical; "
+                         "AReaL and TRL use 2-5).")
+    mask = response_mask.bool()
+    bad = int((~torch.isfinite(prox_log_probs[mask])).sum() +
+              (~torch.isfinite(behaviour_log_probs[mask])).sum())
+    if bad:
+        raise ValueError(f"{where}: {bad} log-probs of real response tokens are not finite "
+                         "(NaN or inf); the model that computed them has diverged or was fed "
+                         "tokens it gives probability 0.")
+
+
 def behaviour_weights(prox_log_probs: Tensor, behaviour_log_probs: Tensor,
                       response_mask: Tensor, correction: str = "mis",
                       cap: float = 2.0) -> tuple[Tensor, Tensor]:
@@ -79,14 +104,14 @@ def behaviour_weights(prox_log_probs: Tensor, behaviour_log_probs: Tensor,
         or masked).
 
     Raises:
-        ValueError: for an unknown correction or a cap below 1 or not finite.
+        ValueError: for an unknown correction, a cap below 1 or not finite, tensors that are not
+            ``(batch, R)`` of one shape, or log-probs of real tokens that are not finite
+            (:func:`check_log_probs`).
     """
     if correction not in CORRECTIONS:
         raise ValueError(f"correction={correction!r} is not known; choose one of "
                          f"{', '.join(CORRECTIONS)}.")
-    if not 1.0 <= cap < float("inf"):  # also refuses NaN
-        raise ValueError(f"cap={cap} must be a finite number >= 1 (2 is typical; AReaL and TRL "
-                         "use 2-5).")
+    check_log_probs(prox_log_probs, behaviour_log_probs, response_mask, cap, "behaviour_weights")
     mask = response_mask.bool()
     # BEGIN SOLUTION: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w), the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere
     log_w = torch.where(mask, prox_log_probs - behaviour_log_probs, 0.0).detach()
@@ -126,13 +151,11 @@ def mismatch_stats(prox_log_probs: Tensor, behaviour_log_probs: Tensor, response
         prox_log_probs, behaviour_log_probs, response_mask: ``(batch, R)``.
 
     Raises:
-        ValueError: for shapes that differ.
+        ValueError: for tensors that are not ``(batch, R)`` of one shape, log-probs of real
+            tokens that are not finite, or a cap below 1 (:func:`check_log_probs`).
     """
-    if prox_log_probs.shape != behaviour_log_probs.shape or \
-            prox_log_probs.shape != response_mask.shape:
-        raise ValueError(f"mismatch_stats: shapes {tuple(prox_log_probs.shape)}, "
-                         f"{tuple(behaviour_log_probs.shape)} and {tuple(response_mask.shape)} "
-                         "must agree (batch, R).")
+    check_log_probs(prox_log_probs, behaviour_log_probs, response_mask, cap, "mismatch_stats")
+    prox_log_probs, behaviour_log_probs = prox_log_probs.detach(), behaviour_log_probs.detach()
     mask = response_mask.bool()
     if not mask.any():
         return {"behaviour_kl": 0.0, "behaviour_kl_seq": 0.0, "log_ratio_abs_max": 0.0,

@@ -39,8 +39,9 @@ def delta_bytes(n: int, k: int) -> int:
     Raises:
         ValueError: unless ``0 <= k <= n``.
     """
-    if not 0 <= k <= n:
-        raise ValueError(f"delta_bytes: k={k} changed weights of n={n}; need 0 <= k <= n.")
+    if not (isinstance(n, int) and isinstance(k, int) and 0 <= k <= n):
+        raise ValueError(f"delta_bytes: k={k!r} changed weights of n={n!r}; need integers "
+                         "0 <= k <= n.")
     return HEADER_BYTES + min((INDEX_BYTES + VALUE_BYTES) * k, VALUE_BYTES * n)
 
 
@@ -56,8 +57,11 @@ def unchanged_fraction(before: Sequence[Tensor], after: Sequence[Tensor]) -> flo
     Raises:
         ValueError: for tensors that differ in number or shapes.
     """
-    if len(before) != len(after) or any(a.shape != b.shape for a, b in zip(before, after)):
-        raise ValueError("unchanged_fraction: the two versions must hold the same tensors.")
+    before, after = list(before), list(after)
+    if not before or len(before) != len(after) or any(a.shape != b.shape
+                                                      for a, b in zip(before, after)):
+        raise ValueError("unchanged_fraction: the two versions must hold the same tensors, at "
+                         "least one.")
     same = sum(int((bf16_bits(a) == bf16_bits(b)).sum()) for a, b in zip(before, after))
     return same / max(1, sum(a.numel() for a in before))
 
@@ -71,6 +75,8 @@ class DeltaState:
     """
 
     def __init__(self, tensors: Sequence[Tensor]) -> None:
+        tensors = list(tensors)
+        self.shapes = [tuple(t.shape) for t in tensors]
         self.bits = [bf16_bits(t).clone() for t in tensors]
 
     def encode(self, tensors: Sequence[Tensor]) -> tuple[Tensor, list[int]]:
@@ -84,6 +90,7 @@ class DeltaState:
         Raises:
             ValueError: for tensors of other number or sizes than the state's.
         """
+        tensors = list(tensors)
         self._check(tensors)
         parts, changed = [], []
         for i, t in enumerate(tensors):
@@ -103,41 +110,58 @@ class DeltaState:
 
     def apply(self, payload: Tensor, tensors: Sequence[Tensor] | None = None) -> None:
         """Apply a payload of :meth:`encode` to this state and, when given, write the new bf16
-        values into ``tensors`` (the receiver's weights, in place, in their own dtype).
+        values into ``tensors`` (the receiver's weights, in place, in their own dtype). The whole
+        payload is checked before anything changes.
 
         Raises:
-            ValueError: for a payload that does not match the state's tensors.
+            ValueError: for a payload that is not uint8, or does not match the state's tensors
+                (another model, cut short, bytes left over, a header or position out of range).
         """
         if tensors is not None:
+            tensors = list(tensors)
             self._check(tensors)
-        offset = 0
-        data = payload.contiguous()
+        if payload.dtype != torch.uint8 or payload.dim() != 1:
+            raise ValueError(f"delta payload: a flat uint8 tensor from DeltaState.encode, not "
+                             f"{payload.dtype} of shape {tuple(payload.shape)}.")
+        data, offset, updates = payload.contiguous(), 0, []
         for i, bits in enumerate(self.bits):
+            n = bits.numel()
             if offset + HEADER_BYTES > len(data):
-                raise ValueError(f"delta payload ends at tensor {i} of {len(self.bits)}.")
+                raise ValueError(f"delta payload ends at tensor {i} of {len(self.bits)}: it was "
+                                 "made for other tensors, or cut short.")
             k = int(data[offset:offset + HEADER_BYTES].clone().view(torch.int64))  # aligned copy
             offset += HEADER_BYTES
+            size = VALUE_BYTES * n if k == -1 else (INDEX_BYTES + VALUE_BYTES) * k
+            if not (k == -1 or 0 <= k <= n) or offset + size > len(data):
+                raise ValueError(f"delta payload: tensor {i} (of {n} weights) has a header of "
+                                 f"{k} changed weights or too few bytes: it was made for other "
+                                 "tensors, or cut short.")
             if k == -1:
-                size = VALUE_BYTES * bits.numel()
-                bits.copy_(data[offset:offset + size].clone().view(torch.int16))
-                offset += size
+                updates.append((i, None, data[offset:offset + size].clone().view(torch.int16)))
             else:
-                where = data[offset:offset + INDEX_BYTES * k].clone().view(torch.int32).long()
-                offset += INDEX_BYTES * k
-                bits[where] = data[offset:offset + VALUE_BYTES * k].clone().view(torch.int16)
-                offset += VALUE_BYTES * k
-            if tensors is not None:
-                with torch.no_grad():
-                    tensors[i].copy_(bits.view(torch.bfloat16).view_as(tensors[i]))
+                end = offset + INDEX_BYTES * k
+                where = data[offset:end].clone().view(torch.int32).long()
+                if k and (int(where.min()) < 0 or int(where.max()) >= n):
+                    raise ValueError(f"delta payload: tensor {i} has positions outside its {n} "
+                                     "weights: it was made for other tensors.")
+                updates.append((i, where, data[end:offset + size].clone().view(torch.int16)))
+            offset += size
         if offset != len(data):
             raise ValueError(f"delta payload has {len(data) - offset} bytes left over: it was "
                              "made for other tensors.")
+        for i, where, values in updates:  # checked: now change the state and the weights
+            if where is None:
+                self.bits[i].copy_(values)
+            else:
+                self.bits[i][where] = values
+            if tensors is not None:
+                with torch.no_grad():
+                    tensors[i].copy_(self.bits[i].view(torch.bfloat16).view_as(tensors[i]))
 
     def _check(self, tensors: Sequence[Tensor]) -> None:
-        if len(tensors) != len(self.bits) or any(t.numel() != b.numel()
-                                                  for t, b in zip(tensors, self.bits)):
+        if [tuple(t.shape) for t in tensors] != self.shapes:
             raise ValueError(f"delta sync: {len(tensors)} tensors against a state of "
-                             f"{len(self.bits)}, or other sizes; both sides must hold the same "
+                             f"{len(self.bits)}, or other shapes; both sides must hold the same "
                              "model.")
 
 

@@ -259,6 +259,9 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
         if repeats is not None:
             raise ValueError("--repeats: the mismatch experiment has no timing repeats; give "
                              "--steps (per run) and --seed (the first of two seeds).")
+        if seed is not None and not 0 <= seed < 2**63 - 1:
+            raise ValueError(f"--seed {seed}: seeds are integers in [0, 2**63 - 1) (the "
+                             "experiment runs this seed and the next).")
         first = seed or 0
         result = mismatch_experiment(steps=steps or 60, seeds=(first, first + 1),
                                      progress=progress)

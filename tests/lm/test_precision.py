@@ -19,6 +19,14 @@ def test_fp8_rounding_by_hand():
     assert got[0].tolist() == [448.0, 0.3125, 96.0]
     assert torch.allclose(got[1], torch.tensor([0.875, -0.4375, 0.0]))
     assert round_to_fp8(torch.zeros(2, 3)).abs().sum() == 0
+    # fp16 weights: the scale is taken in fp32 (absmax / 448 of 3e-4 is a subnormal in fp16),
+    # so the row's largest value comes back within e4m3's rounding
+    small = torch.tensor([[1e-4, 3e-4, 3e-5]]).half()
+    assert round_to_fp8(small)[0, 1].item() == pytest.approx(3e-4, rel=1e-3)
+    for bad, match in ((torch.ones(3), "2-D"), (torch.ones(3, 0), "2-D"),
+                       (torch.tensor([[1.0, float("inf")]]), "NaN or inf")):
+        with pytest.raises(ValueError, match=match):
+            round_to_fp8(bad)
 
 
 def _model(seed=0):
@@ -49,6 +57,8 @@ def test_copies_round_the_weights_and_follow_the_policy():
         rollout_copy(model, "int4")
     with pytest.raises(ValueError, match="differ"):
         sync_rollout_copy(model, torch.nn.Linear(2, 2), "fp8")
+    with pytest.raises(ValueError, match="made in bf16"):
+        sync_rollout_copy(model, bf16, "fp8")
 
 
 def test_rounded_engines_give_other_log_probs_for_the_same_weights():

@@ -62,7 +62,7 @@ def test_mismatch_statistics_by_hand():
     assert s["over_cap_responses"] == pytest.approx(1 / 2)
     same = mismatch_stats(PROX, PROX, MASK)
     assert same["behaviour_kl"] == 0 and same["weight_max"] == 1
-    with pytest.raises(ValueError, match="shapes"):
+    with pytest.raises(ValueError, match="one shape"):
         mismatch_stats(PROX, BEHAV[:1], MASK)
 
 
@@ -94,3 +94,22 @@ def test_a_sequence_ratio_takes_only_sequence_corrections():
 
 def test_a_rounded_engine_adds_the_proximal_scoring_pass():
     assert "policy" in preset("grpo", minibatches=1, rollout_precision="bf16").scoring_passes()
+
+
+def test_bad_shapes_and_non_finite_log_probs_are_refused():
+    for args in ((PROX, BEHAV[:1], MASK), (PROX[None], BEHAV[None], MASK[None]),
+                 (PROX[0], BEHAV[0], MASK[0])):  # broadcast, 3-D, 1-D: each would be wrong
+        with pytest.raises(ValueError, match="one shape"):
+            behaviour_weights(*args, "seq-tis")
+        with pytest.raises(ValueError, match="one shape"):
+            mismatch_stats(*args)
+    nan = PROX.clone()
+    nan[0, 0] = float("nan")
+    for correction in ("mis", "tis", "seq-tis"):  # NaN > cap is False: MIS would keep it unseen
+        with pytest.raises(ValueError, match="1 log-probs of real response tokens"):
+            behaviour_weights(nan, BEHAV, MASK, correction)
+    padded = PROX.clone()
+    padded[1, 2] = float("nan")  # on padding: ignored
+    assert behaviour_weights(padded, BEHAV, MASK, "tis")[0][1, 2] == 0
+    with pytest.raises(ValueError, match="cap=-1"):
+        mismatch_stats(PROX, BEHAV, MASK, cap=-1)

@@ -64,3 +64,27 @@ def test_delta_broadcast_moves_the_payload_through_a_collective():
     got = delta_broadcast(receiver, r_state, False, lambda b: b.copy_(next(queue)))
     assert sent == got == delta_bytes(50, 5) + delta_bytes(9, 0)
     assert all(torch.equal(bf16_bits(a), bf16_bits(b)) for a, b in zip(sender, receiver))
+
+
+def test_a_payload_for_other_tensors_is_refused_before_anything_changes():
+    a = [torch.linspace(-1, 1, 20), torch.ones(4, 5)]
+    other = [torch.linspace(-1, 1, 9), torch.ones(5, 4)]
+    sender, receiver = DeltaState(a), DeltaState(a)
+    moved = [t + 0.5 for t in a]
+    payload, _ = sender.encode(moved)
+    before = [b.clone() for b in receiver.bits]
+    target = [t.clone() for t in a]
+    for bad, match in ((payload[:-3], "cut short|left over|ends"),
+                       (torch.cat([payload, payload[:3]]), "left over"),
+                       (payload.float(), "uint8"),
+                       (DeltaState(other).encode([t + 0.5 for t in other])[0], "other tensors")):
+        with pytest.raises(ValueError, match=match):
+            receiver.apply(bad, target)
+        assert all(torch.equal(x, y) for x, y in zip(before, receiver.bits))  # unchanged
+        assert all(torch.equal(x, y) for x, y in zip(target, a))
+    with pytest.raises(ValueError, match="other shapes"):
+        receiver.apply(payload, [a[0], a[1].T])  # same sizes, other shapes
+    with pytest.raises(ValueError, match="integers"):
+        delta_bytes(10, 2.5)
+    with pytest.raises(ValueError, match="at least one"):
+        unchanged_fraction([], [])
