@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from rlm_course.algorithms import PRESETS
@@ -33,6 +34,17 @@ def _plan(args) -> int:
     for flag in ("gpus", "top", "prompts", "group_size", "minibatches", "prompt_len"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: give 1 or more.")
+    if not (math.isfinite(args.mean_response) and args.mean_response >= 1):
+        raise ValueError(f"--mean-response {args.mean_response:g}: the mean response length must "
+                         "be at least 1 token (e.g. --mean-response 4000).")
+    if not (math.isfinite(args.sigma) and args.sigma >= 0):
+        raise ValueError(f"--sigma {args.sigma:g}: the spread of the log-normal lengths must be "
+                         ">= 0 (0: every response of the mean length; 0.8 is typical).")
+    if args.max_response < args.mean_response:
+        raise ValueError(f"--max-response {args.max_response} is below --mean-response "
+                         f"{args.mean_response:g}: the budget caps the lengths, so raise it (e.g. "
+                         f"--max-response {max(16384, int(4 * args.mean_response))}) or lower the "
+                         "mean.")
     if args.gpus > MAX_PLAN_GPUS:
         raise ValueError(f"--gpus {args.gpus}: the planner searches clusters of up to "
                          f"{MAX_PLAN_GPUS:,} devices (the largest size bench simulator runs); "

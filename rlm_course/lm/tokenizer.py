@@ -80,8 +80,13 @@ class CharTokenizer:
 
         Returns:
             tokens: ``(batch, max_len)`` int64; attention_mask: ``(batch, max_len)`` bool.
+
+        Raises:
+            ValueError: for no prompts, and the errors of :meth:`encode`.
         """
         rows = [self.encode(p, bos=True) for p in prompts]
+        if not rows:
+            raise ValueError("encode_prompts: no prompts; give at least one.")
         width = max(len(r) for r in rows)
         tokens = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.bool)

@@ -102,7 +102,10 @@ def test_stage_fusion_needs_two_replicas():
     ("--gpus", "0", "--gpus 0: give 1 or more"), ("--top", "0", "--top 0: give 1 or more"),
     ("--minibatches", "0", "--minibatches 0: give 1 or more"),
     ("--group-size", "0", "--group-size 0: give 1 or more"),
-    ("--gpus", "100000", "up to 10,000 devices")])
+    ("--gpus", "100000", "up to 10,000 devices"),
+    ("--mean-response", "0", "--mean-response 0: the mean response length must be at least 1"),
+    ("--sigma", "-1", "--sigma -1: the spread of the log-normal lengths must be >= 0"),
+    ("--max-response", "10", "--max-response 10 is below --mean-response 4000")])
 def test_cli_plan_names_the_flag_that_is_wrong(capsys, flag, value, message):
     args = {"--model": "qwen2.5-7b", "--gpus": "8"}
     args[flag] = value

@@ -43,3 +43,8 @@ def test_a_special_token_inside_a_response_stays_visible_to_the_verifier():
     assert TOK.decode_response([four, two, TOK.eos_id, TOK.pad_id]) == "42"  # padding after <eos>
     verdict = get_task("addition").verify(Problem("20+22=", "42"), TOK.decode_response(response))
     assert not verdict.format_ok and not verdict.correct
+
+
+def test_an_empty_batch_of_prompts_is_refused_by_name():
+    with pytest.raises(ValueError, match="no prompts"):
+        TOK.encode_prompts([])
