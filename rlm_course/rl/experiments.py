@@ -26,6 +26,28 @@ from rlm_course.tasks.base import Task
 from rlm_course.utils import atomic_write_json, data_dir
 
 
+def run_cli_job(argv: list[str], run_dir: Path) -> tuple[dict, list[dict]]:
+    """Run one job of the command line in its own process (``argv`` after ``python -m
+    rlm_course``) and read what it wrote to ``run_dir``.
+
+    Returns:
+        ``(summary, rows)``: its ``summary.json`` and the rows of its ``metrics.jsonl``.
+
+    Raises:
+        ValueError: for a failed run; the message gives its last error line and the command to
+            rerun it alone.
+    """
+    command = [sys.executable, "-m", "rlm_course", *argv]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ValueError(f"run {Path(run_dir).name} failed: {last} (rerun it alone with: python "
+                         f"{' '.join(command[1:])})")
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return summary, rows
+
+
 def default_results_path(task: Task) -> Path:
     return data_dir() / "experiments" / f"family-{task.key}.json"
 
@@ -70,18 +92,10 @@ def run_family(task: Task, task_flags: list[str], seeds: list[int], steps: int,
     jobs = [(v, s) for s in seeds for v in variants]
     for variant, seed in tqdm(jobs, desc="family runs", disable=not progress):
         name = f"{variant}-seed{seed}"
-        argv = [sys.executable, "-m", "rlm_course", "grpo", *task_flags, "--variant", variant,
-                "--seed", str(seed), "--steps", str(steps), "--out", str(runs_dir), "--name", name,
-                "--overwrite", "--no-progress"]
+        argv = ["grpo", *task_flags, "--variant", variant, "--seed", str(seed), "--steps",
+                str(steps), "--out", str(runs_dir), "--name", name, "--overwrite", "--no-progress"]
         start = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise ValueError(f"run {name} failed: {last} (rerun it alone with: python "
-                             f"{' '.join(argv[1:])})")
-        run_dir = Path(runs_dir) / name
-        summary = json.loads((run_dir / "summary.json").read_text())
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        summary, rows = run_cli_job(argv, Path(runs_dir) / name)
         results["runs"].append({
             "variant": variant, "seed": seed,
             "accuracy_before": summary["accuracy_before"],

@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from rlm_course.algorithms import CORRECTIONS
+from rlm_course.rl.kl import kl_k3
 from rlm_course.rl.masked import masked_mean
 
 
@@ -161,7 +162,8 @@ def mismatch_stats(prox_log_probs: Tensor, behaviour_log_probs: Tensor, response
         return {"behaviour_kl": 0.0, "behaviour_kl_seq": 0.0, "log_ratio_abs_max": 0.0,
                 "weight_max": 1.0, "over_cap_tokens": 0.0, "over_cap_responses": 0.0}
     log_w = torch.where(mask, prox_log_probs - behaviour_log_probs, 0.0).double()
-    k3 = torch.where(mask, torch.expm1(log_w) - log_w, 0.0)
+    # k3 of KL(behav || prox) on behaviour samples: kl_k3 with the behaviour as the sampler
+    k3 = torch.where(mask, kl_k3(torch.zeros_like(log_w), log_w), 0.0)
     seq_log_w = log_w.sum(1)
     rows = mask.any(1)
     return {

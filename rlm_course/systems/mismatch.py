@@ -24,10 +24,7 @@ activations, or fp8-rounded weights) and the trainer the fp32 policy itself:
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -36,6 +33,8 @@ import torch
 from rlm_course.algorithms import CORRECTIONS, PRECISIONS
 from rlm_course.lm.precision import rollout_copy
 from rlm_course.lm.sampling import generate, response_log_probs
+from rlm_course.rl.experiments import run_cli_job
+from rlm_course.rl.kl import kl_k3
 from rlm_course.rl.off_policy import mismatch_stats
 
 #: Histogram bins of ``log w`` (symmetric, finer near 0, where almost every token is).
@@ -60,7 +59,7 @@ def kl_by_length(log_ratio: torch.Tensor, response_mask: torch.Tensor,
     """
     lengths = response_mask.sum(1)
     log_w = torch.where(response_mask, log_ratio, 0.0).double()
-    seq_kl = (torch.expm1(log_w) - log_w).sum(1)
+    seq_kl = kl_k3(torch.zeros_like(log_w), log_w).sum(1)  # 0 on padding, where log w = 0
     out = []
     for lo, hi in zip(edges[:-1], edges[1:]):
         rows = (lengths >= lo) & (lengths < hi)
@@ -168,16 +167,8 @@ def learning_runs(seeds: list[int], steps: int, runs=LEARNING_RUNS,
         name = f"{precision}-{correction}-seed{seed}"
         flags = [*RUN_FLAGS, "--steps", str(steps), "--seed", str(seed),
                  "--rollout-precision", precision, "--correction", correction]
-        argv = [sys.executable, "-m", "rlm_course", "grpo", *flags, "--out", str(runs_dir),
-                "--name", name, "--overwrite", "--no-progress"]
-        done = subprocess.run(argv, capture_output=True, text=True)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise ValueError(f"run {name} failed: {last} (rerun it alone with: python "
-                             f"{' '.join(argv[1:])})")
-        run_dir = Path(runs_dir) / name
-        summary = json.loads((run_dir / "summary.json").read_text())
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        summary, rows = run_cli_job(["grpo", *flags, "--out", str(runs_dir), "--name", name,
+                                     "--overwrite", "--no-progress"], Path(runs_dir) / name)
         out.append({
             "precision": precision, "correction": correction, "seed": seed,
             "command": "python -m rlm_course grpo " + " ".join(flags),
