@@ -197,3 +197,11 @@ def repo_root() -> Path:
 def data_dir() -> Path:
     """The course's ``data/`` folder (``RLM_COURSE_DATA`` overrides)."""
     return Path(os.environ.get("RLM_COURSE_DATA", repo_root() / "data"))
+
+
+def result_path(stored: str | Path, store: bool, runs_dir: str | Path) -> Path:
+    """Where a command that makes one of the course's stored results writes: the stored file
+    itself (which the notebooks read) only when asked with ``--store``, otherwise a file of the
+    same name in ``runs_dir``, so that a quick trial run never replaces a committed result."""
+    stored = Path(stored)
+    return stored if store else Path(runs_dir) / stored.name

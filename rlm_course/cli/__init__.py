@@ -63,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("\nInterrupted. Files written so far are kept (checkpoints are written atomically); "
-              "a GRPO run continues from its last checkpoint with the same command plus --resume.",
-              file=sys.stderr)
+        hint = ("continue it from its last checkpoint with the same command plus --resume"
+                if hasattr(args, "resume") else "run the same command again to redo it")
+        print(f"\nInterrupted. Files written so far are kept (checkpoints and stored results are "
+              f"written atomically); {hint}.", file=sys.stderr)
         return 130
     except RuntimeError as err:
         if "allocate" in str(err) or "out of memory" in str(err).lower():

@@ -15,7 +15,8 @@ def _systems(args) -> int:
     from rlm_course.systems.experiments import run_and_store
 
     return run_and_store(args.experiment, steps=args.steps, repeats=args.repeats, seed=args.seed,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, store=args.store,
+                         runs_dir=args.runs_dir)
 
 
 #: The largest cluster `plan` searches (chapter 14 validates the simulator up to here).
@@ -104,14 +105,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("systems", help="chapters 12-13's measured experiments on Ray workers "
                                        "(weight-sync, reshard, async, fusion) and the "
-                                       "rollout/trainer mismatch (mismatch); stores "
-                                       "data/experiments/systems-<experiment>.json")
+                                       "rollout/trainer mismatch (mismatch); writes "
+                                       "runs/systems/systems-<experiment>.json, or with --store "
+                                       "the data/experiments/ file the notebooks read")
     p.add_argument("experiment", choices=EXPERIMENTS)
     p.add_argument("--steps", type=int, default=None, help="async, mismatch: RL steps per run (default 60)")
     p.add_argument("--repeats", type=int, default=None,
                    help="timing repeats (weight-sync 5, reshard 3); fusion: iterations (5)")
     p.add_argument("--seed", type=int, default=None, help="async, fusion: the RL seed (0); mismatch: the first of "
                                          "its two seeds (0)")
+    p.add_argument("--store", action="store_true",
+                   help="replace the stored data/experiments/systems-<experiment>.json that the "
+                        "notebooks read (default: write to --runs-dir)")
+    p.add_argument("--runs-dir", default="runs/systems",
+                   help="folder of the results when not --store (default runs/systems)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_systems)
 

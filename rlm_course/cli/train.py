@@ -54,11 +54,21 @@ def _sft(args) -> int:
     from rlm_course.rl.sft import SFTConfig
 
     task = task_from_args(args)
-    out = Path(args.out) if args.out else default_sft_checkpoint(task)
+    if args.out and args.store:
+        raise ValueError("--out and --store: give one (--store replaces the warm start in "
+                         f"{default_sft_checkpoint(task).parent}; --out writes elsewhere).")
+    stored = default_sft_checkpoint(task)
+    # the first warm start of these task settings goes where the RL commands look for it; an
+    # existing one (the course's committed ones among them) is replaced only when asked
+    out = Path(args.out) if args.out else (
+        stored if args.store or not stored.exists() else Path(args.runs_dir) / stored.name)
     set_threads(args)
     path = make_sft_checkpoint(task, CharTokenizer(), out, SFTConfig(seed=args.seed),
                                progress=not args.no_progress)
     print(f"Saved SFT checkpoint {path} (see {path.with_suffix('.json')})")
+    if not args.out and out != stored:
+        print(f"(the RL commands warm-start from {stored}; add --store to replace it, or pass "
+              f"--sft-checkpoint {path} to a run)")
     return 0
 
 
@@ -89,15 +99,23 @@ def _eval(args) -> int:
 
 
 def _family(args) -> int:
-    from rlm_course.rl.experiments import run_family
+    from rlm_course.rl.experiments import default_results_path, run_family
+    from rlm_course.utils import result_path
 
     task = task_from_args(args)
+    if args.out and args.store:
+        raise ValueError("--out and --store: give one (--store replaces the stored "
+                         f"{default_results_path(task)}; --out writes elsewhere).")
     flags = ["--task", args.task]
     for name, value in task_settings(args).items():
         flags += [flag(name), str(value)]
+    stored = default_results_path(task)
+    out = args.out or result_path(stored, args.store, args.runs_dir)
     path = run_family(task, flags, args.seeds, args.steps, args.variants, runs_dir=args.runs_dir,
-                      out=args.out, progress=not args.no_progress)
+                      out=out, progress=not args.no_progress, store=args.store)
     print(f"wrote {path}")
+    if Path(path).resolve() != stored.resolve():
+        print(f"(notebook 04 reads {stored}; add --store to replace it with these results)")
     return 0
 
 
@@ -114,7 +132,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sft", help="make the supervised warm-start checkpoint")
     add_task_args(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="checkpoint path (default data/checkpoints/sft-<task>.pt)")
+    p.add_argument("--out", default=None,
+                   help="checkpoint path (default data/checkpoints/sft-<task>.pt when it does not "
+                        "exist yet, otherwise <runs-dir>/sft-<task>.pt)")
+    p.add_argument("--store", action="store_true",
+                   help="replace the warm start in data/checkpoints/ that the RL commands use")
+    p.add_argument("--runs-dir", default="runs/sft",
+                   help="where a new warm start goes when data/checkpoints/ has one (default "
+                        "runs/sft)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: the free cores; 1 when other work is running)")
@@ -133,7 +158,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--variants", nargs="+", default=None, help="default: every preset")
     p.add_argument("--out", default=None,
-                   help="results file (default data/experiments/family-<task>.json)")
+                   help="results file (default <runs-dir>/family-<task>.json)")
+    p.add_argument("--store", action="store_true",
+                   help="replace the stored data/experiments/family-<task>.json that notebook 04 "
+                        "reads")
     p.add_argument("--runs-dir", default="runs/family",
                    help="folder of the runs (default runs/family; runs of the same variant and "
                         "seed there are replaced)")

@@ -54,12 +54,15 @@ def default_results_path(task: Task) -> Path:
 
 def run_family(task: Task, task_flags: list[str], seeds: list[int], steps: int,
                variants: list[str] | None = None, runs_dir: str | Path = "runs/family",
-               out: str | Path | None = None, progress: bool = True) -> Path:
+               out: str | Path | None = None, progress: bool = True,
+               store: bool = False) -> Path:
     """Run every variant for every seed and store the results (see the module docstring).
 
     Args:
         task_flags: the CLI flags that select ``task`` (e.g. ``["--task", "addition"]``).
         runs_dir: where the runs' folders go (``<variant>-seed<seed>``, replaced if present).
+        out: the results file (default: the stored one, :func:`default_results_path`).
+        store: the results replace the stored file (``--store`` in the recorded command).
 
     Returns:
         The path of the results file.
@@ -85,7 +88,8 @@ def run_family(task: Task, task_flags: list[str], seeds: list[int], steps: int,
     command = ((f"OMP_NUM_THREADS={threads} " if threads else "") +
                f"python -m rlm_course family {' '.join(task_flags)} --seeds "
                f"{' '.join(map(str, seeds))} --steps {steps}"
-               + ("" if variants == list(PRESETS) else f" --variants {' '.join(variants)}"))
+               + ("" if variants == list(PRESETS) else f" --variants {' '.join(variants)}")
+               + (" --store" if store else ""))
     results = {"command": command, "torch_threads": torch.get_num_threads(), "task": task.key,
                "steps": steps, "seeds": seeds,
                "variants": variants, "runs": []}

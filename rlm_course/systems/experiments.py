@@ -1,6 +1,8 @@
 """The measured experiments of chapters 12-13, as command-line jobs whose results the notebooks
-plot: ``python -m rlm_course systems <experiment>`` writes
-``data/experiments/systems-<experiment>.json``, with the command that made it.
+plot: ``python -m rlm_course systems <experiment> --store`` writes
+``data/experiments/systems-<experiment>.json``, with the command that made it (without
+``--store``, ``runs/systems/systems-<experiment>.json``, so that a trial never replaces the
+stored result).
 
 * ``weight-sync``: the link's alpha and beta between two workers, then a bucketed broadcast of
   models of three sizes at six bucket sizes (and one message per tensor), measured against
@@ -67,7 +69,8 @@ def _machine() -> dict:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
-    return {"cores": cores(), "load_average_at_start": load, "torch": torch.__version__}
+    return {"cores": cores(), "load_average_at_start": None if load is None else round(load, 2),
+            "torch": torch.__version__}
 
 
 # ---------------------------------------------------------------------------------- weight sync
@@ -231,41 +234,72 @@ def async_experiment(steps: int = 60, seed: int = 0, runs=ASYNC_RUNS, eval_every
 
 
 # ---------------------------------------------------------------------------------- the CLI
-def run_and_store(name: str, steps: int | None = None, repeats: int | None = None,
-                  seed: int | None = None, progress: bool = True) -> int:
-    """Run experiment ``name`` and store it (``python -m rlm_course systems <name>``; see the
-    module docstring). ``steps``: async, RL steps per run (default 60); ``repeats``: timing
-    repeats (weight-sync 5, reshard 3), fusion's iterations (5); ``seed``: async and fusion's RL
-    seed (0).
+#: The flags each experiment takes (``python -m rlm_course systems <name> --<flag>``), with what
+#: they mean there; any other flag is refused rather than ignored.
+FLAGS = {
+    "weight-sync": {"repeats": "timing repeats (5)"},
+    "reshard": {"repeats": "timing repeats (3)"},
+    "async": {"steps": "RL steps per run (60)", "seed": "the RL seed (0)"},
+    "fusion": {"repeats": "iterations (5)", "seed": "the RL seed (0)"},
+    "mismatch": {"steps": "RL steps per run (60)", "seed": "the first of its two seeds (0)"},
+}
+
+
+def check_flags(name: str, steps: int | None = None, repeats: int | None = None,
+                seed: int | None = None) -> None:
+    """Refuse what experiment ``name`` cannot use, before any work.
 
     Raises:
-        ValueError: for an unknown experiment, or ``steps``/``repeats`` below 1.
+        ValueError: for an unknown experiment, a flag the experiment does not take (naming the
+            ones it does), ``steps``/``repeats`` below 1, or a seed outside [0, 2**63 - 1).
     """
-    from rlm_course.systems.controller import Controller, DeviceMapping, start_ray, stop_ray
-
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; choose one of {EXPERIMENTS}.")
     given = {"steps": steps, "repeats": repeats, "seed": seed}
-    for flag in ("steps", "repeats"):
-        if given[flag] is not None and given[flag] < 1:
-            raise ValueError(f"--{flag} {given[flag]}: give 1 or more.")
+    takes = FLAGS[name]
+    for flag, value in given.items():
+        if value is None:
+            continue
+        if flag not in takes:
+            options = "; ".join(f"--{k}: {v}" for k, v in takes.items())
+            raise ValueError(f"--{flag}: the {name} experiment does not take it (it takes "
+                             f"{options}).")
+        if flag != "seed" and value < 1:
+            raise ValueError(f"--{flag} {value}: give 1 or more.")
+        if flag == "seed" and not 0 <= value < 2**63 - 1:
+            raise ValueError(f"--seed {value}: seeds are integers in [0, 2**63 - 1).")
+
+
+def run_and_store(name: str, steps: int | None = None, repeats: int | None = None,
+                  seed: int | None = None, progress: bool = True, store: bool = False,
+                  runs_dir: str | Path = "runs/systems") -> int:
+    """Run experiment ``name`` and write its results (``python -m rlm_course systems <name>``;
+    see the module docstring): to ``runs_dir/systems-<name>.json``, or, with ``store``, to the
+    stored file the notebooks read (:func:`experiment_path`). ``steps``, ``repeats``, ``seed``:
+    see :data:`FLAGS` (None: the experiment's default).
+
+    Raises:
+        ValueError: see :func:`check_flags`; an unwritable ``runs_dir``.
+    """
+    from rlm_course.systems.controller import Controller, DeviceMapping, start_ray, stop_ray
+    from rlm_course.utils import ensure_writable_folder, result_path
+
+    check_flags(name, steps, repeats, seed)
+    out = result_path(experiment_path(name), store, runs_dir)
+    ensure_writable_folder(out.parent, "--runs-dir" if not store else "data folder")
+    given = {"steps": steps, "repeats": repeats, "seed": seed}
     command = "python -m rlm_course systems " + name + "".join(
         f" --{k} {v}" for k, v in sorted(given.items()) if v is not None)
+    command += " --store" if store else ""
     started = time.time()
     machine = _machine()
     if name == "mismatch":
         from rlm_course.systems.mismatch import mismatch_experiment
 
-        if repeats is not None:
-            raise ValueError("--repeats: the mismatch experiment has no timing repeats; give "
-                             "--steps (per run) and --seed (the first of two seeds).")
-        if seed is not None and not 0 <= seed < 2**63 - 1:
-            raise ValueError(f"--seed {seed}: seeds are integers in [0, 2**63 - 1) (the "
-                             "experiment runs this seed and the next).")
         first = seed or 0
         result = mismatch_experiment(steps=steps or 60, seeds=(first, first + 1),
                                      progress=progress)
-        return _store(name, result, command, machine, started)
+        return _store(out, result, command, machine, started, store)
     start_ray()
     try:
         if name == "weight-sync":
@@ -291,16 +325,19 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
                 result["windows"] = [list(w) for w in result["windows"]]
     finally:
         stop_ray()
-    return _store(name, result, command, machine, started)
+    return _store(out, result, command, machine, started, store)
 
 
-def _store(name: str, result: dict, command: str, machine: dict, started: float) -> int:
+def _store(path: Path, result: dict, command: str, machine: dict, started: float,
+           store: bool) -> int:
     from rlm_course.utils import atomic_write_json
 
     result.update(command=command, machine=machine, seconds=round(time.time() - started, 1))
-    path = experiment_path(name)
     atomic_write_json(path, result)
     print(f"wrote {path} ({result['seconds']:.0f} s)")
+    if not store:
+        print(f"(the notebooks read {experiment_path(path.stem.removeprefix('systems-'))}; add "
+              "--store to replace it with this run)")
     return 0
 
 
@@ -326,6 +363,10 @@ def bench(repeats: int = 5, steps: int = 6) -> dict:
     checkpoint = default_sft_checkpoint(task)
     config = async_config(steps=steps)
     modes = {"sync": 0, "one_step_off": 1, "eta_2": 2}
+    from tqdm.auto import tqdm
+
+    print(f"bench systems: starting Ray and two workers, then {repeats} rounds of {len(modes)} "
+          f"runs of {steps} steps (a few minutes)", flush=True)
     start_ray()
     machine = _machine()
     throughput = {m: [] for m in modes}
@@ -340,17 +381,22 @@ def bench(repeats: int = 5, steps: int = 6) -> dict:
         sizes = out[0]["bucket_bytes"]
         predicted = predict_sync_seconds(sum(sizes), len(sizes), link,
                                          memory_bandwidth=copy_bandwidth(64))
-        for _ in range(repeats):
-            for mode, eta in modes.items():
-                result = run_pipeline(c, task, config, PipelineConfig(eta=eta), checkpoint,
-                                      evaluate=False)
-                throughput[mode].append(result.tokens_per_second)
+        runs = tqdm(total=repeats * len(modes), desc="bench systems runs", unit="run")
+        with runs:
+            for _ in range(repeats):
+                for mode, eta in modes.items():
+                    runs.set_postfix_str(mode)
+                    result = run_pipeline(c, task, config, PipelineConfig(eta=eta), checkpoint,
+                                          evaluate=False)
+                    throughput[mode].append(result.tokens_per_second)
+                    runs.update()
     median = {m: statistics.median(v) for m, v in throughput.items()}
     rows = [[m, f"{median[m]:,.0f}", f"{median[m] / median['sync']:.2f}x",
              " ".join(f"{x:,.0f}" for x in throughput[m])] for m in modes]
+    load = machine["load_average_at_start"]
     print(f"async RL on the scratchpad task, {steps} steps x {repeats} rounds, one trainer and one "
-          f"rollout worker (1 thread each; {machine['cores']} cores, load "
-          f"{machine['load_average_at_start']})")
+          f"rollout worker (1 thread each; {machine['cores']} cores"
+          + (f", 1-minute load average {load:.1f} at the start)" if load is not None else ")"))
     print(format_table(rows, ["mode", "trained tokens/s (median)", "vs sync", "each round"]))
     print(f"weight sync of {nbytes / 1e6:.2f} MB in {len(sizes)} buckets of 1 MiB: "
           f"{sync_seconds * 1e3:.2f} ms measured, {predicted * 1e3:.2f} ms predicted "

@@ -1,6 +1,7 @@
 """The stored family comparison: its command, its runs, and the file notebook 04 reads."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,43 @@ def test_stored_family_results_cover_every_preset_and_name_their_command():
     assert "python -m rlm_course family --task addition" in results["command"]
     assert sorted(results["variants"]) == sorted(PRESETS)
     assert len(results["runs"]) == len(PRESETS) * len(results["seeds"])
+
+
+def test_family_and_sft_replace_stored_results_only_with_store(tmp_path, monkeypatch, capsys):
+    """A trial `family` or `sft` writes to its runs folder; the stored file the notebooks and the
+    RL commands read is replaced only with --store."""
+    import rlm_course.rl.experiments as experiments
+    import rlm_course.rl.runs as runs
+    from rlm_course.cli import main
+
+    data = tmp_path / "data"
+    monkeypatch.setenv("RLM_COURSE_DATA", str(data))
+    written = []
+
+    def fake_family(task, flags, seeds, steps, variants, runs_dir, out, progress, store):
+        written.append((Path(out), store))
+        return Path(out)
+
+    monkeypatch.setattr(experiments, "run_family", fake_family)
+    assert main(["family", "--task", "addition", "--runs-dir", str(tmp_path / "r")]) == 0
+    assert written[-1] == (tmp_path / "r" / "family-addition-3.json", False)
+    assert "add --store to replace it" in capsys.readouterr().out
+    assert main(["family", "--task", "addition", "--store"]) == 0
+    assert written[-1] == (data / "experiments" / "family-addition-3.json", True)
+    assert main(["family", "--task", "addition", "--store", "--out", "x.json"]) == 2
+
+    def fake_sft(task, tok, out, config, progress):
+        written.append((Path(out), None))
+        return Path(out)
+
+    monkeypatch.setattr(runs, "make_sft_checkpoint", fake_sft)
+    stored = data / "checkpoints" / "sft-addition-3.pt"
+    assert main(["sft", "--task", "addition", "--runs-dir", str(tmp_path / "s")]) == 0
+    assert written[-1][0] == stored  # the first warm start of these settings: where RL looks
+    stored.parent.mkdir(parents=True)
+    stored.write_bytes(b"committed")
+    assert main(["sft", "--task", "addition", "--runs-dir", str(tmp_path / "s")]) == 0
+    assert written[-1][0] == tmp_path / "s" / "sft-addition-3.pt"
+    assert "--sft-checkpoint" in capsys.readouterr().out
+    assert main(["sft", "--task", "addition", "--store"]) == 0
+    assert written[-1][0] == stored

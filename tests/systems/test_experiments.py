@@ -1,0 +1,60 @@
+"""``python -m rlm_course systems <experiment>``: flags an experiment does not take are refused
+before any work, and a run writes to the runs folder unless ``--store`` asks it to replace the
+stored result the notebooks read."""
+
+import json
+
+import pytest
+from rlm_course.cli import main
+from rlm_course.systems import experiments
+from rlm_course.utils import result_path
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["weight-sync", "--steps", "3"], "--steps: the weight-sync experiment does not take it"),
+    (["reshard", "--seed", "1"], "--seed: the reshard experiment does not take it"),
+    (["async", "--repeats", "2"], "--repeats: the async experiment does not take it"),
+    (["fusion", "--steps", "2"], "--steps: the fusion experiment does not take it"),
+    (["mismatch", "--repeats", "2"], "--repeats: the mismatch experiment does not take it"),
+    (["async", "--steps", "0"], "--steps 0: give 1 or more"),
+    (["mismatch", "--seed", "-1"], "--seed -1: seeds are integers"),
+])
+def test_flags_an_experiment_does_not_take_are_refused_in_one_line(argv, named, capsys):
+    assert main(["systems", *argv]) == 2
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_refusal_names_the_flags_the_experiment_takes():
+    with pytest.raises(ValueError, match="it takes --steps: RL steps per run .60.; --seed"):
+        experiments.check_flags("async", repeats=3)
+
+
+def test_result_path_replaces_the_stored_file_only_when_asked(tmp_path):
+    stored = tmp_path / "data" / "systems-async.json"
+    assert result_path(stored, True, tmp_path / "runs") == stored
+    assert result_path(stored, False, tmp_path / "runs") == tmp_path / "runs" / "systems-async.json"
+
+
+def test_a_run_writes_to_the_runs_folder_and_leaves_the_stored_result(tmp_path, monkeypatch,
+                                                                      capsys):
+    import rlm_course.systems.mismatch as mismatch
+
+    stored = tmp_path / "data" / "experiments" / "systems-mismatch.json"
+    stored.parent.mkdir(parents=True)
+    stored.write_text('{"stored": true}\n')
+    monkeypatch.setenv("RLM_COURSE_DATA", str(tmp_path / "data"))
+    calls = []
+    monkeypatch.setattr(mismatch, "mismatch_experiment",
+                        lambda steps, seeds, progress: calls.append((steps, seeds)) or {"ran": 1})
+    runs = tmp_path / "runs"
+    assert main(["systems", "mismatch", "--steps", "3", "--runs-dir", str(runs)]) == 0
+    assert calls == [(3, (0, 1))]
+    written = json.loads((runs / "systems-mismatch.json").read_text())
+    assert written["ran"] == 1 and written["command"] == "python -m rlm_course systems mismatch --steps 3"
+    assert json.loads(stored.read_text()) == {"stored": True}  # untouched
+    assert "add --store to replace it" in capsys.readouterr().out
+    assert main(["systems", "mismatch", "--steps", "3", "--seed", "4", "--store"]) == 0
+    assert calls[-1] == (3, (4, 5))
+    replaced = json.loads(stored.read_text())
+    assert replaced["command"] == "python -m rlm_course systems mismatch --seed 4 --steps 3 --store"
