@@ -170,6 +170,29 @@ class DeviceMapping:
     def devices(self) -> tuple[int, ...]:
         return tuple(sorted({d for devs in self.roles.values() for d in devs}))
 
+    def check_cluster(self, devices: int, kind: str = "devices") -> None:
+        """Check the device numbers against a cluster of ``devices`` devices (numbered from 0, as
+        the controller reserves one bundle per device).
+
+        Raises:
+            ValueError: if a role names a device the cluster does not have, or the numbers leave a
+                gap (the message gives the numbering that fits).
+        """
+        used = self.devices
+        missing = [d for d in used if d >= devices]
+        if missing:
+            raise ValueError(f"DeviceMapping: device(s) {missing} do not exist; the cluster has "
+                             f"{devices} {kind}, numbered 0..{devices - 1}. Renumber the roles "
+                             f"within that range, e.g. {self._renumbered()}.")
+        if used != tuple(range(len(used))):
+            raise ValueError(f"DeviceMapping: devices {list(used)} leave a gap; number them "
+                             f"0..{len(used) - 1}, e.g. {self._renumbered()}.")
+
+    def _renumbered(self) -> str:
+        new = {d: i for i, d in enumerate(self.devices)}
+        return "DeviceMapping(" + ", ".join(
+            f"{r}={[new[d] for d in devs]}" for r, devs in self.roles.items()) + ")"
+
     def groups(self) -> list[WorkerGroupSpec]:
         """The worker groups: roles with identical pools fused, in the order roles were given."""
         out: dict[tuple[int, ...], list[str]] = {}
@@ -251,7 +274,9 @@ class Controller:
             data-parallel groups).
 
     Raises:
-        ValueError: if the cluster has too few CPUs or GPUs for the devices.
+        ValueError: if the cluster has too few CPUs or GPUs for the devices, or the mapping names
+            a device the cluster does not have or leaves a gap
+            (:meth:`DeviceMapping.check_cluster`).
         WorkerError: if a worker fails to start (its message names the worker).
     """
 
@@ -276,6 +301,11 @@ class Controller:
         self.use_gpu = bool(gpus >= n) if use_gpu is None else use_gpu
         if self.use_gpu and gpus < n:
             raise ValueError(f"use_gpu: the Ray cluster has {gpus:g} GPUs for {n} devices.")
+        if self.use_gpu:
+            mapping.check_cluster(int(gpus), "GPUs")
+        else:  # a simulated device is one worker process with its own CPU share
+            mapping.check_cluster(max(n, int(resources.get("CPU", 0))), "simulated devices "
+                                  "(one per Ray CPU)")
         cpus = ray.available_resources().get("CPU", 0)
         if cpus_per_device is None:
             cpus_per_device = min(1.0, cpus / n) if cpus else 0.0

@@ -24,6 +24,15 @@ def test_device_mappings():
         colocated.placement("actor", "critic")
 
 
+def test_device_numbers_are_checked_against_the_cluster():
+    DeviceMapping(actor=[0], rollout=[1]).check_cluster(2)  # fits: no error
+    with pytest.raises(ValueError, match=r"device\(s\) \[99\] do not exist; the cluster has 2 GPUs, "
+                                         r"numbered 0..1. .*DeviceMapping\(actor=\[0\], rollout=\[1\]\)"):
+        DeviceMapping(actor=[0], rollout=[99]).check_cluster(2, "GPUs")
+    with pytest.raises(ValueError, match=r"devices \[0, 2\] leave a gap; number them 0..1"):
+        DeviceMapping(actor=[0], rollout=[2]).check_cluster(4)
+
+
 def test_worker_methods_are_passed_by_reference_and_a_wrong_one_fails_in_the_driver():
     from rlm_course.systems.controller import method_name
     from rlm_course.systems.workers import RLWorker, TrainerMixin

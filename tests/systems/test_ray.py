@@ -50,6 +50,11 @@ def small_config(steps=2, **overrides):
     return async_config(steps=steps, prompts_per_step=4, group_size=4, **overrides)
 
 
+def test_a_device_the_cluster_lacks_is_refused_before_any_worker_starts():
+    with pytest.raises(ValueError, match=r"device\(s\) \[99\] do not exist"):
+        Controller(DeviceMapping(actor=[0], rollout=[99]), cpus_per_device=0.5)
+
+
 def test_groups_and_placement(disaggregated):
     c = disaggregated
     assert [w.name for w in c.workers] == ["actor/0", "rollout/0"]
