@@ -95,7 +95,16 @@ def load_sft_policy(task: Task, tokenizer: CharTokenizer, sft_checkpoint: str | 
     """
     path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
     if not path.exists() and sft_checkpoint is None:
-        log(f"No SFT checkpoint at {path}: running the warm start ({sft_command(task)}).")
+        log(f"No SFT checkpoint at {path}: running the warm start first ({sft_command(task)}; "
+            "until validation accuracy reaches "
+            f"{SFTConfig().target_accuracy:.0%}, at most {SFTConfig().max_steps} steps: about a "
+            "minute for short responses, several for long ones; Ctrl-C stops it and writes "
+            "nothing).")
+        if progress and sys.stdin is not None and sys.stdin.isatty() and sys.stdout.isatty():
+            answer = input("Make the warm start now? [Y/n] ").strip().lower()
+            if answer not in ("", "y", "yes"):
+                raise ValueError(f"no warm start for {task.key}; make it with `{sft_command(task)}` "
+                                 "or pass --sft-checkpoint.")
         make_sft_checkpoint(task, tokenizer, path, progress=progress)
     loaded = load_checkpoint(path)
     if loaded.get("task") != task.key:

@@ -130,6 +130,7 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     (["--task", "addition", "--clip-eps-high", "nan"], "clip_eps_high=nan must be a positive"),
     # a problem space smaller than what is asked of it: an error at once, not an endless loop
     (["--task", "addition", "--digits", "1"], "at most 100 distinct problems"),
+    (["--task", "scratchpad", "--max-digits", "1"], "scratchpad-1 has at most 100 distinct problems"),
     (["--task", "countdown", "--n-numbers", "2", "--max-number", "2", "--max-target", "1"],
      "at most 4 distinct problems"),
     # prompt + response longer than the model's context: named before anything is loaded or made
@@ -297,3 +298,28 @@ def test_run_files_are_readable_by_others(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "f.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_missing_warm_start_is_announced_and_asked_for_at_a_terminal(tmp_path, monkeypatch):
+    """Settings without a warm start (e.g. --max-digits 8) say what will be trained and, at a
+    terminal, ask first: "n" stops before any training and names the command that makes it."""
+    import io
+
+    from rlm_course.rl import runs
+    from rlm_course.tasks import get_task
+
+    monkeypatch.setenv("RLM_COURSE_DATA", str(tmp_path))
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal("n\n"))
+    monkeypatch.setattr("sys.stdout", Terminal())
+    made, logged = [], []
+    monkeypatch.setattr(runs, "make_sft_checkpoint", lambda *a, **k: made.append(a))
+    task = get_task("scratchpad", max_digits=8)
+    with pytest.raises(ValueError, match="make it with `python -m rlm_course sft --task scratchpad"):
+        runs.load_sft_policy(task, runs.CharTokenizer(), log=logged.append)
+    assert made == [] and "running the warm start first" in logged[0]
+    assert "Ctrl-C stops it" in logged[0]
