@@ -71,6 +71,10 @@ def test_saving_in_lab_drops_outputs_and_keeps_the_paired_py(lab):
             cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "ran\n"}]
             cell["execution_count"] = 1
     content["metadata"]["widgets"] = {"application/vnd.jupyter.widget-state+json": {}}
+    # what a run in JupyterLab writes into the metadata: the kernel's display name, the version
+    content["metadata"]["kernelspec"]["display_name"] = "Python 3 (ipykernel)"
+    content["metadata"]["language_info"] = {"name": "python", "version": "3.11.2",
+                                            "mimetype": "text/x-python"}
     body = json.dumps({"type": "notebook", "format": "json", "content": content}).encode()
     request = urllib.request.Request(url, data=body, method="PUT",
                                      headers={"Content-Type": "application/json"})
@@ -79,6 +83,8 @@ def test_saving_in_lab_drops_outputs_and_keeps_the_paired_py(lab):
     code = [c for c in saved["cells"] if c["cell_type"] == "code"]
     assert code and all(c["outputs"] == [] and c["execution_count"] is None for c in code)
     assert "widgets" not in saved["metadata"]
+    assert saved["metadata"] == json.loads(
+        (ROOT / "notebooks" / f"{NOTEBOOK}.ipynb").read_text())["metadata"]
     assert (root / f"{NOTEBOOK}.py").read_text() == \
         (ROOT / "notebooks" / f"{NOTEBOOK}.py").read_text()
 
