@@ -168,7 +168,8 @@ print(f"colocated hand-over of the same {hand['bytes']:,} bytes in process: "
 # leaves out the packing and unpacking copies; with them the prediction is closer, and what
 # remains is Python's per-call overhead and a shared machine's noise.
 #
-# A longer sweep over three model sizes is stored (`python -m rlm_course systems weight-sync`):
+# A longer sweep over three model sizes is stored (`python -m rlm_course systems weight-sync
+# --store` remakes it; without `--store` a run writes to `runs/systems/`):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -375,6 +376,11 @@ naive, hybrid = reshard["measured"]["naive"], reshard["measured"]["hybridflow"]
 assert naive["identical"] and hybrid["identical"]  # every rank holds exactly its generation shard
 assert naive["received_bytes"][0] == 3 * m // 4 and hybrid["received_bytes"][0] == m // 4
 assert max(hybrid["redundant_bytes"]) == 0 and min(naive["redundant_bytes"]) == m // 4
+
+# %%
+from rlm_course.systems.controller import stop_ray
+
+stop_ray()  # the last Ray workers of this chapter: Ray stops now, not when the kernel shuts down
 
 # %% [markdown]
 # Measured bytes equal the formulas exactly (HybridFlow, arXiv:2409.19256, Table 2: the naive

@@ -379,7 +379,7 @@ assert 0.1 < ratio < 10  # the same order: staleness and numerics are comparable
 #
 # Does it hurt learning here, and does a correction help? GRPO on the scratchpad task with the
 # fp8 engine and no correction, TIS and MIS (cap 2), beside the fp32 engine, two seeds each, 60
-# steps, stored by `python -m rlm_course systems mismatch`:
+# steps, stored by `python -m rlm_course systems mismatch --store`:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -435,7 +435,7 @@ for r in stored_mismatch["runs"]:
 # ## 6. Longer runs: throughput and accuracy per wall-second
 #
 # Sixty steps of each pipeline, one seed, held-out accuracy of snapshots every ten steps, stored
-# by `python -m rlm_course systems async` (the decoupled loss with TIS at cap 2, as above):
+# by `python -m rlm_course systems async --store` (the decoupled loss with TIS at cap 2, as above):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -511,7 +511,10 @@ plot_timelines({"unfused": window_events(fusion["events"], fusion["windows"], "u
                show_versions=False);
 
 # %%
+from rlm_course.systems.controller import stop_ray
+
 assert fusion["same_early_rows"]  # responses that ended before the migration are the same tokens
+stop_ray()  # the last Ray workers of this chapter: Ray stops now, not when the kernel shuts down
 
 # %%
 # NBVAL_IGNORE_OUTPUT

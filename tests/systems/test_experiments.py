@@ -58,3 +58,18 @@ def test_a_run_writes_to_the_runs_folder_and_leaves_the_stored_result(tmp_path, 
     assert calls[-1] == (3, (4, 5))
     replaced = json.loads(stored.read_text())
     assert replaced["command"] == "python -m rlm_course systems mismatch --seed 4 --steps 3 --store"
+
+
+def test_the_readme_scratchpad_line_quotes_the_stored_runs_of_its_command():
+    from rlm_course.utils import repo_root
+
+    line = next(l for l in (repo_root() / "README.md").read_text().splitlines()
+                if l.startswith("python -m rlm_course grpo --task scratchpad --lr"))
+    command, claim = line.split("#", 1)
+    stored = experiments.load_experiment("mismatch")
+    plain = [r for r in stored["runs"] if r["precision"] == "fp32" and r["correction"] == "none"]
+    for run in plain:  # the README's flags are the stored run's flags
+        for flag in command.split()[3:]:
+            assert flag in run["command"].split(), (flag, run["command"])
+        assert f"{run['accuracy_after']:.1%}".replace(".0%", "%") in claim
+    assert f"{plain[0]['accuracy_before']:.0%} ->" in claim
