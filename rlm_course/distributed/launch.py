@@ -19,8 +19,18 @@ order. ``ctx`` is a :class:`RankContext` (rank, world size, backend, device).
 * **Faults:** every collective waits at most ``timeout`` seconds for its peers
   (``init_process_group(timeout=...)``); a peer that dies closes its sockets, so the others fail at
   once. When a rank fails, the launcher gives the other ranks ``grace`` seconds to stop on their
-  own, then terminates them, and raises :class:`DistributedError`, which names the rank that
-  failed first and shows every rank's traceback or fate: never a hang.
+  own, then terminates them, and raises :class:`DistributedError`: one line per rank (the rank
+  that failed first, then what each other rank raised or how it ended) and the path of a log file
+  with every rank's full traceback (``RLM_COURSE_DEBUG=1``, or the CLI's ``--debug``, puts the
+  tracebacks in the message too): never a hang.
+* **Ctrl-C:** the first interrupt reaches every rank once (the launcher forwards it to ranks that
+  the terminal did not signal, e.g. a notebook's interrupt). A worker that stops gracefully
+  (:func:`graceful_interrupt`, as data-parallel GRPO does) finishes its step and returns; other
+  workers raise ``KeyboardInterrupt``, and so does :func:`launch`. A second Ctrl-C stops every
+  rank at once.
+* **Clean exits:** a rank that the launcher terminates (SIGTERM) exits through Python's normal
+  shutdown, and progress bars in ranks use a thread lock, so no rank leaves semaphores behind
+  (which Python's resource tracker would report as "leaked semaphore objects").
 * **Start method:** ``forkserver`` where the platform has it (a server process imports torch and
   the course's workers once; each rank is then forked from it in milliseconds), else ``spawn``.
 
@@ -70,14 +80,40 @@ PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken 
                "Timed out", "timed out", "Connection refused", "ECONNRESET", "EPIPE")
 
 
+#: Environment variable that puts every rank's full traceback into error messages.
+DEBUG_ENV = "RLM_COURSE_DEBUG"
+
+
+def debug_enabled() -> bool:
+    """``RLM_COURSE_DEBUG`` is set (the CLI's ``--debug`` sets it): show full tracebacks."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
 class DistributedError(RuntimeError):
     """A distributed run failed. ``first_rank``: the rank that failed first (None if none did
     and the run was stopped from outside); ``failures``: ``{rank: what happened to it}``, a
-    traceback or a fate such as "killed by signal SIGKILL"."""
+    traceback or a fate such as "killed by signal SIGKILL"; ``summary``: one line per rank;
+    ``log_path``: the file holding every rank's traceback (None if it could not be written).
 
-    def __init__(self, message: str, first_rank: int | None, failures: dict[int, str]) -> None:
-        super().__init__(message)
-        self.first_rank, self.failures = first_rank, failures
+    ``str(err)`` is the summary and the log's path; with ``RLM_COURSE_DEBUG=1`` it also holds the
+    tracebacks (:attr:`details`)."""
+
+    def __init__(self, summary: str, first_rank: int | None, failures: dict[int, str],
+                 log_path: str | None = None) -> None:
+        self.summary, self.first_rank, self.failures = summary, first_rank, failures
+        self.log_path = log_path
+        text = summary
+        if log_path:
+            text += f"\nFull tracebacks: {log_path} (or set {DEBUG_ENV}=1 to show them here)."
+        if debug_enabled() or not log_path:
+            text += "\n" + self.details
+        super().__init__(text)
+
+    @property
+    def details(self) -> str:
+        """Every rank's traceback or fate."""
+        return "Tracebacks:\n" + "\n".join(f"--- rank {i} ---\n{f}"
+                                           for i, f in sorted(self.failures.items()))
 
 
 class OversubscriptionWarning(UserWarning):
@@ -242,6 +278,78 @@ def init_from_env(device: str = "auto", threads: int = 1,
     return _init(rank, world, local_rank, backend, device, threads, timeout)
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def prepare_rank_process() -> None:
+    """What every rank does first (under :func:`launch` and under ``torchrun``) so that it never
+    leaves semaphores behind when it is stopped:
+
+    * SIGTERM (how :class:`Job` and torchrun stop a rank) raises ``SystemExit``: the rank exits
+      through Python's normal shutdown, which releases its multiprocessing semaphores; killed by
+      the default action instead, it would leave them to the resource tracker, which reports them
+      as "leaked semaphore objects" when the run ends;
+    * tqdm's bars use a thread lock: by default tqdm creates a multiprocessing lock (a named
+      semaphore) in every process that makes a bar, even a disabled one; a rank's bars are its
+      own (only rank 0 draws), so no other process needs that lock.
+    """
+    import threading
+
+    from tqdm import tqdm as tqdm_base
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    tqdm_base.set_lock(threading.RLock())
+
+
+class graceful_interrupt:
+    """Within a rank: the first Ctrl-C (SIGINT) sets :attr:`requested` instead of raising, so the
+    worker can finish its step, agree with the other ranks and save; repeats within
+    ``window`` seconds are the same interrupt (the terminal signals every process of the run, and
+    the launcher forwards it too) and are ignored; a later one raises ``KeyboardInterrupt``
+    (stop now). ``message``, if given, is printed on the first interrupt (rank 0's).
+
+    Use as ``with graceful_interrupt(msg) as stop: ... if stop.requested: ...``; outside the main
+    thread it does nothing (Ctrl-C keeps its default).
+    """
+
+    def __init__(self, message: str | None = None, window: float = 2.0) -> None:
+        self.message, self.window = message, window
+        self.requested, self._first, self._previous = False, None, None
+
+    def __enter__(self) -> "graceful_interrupt":
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        now = time.monotonic()
+        if self._first is None:
+            self.requested, self._first = True, now
+            if self.message:
+                print("\n" + self.message, file=sys.stderr, flush=True)
+        elif now - self._first > self.window:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> bool:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+
+def failure_log_path(folder: str | Path | None = None) -> Path:
+    """Where a failed run's tracebacks go: ``folder/failure.log``, or a new file in the temporary
+    folder."""
+    if folder is not None:
+        return Path(folder) / "failure.log"
+    handle, name = tempfile.mkstemp(prefix="rlm_course-failure-", suffix=".log")
+    os.close(handle)
+    return Path(name)
+
+
 def _entry(index: int, worker, args: tuple, kwargs: dict, spec: dict, result_dir: str) -> None:
     """What each new process runs: join the group, run the worker, store its result or its
     traceback (with the time it failed) for the launcher."""
@@ -250,6 +358,7 @@ def _entry(index: int, worker, args: tuple, kwargs: dict, spec: dict, result_dir
                       WORLD_SIZE=str(spec["world_size"]), LOCAL_RANK=str(index),
                       LOCAL_WORLD_SIZE=str(spec["world_size"]),
                       OMP_NUM_THREADS=str(spec["threads"]))
+    prepare_rank_process()
     try:
         ctx = _init(index, spec["world_size"], index, spec["backend"], spec["device"],
                     spec["threads"], spec["timeout"])
@@ -258,6 +367,8 @@ def _entry(index: int, worker, args: tuple, kwargs: dict, spec: dict, result_dir
         torch.save(result, tmp)
         os.replace(tmp, folder / f"rank{index}.pt")
     except BaseException as err:
+        if isinstance(err, SystemExit) and err.code == 128 + signal.SIGTERM:
+            raise  # stopped from outside (SIGTERM): the launcher knows why
         record = {"rank": index, "time": time.time(), "type": type(err).__name__,
                   "message": str(err), "traceback": traceback.format_exc()}
         tmp = folder / f".rank{index}.error.json"
@@ -276,9 +387,11 @@ class Job:
     wait for their results. Build it with :func:`start`."""
 
     def __init__(self, context, result_dir: tempfile.TemporaryDirectory, nprocs: int,
-                 grace: float, deadline: float | None, describe: str) -> None:
+                 grace: float, deadline: float | None, describe: str,
+                 log_file: str | Path | None = None) -> None:
         self._context, self._dir, self.nprocs = context, result_dir, nprocs
         self.grace, self.deadline, self.describe = grace, deadline, describe
+        self.log_file = log_file
 
     @property
     def pids(self) -> list[int]:
@@ -290,55 +403,83 @@ class Job:
 
         Raises:
             DistributedError: if a rank raised, was killed or exited with an error, or the run
-                passed its deadline; the message names the rank that failed first and shows what
-                happened to every rank.
+                passed its deadline; the message names the rank that failed first and what
+                happened to every rank, one line each, and where their tracebacks are.
+            KeyboardInterrupt: Ctrl-C, once the ranks have stopped. The first Ctrl-C is
+                forwarded to every rank (a graceful worker finishes its step; then its results
+                are returned as usual); a second one stops every rank at once.
         """
         procs = self._context.processes
         sentinels = {p.sentinel: i for i, p in enumerate(procs)}
         exited: dict[int, float] = {}
         stopped: dict[int, str] = {}
-        first_failure = None
+        self._first_failure = None
+        interrupted = False
+        while True:
+            try:
+                self._wait(procs, sentinels, exited, stopped)
+                break
+            except KeyboardInterrupt:
+                if interrupted:  # the second Ctrl-C: stop now
+                    self._stop([p for p in procs if p.is_alive()])
+                    self._cleanup()
+                    raise
+                interrupted = True
+                for p in procs:  # ranks the terminal did not signal (e.g. a notebook's kernel)
+                    if p.is_alive():
+                        try:
+                            os.kill(p.pid, signal.SIGINT)
+                        except ProcessLookupError:
+                            pass
         try:
-            while len(exited) < self.nprocs:
-                now = time.time()
-                waits = [0.5]
-                if first_failure is not None:
-                    waits.append(first_failure + self.grace - now)
-                if self.deadline is not None:
-                    waits.append(self.deadline - now)
-                pending = [s for s, i in sentinels.items() if i not in exited]
-                ready = multiprocessing.connection.wait(pending, timeout=max(0.0, min(waits)))
-                now = time.time()
-                for s in ready:
-                    i = sentinels[s]
-                    procs[i].join()
-                    exited[i] = now
-                    if procs[i].exitcode != 0 and first_failure is None:
-                        first_failure = now
-                late = first_failure is not None and now >= first_failure + self.grace
-                overdue = self.deadline is not None and now >= self.deadline
-                if late or overdue:
-                    why = (f"still running {self.grace:g} s after another rank failed: stopped by "
-                           "the launcher" if late else "still running at the deadline: stopped by "
-                           "the launcher")
-                    for i, p in enumerate(procs):
-                        if i not in exited:
-                            stopped[i] = why
-                    self._stop([p for i, p in enumerate(procs) if i not in exited])
-                    for i, p in enumerate(procs):
-                        if i not in exited:
-                            exited[i] = time.time()
-        except KeyboardInterrupt:
-            self._stop([p for p in procs if p.is_alive()])
-            self._dir.cleanup()
-            raise
-        try:
+            if interrupted and any(p.exitcode for p in procs):
+                raise KeyboardInterrupt
             return self._collect(procs, exited, stopped)
         finally:
-            self._dir.cleanup()
-            for path in self._context.error_files:  # torch's own copies of the tracebacks
-                if path and os.path.exists(path):
-                    os.unlink(path)
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        self._dir.cleanup()
+        for path in self._context.error_files:  # torch's own copies of the tracebacks
+            if path and os.path.exists(path):
+                os.unlink(path)
+        for queue in getattr(self._context, "error_queues", ()):
+            queue.close()  # release the queues' pipes now rather than at interpreter exit
+
+    def _wait(self, procs, sentinels, exited, stopped) -> None:
+        """Wait until every rank has exited (stopping the rest ``grace`` seconds after a
+        failure, or at the deadline); ``exited``, ``stopped`` and ``self._first_failure`` are
+        kept up to date, so that the wait can resume after a Ctrl-C."""
+        first_failure = self._first_failure
+        while len(exited) < self.nprocs:
+            now = time.time()
+            waits = [0.5]
+            if first_failure is not None:
+                waits.append(first_failure + self.grace - now)
+            if self.deadline is not None:
+                waits.append(self.deadline - now)
+            pending = [s for s, i in sentinels.items() if i not in exited]
+            ready = multiprocessing.connection.wait(pending, timeout=max(0.0, min(waits)))
+            now = time.time()
+            for s in ready:
+                i = sentinels[s]
+                procs[i].join()
+                exited[i] = now
+                if procs[i].exitcode != 0 and first_failure is None:
+                    first_failure = self._first_failure = now
+            late = first_failure is not None and now >= first_failure + self.grace
+            overdue = self.deadline is not None and now >= self.deadline
+            if late or overdue:
+                why = (f"still running {self.grace:g} s after another rank failed: stopped by "
+                       "the launcher" if late else "still running at the deadline: stopped by "
+                       "the launcher")
+                for i, p in enumerate(procs):
+                    if i not in exited:
+                        stopped[i] = why
+                self._stop([p for i, p in enumerate(procs) if i not in exited])
+                for i, p in enumerate(procs):
+                    if i not in exited:
+                        exited[i] = time.time()
 
     @staticmethod
     def _stop(procs) -> None:
@@ -366,6 +507,9 @@ class Job:
                 failures[i] = stopped[i]
                 times[i] = exited[i]
                 causes[i] = stopped[i]
+            elif p.exitcode == 128 + signal.SIGTERM:
+                failures[i] = causes[i] = "stopped by SIGTERM (from outside the run)"
+                times[i] = exited[i]
             elif p.exitcode and p.exitcode < 0:
                 name = signal.Signals(-p.exitcode).name
                 failures[i] = f"killed by signal {name} (no traceback: the process was killed)"
@@ -394,21 +538,28 @@ class Job:
         for i in range(self.nprocs):
             if i != first:
                 lines.append(f"rank {i}: {causes.get(i, 'finished')}")
-        lines.append("Tracebacks:")
-        for i in range(self.nprocs):
-            lines.append(f"--- rank {i} ---\n{failures.get(i, 'finished without error')}")
-        raise DistributedError("\n".join(lines), first, failures)
+        every = {i: failures.get(i, "finished without error") for i in range(self.nprocs)}
+        try:
+            path = failure_log_path() if self.log_file is None else Path(self.log_file)
+            path.write_text("\n".join(lines) + "\n" + DistributedError("", first, every).details
+                            + "\n")
+        except OSError:
+            raise DistributedError("\n".join(lines), first, failures) from None
+        raise DistributedError("\n".join(lines), first, failures, str(path))
 
 
 def _first_line(text: str) -> str:
+    """An error message's first line, without gloo's generic advice."""
     text = text.strip()
-    return text.splitlines()[0] if text else ""
+    line = text.splitlines()[0] if text else ""
+    return line.split(" This is typically caused by")[0]
 
 
 def start(worker, nprocs: int = 2, args: tuple = (), kwargs: dict | None = None, *,
           device: str = "cpu", backend: str | None = None, port: int | None = None,
           threads: int = 1, timeout: float = DEFAULT_TIMEOUT, grace: float = DEFAULT_GRACE,
-          deadline: float | None = None, start_method: str | None = None) -> Job:
+          deadline: float | None = None, start_method: str | None = None,
+          log_file: str | Path | None = None) -> Job:
     """Start ``nprocs`` ranks running ``worker(ctx, *args, **kwargs)`` and return the
     :class:`Job` at once (see :func:`launch` for the arguments); :meth:`Job.join` waits."""
     if not (isinstance(nprocs, int) and not isinstance(nprocs, bool) and nprocs >= 1):
@@ -445,13 +596,14 @@ def start(worker, nprocs: int = 2, args: tuple = (), kwargs: dict | None = None,
                                        nprocs=nprocs, join=False, start_method=method)
     describe = f"{worker.__module__}.{worker.__qualname__} on {nprocs} process(es) ({backend})"
     return Job(context, result_dir, nprocs, grace,
-               None if deadline is None else time.time() + deadline, describe)
+               None if deadline is None else time.time() + deadline, describe, log_file)
 
 
 def launch(worker, nprocs: int = 2, args: tuple = (), kwargs: dict | None = None, *,
            device: str = "cpu", backend: str | None = None, port: int | None = None,
            threads: int = 1, timeout: float = DEFAULT_TIMEOUT, grace: float = DEFAULT_GRACE,
-           deadline: float | None = None, start_method: str | None = None) -> list:
+           deadline: float | None = None, start_method: str | None = None,
+           log_file: str | Path | None = None) -> list:
     """Run ``worker(ctx, *args, **kwargs)`` on ``nprocs`` new processes that form one process
     group; return each rank's result (anything ``torch.save`` can store), in rank order.
 
@@ -466,15 +618,18 @@ def launch(worker, nprocs: int = 2, args: tuple = (), kwargs: dict | None = None
         grace: seconds the other ranks get to stop on their own after one failed.
         deadline: seconds after which the whole run is stopped (None: no limit).
         start_method: ``"forkserver"`` (default where available), ``"spawn"`` or ``"fork"``.
+        log_file: where a failed run writes every rank's traceback (None: a new file in the
+            temporary folder; the error message names it).
 
     Raises:
         ValueError: a worker defined in ``__main__`` (a notebook cell), a bad count, a port in use,
             a backend or device this machine cannot run (NCCL without CUDA).
         DistributedError: a rank failed (see :class:`Job.join`).
+        KeyboardInterrupt: Ctrl-C (see :class:`Job.join`).
 
     Warns:
         OversubscriptionWarning: more rank threads than CPU cores.
     """
     return start(worker, nprocs, args, kwargs, device=device, backend=backend, port=port,
                  threads=threads, timeout=timeout, grace=grace, deadline=deadline,
-                 start_method=start_method).join()
+                 start_method=start_method, log_file=log_file).join()
