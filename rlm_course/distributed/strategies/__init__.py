@@ -54,7 +54,7 @@ comm_seconds`).
 from rlm_course.distributed.strategies.setup import (DTYPES, PIPELINES, STRATEGIES, Setup,
                                                      check_setup, fitting, learner_setup, lm_loss,
                                                      make_model, make_optimizer, make_tokens,
-                                                     reference)
+                                                     ranks_that_fit, reference, select)
 from rlm_course.distributed.strategies.tensor_parallel import (HeadParallelAttention,
                                                                from_head_major, head_major_rows,
                                                                parallelize_tinygpt,
@@ -69,7 +69,7 @@ from rlm_course.distributed.strategies.workers import equivalence_worker, timing
 
 __all__ = [
     "DTYPES", "PIPELINES", "STRATEGIES", "Setup", "check_setup", "fitting", "learner_setup",
-    "lm_loss", "make_model", "make_optimizer", "make_tokens", "reference",
+    "ranks_that_fit", "select", "lm_loss", "make_model", "make_optimizer", "make_tokens", "reference",
     "HeadParallelAttention", "from_head_major", "head_major_rows", "parallelize_tinygpt",
     "reduce_partial_grads", "tensor_parallel_plan", "tp_ready", "PipelinePart", "stage_ids",
     "StrategyRun", "fsdp_numel", "predicted_sent", "check_equivalence", "format_equivalence",

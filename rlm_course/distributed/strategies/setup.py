@@ -92,20 +92,79 @@ class Setup:
                                  f"the {p} ranks (interleaved schedules need it).")
 
 
+def _multiple_at_least(p: int, least: int) -> int:
+    """The smallest multiple of ``p`` that is at least ``least``."""
+    return p * -(-least // p)
+
+
 def check_setup(p: int) -> Setup:
     """The float64 setup of the equivalence checks on ``p`` ranks: a 32-wide TinyGPT with enough
-    blocks for two pipeline stages per rank (4, or ``2 p``), micro-batches a multiple of ``p``."""
-    m = max(4, p)
-    return Setup(n_layer=max(4, 2 * p), micro_batches=m, batch=2 * m)
+    blocks for two pipeline stages per rank (4, or the first multiple of ``2 p`` from 4),
+    micro-batches a multiple of ``p`` (4 at 2 and 4 ranks), two sequences per micro-batch. Only
+    the 4 heads and 16 positions stay fixed: TP needs ``p`` to divide them."""
+    m = _multiple_at_least(p, 4)
+    return Setup(n_layer=_multiple_at_least(2 * p, 4), micro_batches=m, batch=2 * m)
 
 
 def learner_setup(p: int) -> Setup:
     """The float32 setup of the timings on ``p`` ranks: the course's model width (128, 4 heads,
-    32 positions) with ``max(8, 2 p)`` blocks (the same model at 2 and 4 ranks), 16 sequences
-    per step (or ``4 x`` the micro-batches)."""
-    m = max(4, p)
-    return Setup(n_layer=max(8, 2 * p), d_model=128, seq_len=32, batch=max(16, 4 * m),
-                 micro_batches=m, dtype="float32", lr=1e-3)
+    32 positions) with 8 blocks (or the first multiple of ``2 p`` from 8; the same model at 2 and
+    4 ranks), 16 sequences per step (or ``4 x`` the micro-batches, a multiple of ``p``)."""
+    m = _multiple_at_least(p, 4)
+    return Setup(n_layer=_multiple_at_least(2 * p, 8), d_model=128, seq_len=32,
+                 batch=max(16, 4 * m), micro_batches=m, dtype="float32", lr=1e-3)
+
+
+def ranks_that_fit(name: str, setup_for, up_to: int = 8) -> list[int]:
+    """The rank counts ``2 .. up_to`` on which strategy ``name`` fits ``setup_for(p)``."""
+    out = []
+    for q in range(2, up_to + 1):
+        try:
+            setup_for(q).check(name, q)
+        except ValueError:
+            continue
+        out.append(q)
+    return out
+
+
+def select(p: int, names: list[str] | None = None, timing: bool = False
+           ) -> tuple[Setup, list[str], dict[str, str]]:
+    """What a run of the strategies on ``p`` ranks does: the setup (:func:`check_setup`, or
+    :func:`learner_setup` with ``timing``), the strategies to run (``names``, default every one
+    that fits) and, for each one left out, one line that says why and which ``--nproc`` runs it
+    (e.g. ``"tp: skipped, 3 ranks do not divide the 4 heads; use --nproc 2 or 4"``).
+
+    Raises:
+        ValueError: for an unknown strategy, a strategy in ``names`` that cannot run on ``p``
+            ranks, or a ``p`` on which none can (one line per strategy).
+    """
+    setup_for = learner_setup if timing else check_setup
+    if not (isinstance(p, int) and p >= 2):
+        raise ValueError(f"--nproc {p!r}: the strategies need 2 or more ranks.")
+    unknown = [n for n in names or () if n not in STRATEGIES]
+    if unknown:
+        raise ValueError(f"--strategies: unknown {', '.join(unknown)}; choose from "
+                         f"{', '.join(STRATEGIES)}.")
+    setup = setup_for(p)
+    skipped = {}
+    for name in names or STRATEGIES:
+        try:
+            setup.check(name, p)
+        except ValueError as err:
+            reason = str(err).split(": ", 1)[-1].split("; ")[0].rstrip(".")
+            fits = ranks_that_fit(name, setup_for, max(8, p))
+            fix = (f"use --nproc {' or '.join(map(str, fits))}" if len(fits) <= 3 else
+                   f"use --nproc {', '.join(map(str, fits[:-1]))} or {fits[-1]}") if fits \
+                else "no --nproc up to 8 fits it"
+            skipped[name] = f"{name}: skipped, {reason}; {fix}"
+    if names and skipped:
+        raise ValueError(f"--strategies {' '.join(names)} on {p} ranks: "
+                         + "; ".join(line.replace(": skipped, ", ": ", 1)
+                                     for line in skipped.values()) + ".")
+    run = [n for n in (names or STRATEGIES) if n not in skipped]
+    if not run:
+        raise ValueError(f"no strategy fits {p} ranks: " + "; ".join(skipped.values()) + ".")
+    return setup, run, skipped
 
 
 def fitting(setup: Setup, p: int) -> list[str]:
