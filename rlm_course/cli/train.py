@@ -31,16 +31,25 @@ def _rl(args) -> int:
     task = task_from_args(args)
     config = rl_config_from_args(args)
     if args.nproc != 1:  # data-parallel processes (chapter 11), one thread each by default
-        from rlm_course.distributed.grpo import run_rl_distributed
+        import os
 
-        if args.resume:
-            raise ValueError("--resume with --nproc: a data-parallel run restarts from scratch; "
-                             "its checkpoint.pt loads in one process (resume it without --nproc).")
-        run_rl_distributed(task, config, args.nproc, name=args.name, out_dir=args.out,
-                           overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
-                           progress=not args.no_progress,
-                           threads=1 if args.threads is None else args.threads)
-        return 0
+        from rlm_course.distributed.grpo import run_rl_distributed
+        from rlm_course.distributed.launch import DEBUG_ENV, DistributedError, debug_enabled
+
+        if getattr(args, "debug", False):
+            os.environ[DEBUG_ENV] = "1"  # the ranks' tracebacks in the message, not only the log
+        try:
+            summary = run_rl_distributed(task, config, args.nproc, name=args.name,
+                                         out_dir=args.out, overwrite=args.overwrite,
+                                         sft_checkpoint=args.sft_checkpoint,
+                                         progress=not args.no_progress, resume=args.resume,
+                                         threads=1 if args.threads is None else args.threads)
+        except DistributedError as err:  # one line per rank; the tracebacks are in a log file
+            if debug_enabled():
+                raise
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        return 130 if summary.get("interrupted") else 0
     set_threads(args)
     summary = run_rl(task, config, name=args.name, out_dir=args.out, resume=args.resume,
                      overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,

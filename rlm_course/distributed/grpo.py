@@ -24,7 +24,16 @@
   ranks included) on a shared clock: ``timeline.json`` and ``timeline.png`` in the run folder;
 * **checkpoints** are written by rank 0 in the single-process format (the policy, the optimizer,
   the configuration of the whole run): ``python -m rlm_course eval --checkpoint ...`` or
-  :func:`rlm_course.lm.checkpoint.load_checkpoint` read them in one process.
+  :func:`rlm_course.lm.checkpoint.load_checkpoint` read them in one process;
+* **Ctrl-C:** the first one finishes the current step on every rank (the ranks agree on the step
+  through the per-step gather of their metrics), rank 0 writes the checkpoint atomically, and the
+  run stops; a second one stops at once, leaving the previous checkpoint. ``--resume`` (with the
+  same ``--nproc``) continues from the checkpoint and repeats the uninterrupted run's numbers:
+  every random draw comes from ``(seed, step, rank)``, and the policy, optimizer and reference
+  are the same on every rank (also resumable in one process, without ``--nproc``, with other
+  samples);
+* **failures:** one line per rank, and every rank's traceback in ``failure.log`` in the run
+  folder.
 
 :func:`update_equivalence_worker` shows that one update from a fixed rollout batch equals the
 single-process update (float64, within :func:`rlm_course.numerics.adam_tolerance`).
@@ -43,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from rlm_course.distributed.launch import RankContext
+from rlm_course.distributed.launch import RankContext, graceful_interrupt
 from rlm_course.algorithms import RLConfig
 from rlm_course.rl.batch import Batch
 from rlm_course.rl.trainer import RLTrainer
@@ -331,52 +340,91 @@ def plot_timeline(ranks: list[list], path=None, title: str = "data-parallel GRPO
 
 
 # ---------------------------------------------------------------------------- the job
+#: What rank 0 prints on the first Ctrl-C.
+INTERRUPT_MESSAGE = ("Interrupt: every rank finishes this step, then rank 0 saves a checkpoint "
+                     "(Ctrl-C again, after a second, to stop now).")
+
+
 def grpo_job_worker(ctx: RankContext, task, config: RLConfig, run_dir: str, sft_checkpoint: str,
                     checkpoint_every: int = 10, progress: bool = True,
-                    bucket_cap_mb: float | None = None) -> dict | None:
-    """One rank of :func:`run_rl_distributed`: load the warm start, train ``config.steps`` steps,
-    and (rank 0) write ``metrics.jsonl``, ``timeline.json``, checkpoints and the summary.
+                    bucket_cap_mb: float | None = None, resume: bool = False) -> dict | None:
+    """One rank of :func:`run_rl_distributed`: load the warm start (or, with ``resume``, the run's
+    ``checkpoint.pt``), train up to ``config.steps`` steps, and (rank 0) write ``metrics.jsonl``,
+    ``timeline.json``, checkpoints and the summary. The first Ctrl-C stops every rank after the
+    same step, with a checkpoint (see the module docstring).
 
     Returns:
-        The summary dict on rank 0, None on the others.
+        The summary dict on rank 0 (``{"interrupted": True, "step", "run_dir"}`` after a Ctrl-C),
+        None on the others.
     """
+    with graceful_interrupt(INTERRUPT_MESSAGE if ctx.is_main else None) as stop:
+        return _grpo_job(ctx, task, config, Path(run_dir), sft_checkpoint, checkpoint_every,
+                         progress, bucket_cap_mb, resume, stop)
+
+
+def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
+    """The metrics rows of steps ``<= up_to_step`` (a line cut by a hard kill ends the list)."""
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if row.get("step", 0) <= up_to_step:
+                rows.append(row)
+    return rows
+
+
+def _grpo_job(ctx: RankContext, task, config: RLConfig, run_dir: Path, sft_checkpoint: str,
+              checkpoint_every: int, progress: bool, bucket_cap_mb: float | None, resume: bool,
+              stop: graceful_interrupt) -> dict | None:
     from tqdm.auto import tqdm
 
     from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
     from rlm_course.lm.tokenizer import CharTokenizer
     from rlm_course.tasks.eval_sets import load_eval_set
-    from rlm_course.utils import atomic_write_json, seed_everything
+    from rlm_course.utils import atomic_write_json, atomic_write_text, seed_everything
 
     if ctx.device.type != "cpu":
         raise ValueError(f"data-parallel GRPO runs the course's RL loop on CPU tensors; this rank "
                          f"was given {ctx.device} ({ctx.backend}): run it with gloo "
                          "(--device cpu under torchrun; launch(..., device='cpu')).")
-    run_dir = Path(run_dir)
     tokenizer = CharTokenizer()
     eval_problems = load_eval_set(task)
-    policy = load_checkpoint(sft_checkpoint)["model"]
+    state = load_checkpoint(run_dir / "checkpoint.pt") if resume else None
+    policy = (state if resume else load_checkpoint(sft_checkpoint))["model"]
     seed_everything(config.seed)
     dist.barrier()
     origin = time.perf_counter()
-    trainer = DistributedRLTrainer(policy, task, tokenizer, config, eval_problems, origin)
-    accuracy_before = trainer.evaluate()
+    trainer = DistributedRLTrainer(policy, task, tokenizer, config, eval_problems, origin,
+                                   bucket_cap_mb)
     metrics_path, timeline_path = run_dir / "metrics.jsonl", run_dir / "timeline.json"
-    if ctx.is_main:
-        metrics_path.write_text("")
-    timeline: list[list] = [[] for _ in range(ctx.world_size)]
     totals = {"wall_seconds": 0.0, **{s: 0.0 for s in PHASES}}
-    rows = []
-    sft_info = {"checkpoint": str(sft_checkpoint)}
+    if resume:
+        trainer.load_state_dict(state["trainer"])
+        totals.update({k: v for k, v in state["totals"].items() if k in totals})
+        accuracy_before, sft_info = state["accuracy_before"], state["sft"]
+    else:
+        accuracy_before = trainer.evaluate()
+        sft_info = {"checkpoint": str(sft_checkpoint)}
+    rows = _read_metrics(metrics_path, trainer.step_count) if resume else []
+    if ctx.is_main:
+        atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in rows))
+    timeline: list[list] = [[] for _ in range(ctx.world_size)]
+    first_step, interrupted = trainer.step_count, False
 
     def save() -> None:
         if ctx.is_main:
             save_checkpoint(run_dir / "checkpoint.pt", trainer.model, task=task.key,
                             algorithm=config.algorithm, config=dataclasses.asdict(config),
                             trainer=trainer.state_dict(), totals=dict(totals), sft=sft_info,
-                            accuracy_before=accuracy_before, world_size=ctx.world_size)
+                            accuracy_before=accuracy_before, world_size=ctx.world_size,
+                            threads=ctx.threads)
         dist.barrier()
 
-    bar = tqdm(total=config.steps, desc=f"{config.algorithm.upper()} {task.key} x{ctx.world_size}",
+    bar = tqdm(total=config.steps, initial=trainer.step_count,
+               desc=f"{config.algorithm.upper()} {task.key} x{ctx.world_size}",
                disable=not (progress and ctx.is_main))
     while trainer.step_count < config.steps:
         start = time.perf_counter()
@@ -384,7 +432,9 @@ def grpo_job_worker(ctx: RankContext, task, config: RLConfig, run_dir: str, sft_
         wall = time.perf_counter() - start
         events = trainer.take_events()
         gathered: list = [None] * ctx.world_size
-        dist.all_gather_object(gathered, (row, events, wall))
+        # every rank gets every rank's stop request: they all stop after the same step
+        dist.all_gather_object(gathered, (row, events, wall, stop.requested))
+        stopping = any(g[3] for g in gathered)
         if ctx.is_main:
             combined = combine_metrics([g[0] for g in gathered])
             combined["rank_seconds"] = [phase_seconds(g[1]) for g in gathered]
@@ -398,13 +448,20 @@ def grpo_job_worker(ctx: RankContext, task, config: RLConfig, run_dir: str, sft_
                 timeline[r].extend(g[1])
             bar.set_postfix({"reward": f"{combined['reward_mean']:.2f}"})
             bar.update(1)
-        if trainer.step_count % checkpoint_every == 0 or trainer.step_count == config.steps:
+        done = trainer.step_count == config.steps
+        if done or trainer.step_count % checkpoint_every == 0 or stopping:
             save()
+        if stopping and not done:
+            interrupted = True
+            break
     bar.close()
+    if interrupted:
+        return ({"interrupted": True, "step": trainer.step_count, "run_dir": str(run_dir)}
+                if ctx.is_main else None)
     accuracy_after = trainer.evaluate()
     if not ctx.is_main:
         return None
-    atomic_write_json(timeline_path, {"phases": list(PHASES),
+    atomic_write_json(timeline_path, {"phases": list(PHASES), "first_step": first_step + 1,
                                       "ranks": [[e.to_dict() for e in events]
                                                 for events in timeline]})
     summary = {
@@ -417,13 +474,16 @@ def grpo_job_worker(ctx: RankContext, task, config: RLConfig, run_dir: str, sft_
         "config": dataclasses.asdict(config), "sft": sft_info,
         "model_parameters": trainer.model.num_parameters(),
     }
+    if resume:
+        summary["resumed_from_step"] = first_step
     atomic_write_json(run_dir / "summary.json", summary)
     from rlm_course.tools.plots import plot_learning_curve
 
     plot_learning_curve(rows, run_dir / "learning_curve.png", accuracy_before=accuracy_before,
                         title=f"{config.algorithm.upper()} on {task.key}, {ctx.world_size} ranks")
-    last = min(3, len(rows))
-    t0 = _step_start(timeline, len(rows) - last)
+    session = config.steps - first_step  # the steps this process ran (the timeline's)
+    last = min(3, session)
+    t0 = _step_start(timeline, session - last)
     plot_timeline([[e for e in events if e.start >= t0] for events in timeline],
                   run_dir / "timeline.png", title=f"data-parallel {config.algorithm.upper()}: "
                   f"the last {last} steps on {ctx.world_size} ranks")
@@ -441,22 +501,85 @@ def _step_start(timeline: list[list], step_index: int) -> float:
     return min(starts) if starts else 0.0
 
 
+def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = False,
+                     sft_checkpoint: str | Path | None = None) -> None:
+    """Refuse what the run folder and the flags cannot do together (nothing is read or written
+    besides listing the folder).
+
+    Raises:
+        ValueError: ``resume`` with ``overwrite`` or an ``sft_checkpoint``; ``resume`` without a
+            checkpoint; a folder that holds files, without ``resume`` or ``overwrite``.
+    """
+    ckpt = run_dir / "checkpoint.pt"
+    has_files = run_dir.is_dir() and any(run_dir.iterdir())
+    if resume and overwrite:
+        raise ValueError("--resume continues a run and --overwrite deletes it: pass only one.")
+    if resume and sft_checkpoint is not None:
+        raise ValueError("--sft-checkpoint is not used with --resume (the run's checkpoint holds "
+                         "the policy); drop one of them.")
+    if resume and not ckpt.exists():
+        hint = (" It holds files of a run that stopped before its first checkpoint: start it again "
+                "with --overwrite." if has_files else " Start it without --resume.")
+        raise ValueError(f"--resume: no run to resume at {run_dir} (no checkpoint.pt).{hint}")
+    if not resume and has_files and not overwrite:
+        what = ("a run; pass --resume to continue it, " if ckpt.exists() else
+                "files of a run that stopped before its first checkpoint; pass ")
+        raise ValueError(f"run folder {run_dir} already holds {what}--overwrite to start it again "
+                         "from scratch, or --name for a new run.")
+
+
+def check_resume(state: dict, config: RLConfig, task, nproc: int, path: Path, log=print) -> None:
+    """Refuse to resume a checkpoint with another algorithm, task or options (only ``steps`` may
+    change, and not below the steps done); note a different number of processes (the run then
+    continues with other samples than the uninterrupted run's).
+
+    Raises:
+        ValueError: naming what differs and how to resume.
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(RLConfig)}
+    saved, wanted = {**defaults, **(state.get("config") or {})}, dataclasses.asdict(config)
+    if state.get("algorithm", "grpo") != config.algorithm:
+        raise ValueError(f"--resume: {path} is a {state.get('algorithm', 'grpo')} run, not "
+                         f"{config.algorithm}; resume it with its own command (pass --variant "
+                         f"{state.get('algorithm', 'grpo')}).")
+    if state.get("task") != task.key:
+        raise ValueError(f"--resume: {path} is a run on task {state.get('task')}, not {task.key}; "
+                         "pass the same task options as the run.")
+    differ = sorted(k for k in set(saved) | set(wanted)
+                    if k != "steps" and saved.get(k) != wanted.get(k))
+    if differ:
+        changes = ", ".join(f"{k}: run {saved.get(k)!r}, now {wanted.get(k)!r}" for k in differ)
+        raise ValueError(f"--resume: options differ from the run's ({changes}); resume with the "
+                         "same options (only --steps may change), or start a new run with --name.")
+    done = state["trainer"]["step"]
+    if config.steps < done:
+        raise ValueError(f"--resume: the run already has {done} steps; pass --steps {done} or more.")
+    ran = state.get("world_size", 1)
+    if ran != nproc:
+        log(f"Note: the run used {ran} process(es), this one {nproc}: it continues from step "
+            f"{done}, but with other samples than an uninterrupted run (pass --nproc {ran} to "
+            "repeat it exactly).")
+
+
 def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,
                 out_dir: str | Path = "runs", overwrite: bool = False,
                 sft_checkpoint: str | Path | None = None, progress: bool = True,
-                log=print) -> tuple[str, str]:
+                log=print, resume: bool = False) -> tuple[str, str]:
     """Everything a data-parallel run checks and makes before its ranks start: the configuration
-    (:func:`check_data_parallel`), the run folder, the task's held-out set and problem space, the
-    warm start (made if the default checkpoint is missing) and its fit to the task.
+    (:func:`check_data_parallel`), the run folder (:func:`check_run_folder`), the task's
+    held-out set and problem space, the warm start (made if the default checkpoint is missing)
+    and its fit to the task; with ``resume``, the run's checkpoint and its options
+    (:func:`check_resume`).
 
     Returns:
-        ``(run_dir, sft_checkpoint_path)`` as strings.
+        ``(run_dir, checkpoint_path)`` as strings: the warm start, or the run's checkpoint.
 
     Raises:
         ValueError: naming what does not fit and how to fix it.
     """
     import shutil
 
+    from rlm_course.lm.checkpoint import load_checkpoint
     from rlm_course.lm.tokenizer import CharTokenizer
     from rlm_course.rl.runs import (check_model_for_task, default_sft_checkpoint, load_sft_policy,
                                     run_folder)
@@ -466,16 +589,22 @@ def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,
     check_data_parallel(config, nproc)
     run_dir = run_folder(out_dir, name if name is not None
                          else f"{config.algorithm}-{task.key}-seed{config.seed}-dp{nproc}")
-    if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
-        raise ValueError(f"run folder {run_dir} already holds files; pass --overwrite to replace "
-                         "them, or --name for a new run.")
+    check_run_folder(run_dir, resume, overwrite, sft_checkpoint)
     eval_problems = load_eval_set(task)
     task.check_problem_space(len(eval_problems) + config.prompts_per_step,
                              "the held-out set plus one step's prompts")
     tokenizer = CharTokenizer()
-    policy, _ = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log)  # made if missing
-    path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
-    check_model_for_task(policy.config, tokenizer, task,
+    if resume:
+        path = run_dir / "checkpoint.pt"
+        state = load_checkpoint(path)
+        check_resume(state, config, task, nproc, path, log)
+        model_config = state["model"].config
+        log(f"Resuming {run_dir} from step {state['trainer']['step']}.")
+    else:
+        policy, _ = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log)  # made if missing
+        path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
+        model_config = policy.config
+    check_model_for_task(model_config, tokenizer, task,
                          task.max_response_len + config.overlong_buffer, f"checkpoint {path}",
                          config.overlong_buffer)
     if run_dir.exists() and overwrite:
@@ -487,26 +616,38 @@ def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,
 def run_rl_distributed(task, config: RLConfig, nproc: int, name: str | None = None,
                        out_dir: str | Path = "runs", overwrite: bool = False,
                        sft_checkpoint: str | Path | None = None, checkpoint_every: int = 10,
-                       progress: bool = True, log=print, **launch_options) -> dict:
+                       progress: bool = True, log=print, resume: bool = False,
+                       **launch_options) -> dict:
     """The main job (``run_rl``) on ``nproc`` data-parallel processes: the same warm start and
     run files in ``runs/<name>/`` (default ``<variant>-<task>-seed<seed>-dp<nproc>``), plus
-    ``timeline.json`` / ``timeline.png``. ``launch_options`` go to
-    :func:`rlm_course.distributed.launch.launch` (e.g. ``timeout``).
+    ``timeline.json`` / ``timeline.png``; ``resume`` continues the run from its checkpoint.
+    ``launch_options`` go to :func:`rlm_course.distributed.launch.launch` (e.g. ``timeout``).
+
+    Returns:
+        The summary; after a Ctrl-C, ``{"interrupted": True, "step", "run_dir"}`` (the
+        checkpoint holds that step).
 
     Raises:
         ValueError: see :func:`prepare_run`.
-        DistributedError: a rank failed (the message names it).
+        DistributedError: a rank failed (one line per rank; the tracebacks are in the run
+            folder's ``failure.log``).
     """
     from rlm_course.distributed.launch import launch
 
     run_dir, path = prepare_run(task, config, nproc, name, out_dir, overwrite, sft_checkpoint,
-                                progress, log)
+                                progress, log, resume)
     log(f"{config.algorithm.upper()} on {nproc} data-parallel processes (1 thread each); "
         f"{config.prompts_per_step // nproc} prompts x {config.group_size} responses per rank "
         "per step.")
+    launch_options.setdefault("log_file", Path(run_dir) / "failure.log")
     summary = launch(grpo_job_worker, nproc, kwargs=dict(
         task=task, config=config, run_dir=run_dir, sft_checkpoint=path,
-        checkpoint_every=checkpoint_every, progress=progress), **launch_options)[0]
+        checkpoint_every=checkpoint_every, progress=progress, resume=resume),
+        **launch_options)[0]
+    if summary.get("interrupted"):
+        log(f"Stopped at step {summary['step']}; checkpoint and metrics are in {run_dir}. "
+            "Continue by running the same command with --resume.")
+        return summary
     s = summary["stage_seconds"]
     log(f"Held-out greedy accuracy: {summary['accuracy_before']:.1%} -> "
         f"{summary['accuracy_after']:.1%} ({summary['accuracy_gain_points']:+.1f} points) in "
