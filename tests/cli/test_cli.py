@@ -76,3 +76,104 @@ def test_debug_from_the_environment(monkeypatch):
     monkeypatch.setenv("RLM_COURSE_DEBUG", "1")
     with pytest.raises(ValueError, match="unknown task"):
         main(["eval", "--task", "nothing", "--checkpoint", "x.pt"])
+
+
+# ---------------------------------------------------------------------------- distributed <worker>
+# Launcher options, then `--` and the worker's options; every option is checked before torchrun
+# starts, and a refusal is one line with exit code 2.
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_distributed_refuses_strategies_that_cannot_run_before_starting_torchrun(capsys):
+    for argv in (["strategies", "--nproc", "3", "--", "--strategies", "tp"],
+                 ["strategies", "--nproc", "3", "--strategies", "tp"],
+                 ["--nproc", "3", "strategies", "--strategies", "tp"]):
+        assert main(["distributed", *argv]) == 2
+        assert _one_line_error(capsys) == ("error: --strategies tp on 3 ranks: tp: 3 ranks do "
+                                           "not divide the 4 heads; use --nproc 2 or 4.")
+
+
+def test_distributed_checks_the_workers_and_the_launchers_options_first(capsys):
+    assert main(["distributed", "grpo", "--", "--task", "addition", "--stepz", "3"]) == 2
+    err = _one_line_error(capsys)
+    assert "unrecognized arguments: --stepz 3" in err and "distributed grpo -- --help" in err
+    assert main(["distributed", "grpo", "--nproc", "3", "--", "--task", "addition"]) == 2
+    assert "does not split into 3 equal shares" in _one_line_error(capsys)
+    assert main(["distributed", "grpo", "--nproc", "2", "--", "--task", "addition", "--resume",
+                 "--out", "/nonexistent-runs"]) == 2
+    assert "--resume: no run to resume" in _one_line_error(capsys)
+    assert main(["distributed", "collectives", "--", "--repeats", "0"]) == 2
+    assert "--repeats 0" in _one_line_error(capsys)
+    assert main(["distributed", "hello", "--threads", "0"]) == 2
+    assert "--threads 0" in _one_line_error(capsys)
+    assert main(["distributed", "hello", "--port", "80"]) == 2
+    assert "--port 80: give a port number in 1024..65535" in _one_line_error(capsys)
+    assert main(["distributed", "nothing"]) == 2
+    assert "unknown worker 'nothing'" in _one_line_error(capsys)
+
+
+def test_distributed_builds_the_torchrun_command_from_launcher_and_worker_options():
+    from rlm_course.distributed.torchrun import split_options, torchrun_command
+
+    launcher, worker = split_options(["--nproc", "4", "--port", "29511", "--time", "--",
+                                      "--strategies", "tp", "--nproc", "9"])
+    assert (launcher.nproc, launcher.port) == (4, 29511)
+    assert worker == ["--time", "--strategies", "tp", "--nproc", "9"]  # after --: the worker's
+    command = torchrun_command("strategies", 4, worker, port=29511, common=["--threads", "2"])
+    assert command[3:] == ["--nnodes=1", "--master-addr=127.0.0.1", "--master-port=29511",
+                           "--nproc-per-node=4", "-m", "rlm_course.distributed", "--threads", "2",
+                           "strategies", "--time", "--strategies", "tp", "--nproc", "9"]
+    assert split_options(["--task", "addition"], nproc=3)[0].nproc == 3
+
+
+def test_grpo_resume_with_nproc_is_accepted_and_checked(capsys):
+    # the message of an interrupted run says: the same command plus --resume
+    assert main(["grpo", "--task", "addition", "--nproc", "2", "--resume", "--no-progress",
+                 "--out", "/nonexistent-runs"]) == 2
+    assert "--resume: no run to resume" in _one_line_error(capsys)
+    assert main(["grpo", "--task", "addition", "--nproc", "2", "--resume", "--overwrite",
+                 "--no-progress"]) == 2
+    assert "pass only one" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
+    # no layout fits: the answer says how many GPUs would (doubling, then whole nodes between)
+    (["--model", "deepseek-v3", "--gpus", "16"],
+     "no layout of deepseek-v3 fits 16 x H100-SXM-80GB for this workload; the smallest count "
+     "that fits is 128 (120 miss by 10.5 GB)"),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "this-machine"],
+     "--gpus 8 with --device this-machine: this-machine has no link between devices, so a plan "
+     "holds at most 1; give --gpus 1"),
+    (["--model", "gpt-9", "--gpus", "8"], "--model gpt-9: unknown architecture 'gpt-9'; choose "),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"],
+     "--device TPU9: unknown device 'TPU9'; choose one of "),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--staleness-penalty", "-1"],
+     "--staleness-penalty -1: give a number >= 0"),
+    (["--model", "qwen2.5-7b", "--gpus", "1", "--placement", "disaggregated"],
+     "--placement disaggregated with --gpus 1: separate pools need at least 2 devices"),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--placement", "colocated", "--modes", "async"],
+     "--modes async with --placement colocated: stage fusion (fused) runs on colocated devices"),
+])
+def test_plan_errors_are_one_line_naming_the_flag_and_the_fix(capsys, argv, message):
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + message), err
+    assert err.count("\n") == 1 and "Traceback" not in err and "TransformerSpec" not in err
+    assert "Rates." not in err and "Link" not in err  # no Python-API advice on the command line
+
+
+def test_plan_runs_on_the_measured_machine_that_the_device_list_offers(capsys):
+    from rlm_course.cost.hardware import load_catalog
+
+    if "this-machine" not in load_catalog():
+        pytest.skip("this machine is not measured (python -m rlm_course hardware --measure)")
+    assert main(["plan", "--model", "r1-distill-qwen-1.5b", "--gpus", "1", "--device",
+                 "this-machine", "--prompts", "4", "--group-size", "2", "--mean-response", "100",
+                 "--max-response", "256", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "r1-distill-qwen-1.5b, grpo, 1 x this-machine" in out
+    assert "1. colocated, generation tp1, trainer dp1 recompute" in out
+    assert max(len(line) for line in out.splitlines()[1:]) <= 100

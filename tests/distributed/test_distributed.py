@@ -103,16 +103,27 @@ def test_more_ranks_than_cores_warn_and_still_run():
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("how,cause", [("raise", "ValueError: rank 1 fails on purpose"),
                                        ("exit", "exited with code 3")])
-def test_a_failing_rank_is_named_with_every_rank_traceback(how, cause):
+def test_a_failing_rank_is_one_line_per_rank_and_its_traceback_is_in_the_log(
+        how, cause, tmp_path, monkeypatch):
+    monkeypatch.delenv("RLM_COURSE_DEBUG", raising=False)
     start_time = time.time()
+    log = tmp_path / "failure.log"
     with pytest.raises(DistributedError) as info:
-        launch(faulty, 2, kwargs=dict(how=how), grace=10.0)
+        launch(faulty, 2, kwargs=dict(how=how), grace=10.0, log_file=log)
     err = info.value
     assert err.first_rank == 1 and time.time() - start_time < 10.0
     assert f"rank 1 of 2 failed first: {cause}" in str(err)
     assert set(err.failures) == {0, 1}
     assert "Traceback" in err.failures[0]  # rank 0 stopped on its own, with its traceback
-    assert "--- rank 0 ---" in str(err) and "--- rank 1 ---" in str(err)
+    # the message: one line per rank and the log's path, no traceback, no gloo boilerplate
+    lines = str(err).splitlines()
+    assert len(lines) == 3 and lines[1].startswith("rank 0: RuntimeError: ")
+    assert "Traceback" not in str(err) and "This is typically" not in str(err)
+    assert lines[2].startswith(f"Full tracebacks: {log}") and err.log_path == str(log)
+    text = log.read_text()
+    assert "--- rank 0 ---" in text and "--- rank 1 ---" in text and "Traceback" in text
+    monkeypatch.setenv("RLM_COURSE_DEBUG", "1")  # the tracebacks in the message too
+    assert "--- rank 0 ---" in str(DistributedError(err.summary, 1, err.failures, str(log)))
 
 
 @pytest.mark.multiprocess
@@ -251,6 +262,29 @@ def test_strategies_that_do_not_fit_say_why():
     assert "tp" not in S.fitting(S.check_setup(8), 8)
 
 
+def test_a_strategies_run_names_what_it_leaves_out_and_refuses_what_was_asked_for():
+    # 2 and 4 ranks: the chapter's setups, unchanged, and every strategy runs
+    for p in (2, 4):
+        setup, names, skipped = S.select(p)
+        assert names == list(S.STRATEGIES) and skipped == {}
+        assert (setup.n_layer, setup.batch, setup.micro_batches) == ((4, 8, 4) if p == 2
+                                                                     else (8, 8, 4))
+    # 3 ranks: everything but TP runs (sizes follow p), and TP says why, once each
+    for timing in (False, True):
+        setup, names, skipped = S.select(3, timing=timing)
+        assert names == ["ddp", "fsdp2", "pp_gpipe", "pp_1f1b", "pp_interleaved",
+                         "pp_zero_bubble"]
+        assert skipped == {name: f"{name}: skipped, 3 ranks do not divide the 4 heads; use "
+                                 "--nproc 2 or 4" for name in ("tp", "tp_sp")}
+    with pytest.raises(ValueError, match=r"^--strategies tp on 3 ranks: tp: 3 ranks do not "
+                                         r"divide the 4 heads; use --nproc 2 or 4\.$"):
+        S.select(3, ["tp"])
+    with pytest.raises(ValueError, match="unknown nope"):
+        S.select(2, ["nope"])
+    with pytest.raises(ValueError, match="2 or more ranks"):
+        S.select(1)
+
+
 def test_head_major_qkv_is_the_same_attention():
     torch.manual_seed(0)
     model = S.make_model(S.Setup(dtype="float64"))
@@ -293,7 +327,7 @@ def test_data_parallel_refuses_what_it_cannot_run():
 
 
 @pytest.mark.multiprocess
-def test_a_dp_grpo_run_writes_its_files_and_resumes_in_one_process(tmp_path):
+def test_a_dp_grpo_run_writes_its_files_and_resumes_with_the_uninterrupted_numbers(tmp_path):
     from rlm_course.distributed.grpo import run_rl_distributed
     from rlm_course.lm.checkpoint import load_checkpoint
     from rlm_course.rl.algorithms import preset
@@ -317,9 +351,30 @@ def test_a_dp_grpo_run_writes_its_files_and_resumes_in_one_process(tmp_path):
     assert (run / "timeline.png").exists() and (run / "learning_curve.png").exists()
     state = load_checkpoint(run / "checkpoint.pt")
     assert state["trainer"]["step"] == 2 and state["config"]["prompts_per_step"] == 4
-    # the distributed run's checkpoint continues in one process
-    resumed = run_rl(task, preset("grpo", steps=3, prompts_per_step=4, group_size=4,
-                                  eval_every=10**6), name="dp", out_dir=tmp_path, resume=True,
+    # the same run resumed on 2 processes to step 3 = the run that went to step 3 at once
+    import shutil
+
+    shutil.copytree(run, tmp_path / "dp-copy")
+    longer = preset("grpo", steps=3, prompts_per_step=4, group_size=4, eval_every=10**6)
+    with pytest.raises(ValueError, match="already holds a run; pass --resume"):
+        run_rl_distributed(task, longer, 2, name="dp", out_dir=tmp_path, progress=False,
+                           log=lambda *a: None)
+    resumed = run_rl_distributed(task, longer, 2, name="dp", out_dir=tmp_path, resume=True,
+                                 progress=False, log=lambda *a: None)
+    assert resumed["steps"] == 3 and resumed["resumed_from_step"] == 2
+    whole = run_rl_distributed(task, longer, 2, name="whole", out_dir=tmp_path, progress=False,
+                               log=lambda *a: None)
+    a, b = load_checkpoint(run / "checkpoint.pt"), load_checkpoint(tmp_path / "whole" / "checkpoint.pt")
+    assert a["trainer"]["step"] == b["trainer"]["step"] == 3
+    for (name, x), y in zip(a["model"].state_dict().items(), b["model"].state_dict().values()):
+        assert torch.equal(x, y), name
+    assert resumed["accuracy_after"] == whole["accuracy_after"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    same = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["reward_mean"] for r in rows] == [r["reward_mean"] for r in same]
+    # the distributed run's checkpoint also continues in one process
+    resumed = run_rl(task, longer, name="dp-copy", out_dir=tmp_path, resume=True,
                      progress=False, log=lambda *a: None)
     assert resumed["steps"] == 3
 
@@ -330,8 +385,9 @@ def test_cli_nproc_refusals(capsys):
     assert main(["grpo", "--task", "addition", "--variant", "dapo", "--nproc", "2",
                  "--no-progress"]) == 2
     assert "dynamic sampling" in capsys.readouterr().err
-    assert main(["grpo", "--task", "addition", "--nproc", "2", "--resume", "--no-progress"]) == 2
-    assert "--resume with --nproc" in capsys.readouterr().err
+    assert main(["grpo", "--task", "addition", "--nproc", "2", "--resume", "--no-progress",
+                 "--out", "/nonexistent-runs"]) == 2
+    assert "--resume: no run to resume" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- torchrun
@@ -351,3 +407,79 @@ def test_the_single_node_torchrun_command_runs_the_same_worker():
     last = json.loads(done.stdout.strip().splitlines()[-1])
     assert [r["sum"] for r in last["ranks"]] == [3.0, 3.0]
     assert "torchrun --standalone --nproc-per-node=2 -m rlm_course.distributed hello" in done.stderr
+
+
+# ---------------------------------------------------------------------------- from the command line
+def _cli(*args, timeout=180, **popen):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RLM_COURSE_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "rlm_course", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, **popen)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_ctrl_c_on_a_dp_grpo_run_saves_a_checkpoint_and_resume_with_nproc_continues(tmp_path):
+    from rlm_course.lm.checkpoint import load_checkpoint
+
+    flags = ["grpo", "--task", "addition", "--nproc", "2", "--prompts-per-step", "4",
+             "--group-size", "4", "--eval-every", "1000", "--out", str(tmp_path), "--name", "run",
+             "--no-progress"]
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "rlm_course", *flags, "--steps", "500"],
+                            cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group, as in a terminal
+    try:
+        deadline = time.time() + 150
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "leaked semaphore" not in err and "Traceback" not in err, err[-3000:]
+    steps = len(metrics.read_text().splitlines())
+    assert f"Stopped at step {steps};" in out and "--resume" in out
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")["trainer"]["step"] == steps
+    # what the message advises: the same command plus --resume (here with one more step)
+    done = _cli(*flags, "--steps", str(steps + 1), "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Resuming {tmp_path / 'run'} from step {steps}." in done.stdout
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 2))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_failed_rank_under_torchrun_is_one_line_each_with_the_traceback_in_a_file():
+    done = _cli("distributed", "faulty", "--nproc", "2")
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if not line.startswith(("running:",
+                                                                                "on several"))]
+    assert "Traceback" not in done.stderr and "leaked semaphore" not in done.stderr
+    assert len(lines) == 3, done.stderr  # one line per rank, one from the launcher
+    mine = next(line for line in lines if line.startswith("rank 1 of 2: "))
+    assert mine.startswith("rank 1 of 2: ValueError: rank 1 fails on purpose (traceback: ")
+    log = mine.split("(traceback: ")[1].rstrip(")")
+    assert "ValueError: rank 1 fails on purpose" in open(log).read()
+    assert any(line.startswith("rank 0 of 2: RuntimeError: ") for line in lines)
+    assert lines[-1].startswith("error: torchrun: ") and "rank 1 (exit code 1)" in lines[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_strategies_on_3_ranks_run_what_fits_and_say_what_they_leave_out():
+    done = _cli("distributed", "strategies", "--nproc", "3", timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("tp", "tp_sp"):
+        line = f"{name}: skipped, 3 ranks do not divide the 4 heads; use --nproc 2 or 4"
+        assert done.stderr.splitlines().count(line) == 1, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [r["strategy"] for r in result["equivalence"]] == [
+        "ddp", "fsdp2", "pp_gpipe", "pp_1f1b", "pp_interleaved", "pp_zero_bubble"]
+    assert all(r["ok"] and r["bytes_ok"] for r in result["equivalence"])
+    assert set(result["skipped"]) == {"tp", "tp_sp"}
