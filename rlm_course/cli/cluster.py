@@ -19,42 +19,56 @@ def _systems(args) -> int:
                          runs_dir=args.runs_dir)
 
 
-#: The largest cluster `plan` searches (chapter 14 validates the simulator up to here).
-MAX_PLAN_GPUS = 10_000
+def _plan_flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
 
 
 def _plan(args) -> int:
     from rlm_course.cluster.calibration import calibrated_rates
-    from rlm_course.cluster.planner import format_plan, plan
-    from rlm_course.cluster.simulator import algorithm
+    from rlm_course.cluster.planner import check_settings, format_plan, linked_gpus, plan
+    from rlm_course.cluster.simulator import MODES, algorithm
     from rlm_course.cost.anatomy import Workload
-    from rlm_course.cost.architectures import get_spec
-    from rlm_course.cost.hardware import get_device
+    from rlm_course.cost.architectures import SPECS, get_spec
+    from rlm_course.cost.hardware import get_device, load_catalog
 
-    spec, device = get_spec(args.model), get_device(args.device)  # clear errors for unknown names
-    for flag in ("gpus", "top", "prompts", "group_size", "minibatches", "prompt_len"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: give 1 or more.")
-    if not (math.isfinite(args.mean_response) and args.mean_response >= 1):
-        raise ValueError(f"--mean-response {args.mean_response:g}: the mean response length must "
-                         "be at least 1 token (e.g. --mean-response 4000).")
-    if not (math.isfinite(args.sigma) and args.sigma >= 0):
-        raise ValueError(f"--sigma {args.sigma:g}: the spread of the log-normal lengths must be "
-                         ">= 0 (0: every response of the mean length; 0.8 is typical).")
-    if args.max_response < args.mean_response:
-        raise ValueError(f"--max-response {args.max_response} is below --mean-response "
-                         f"{args.mean_response:g}: the budget caps the lengths, so raise it (e.g. "
-                         f"--max-response {max(16384, int(4 * args.mean_response))}) or lower the "
-                         "mean.")
-    if args.gpus > MAX_PLAN_GPUS:
-        raise ValueError(f"--gpus {args.gpus}: the planner searches clusters of up to "
-                         f"{MAX_PLAN_GPUS:,} devices (the largest size bench simulator runs); "
-                         "plan a share of the cluster (e.g. one job's pool) instead.")
+    if args.model not in SPECS:
+        raise ValueError(f"--model {args.model}: unknown architecture {args.model!r}; choose one "
+                         f"of {', '.join(SPECS)}.")
+    catalog = load_catalog()
+    if args.device not in catalog:
+        hint = ("; measure this machine first (python -m rlm_course hardware --measure)"
+                if args.device == "this-machine" else "")
+        raise ValueError(f"--device {args.device}: unknown device {args.device!r}; choose one of "
+                         f"{', '.join(catalog)}{hint}.")
+    spec, device = get_spec(args.model), get_device(args.device)
+    check_settings({k: getattr(args, k) for k in ("gpus", "top", "prompts", "group_size",
+                                                  "minibatches", "prompt_len", "mean_response",
+                                                  "sigma", "max_response")}, _plan_flag)
+    if not (math.isfinite(args.staleness_penalty) and args.staleness_penalty >= 0):
+        raise ValueError(f"--staleness-penalty {args.staleness_penalty:g}: give a number >= 0 "
+                         "(extra steps per version of staleness; 0 prices staleness at nothing).")
+    rates = calibrated_rates(args.rates)
+    most = linked_gpus(device, rates)
+    if args.gpus > most:
+        raise ValueError(f"--gpus {args.gpus} with --device {args.device}: {args.device} has no "
+                         f"link between devices, so a plan holds at most {most}; give --gpus "
+                         f"{most}, or a catalog accelerator (e.g. --device H100-SXM-80GB).")
+    if args.placement == "disaggregated" and args.gpus < 2:
+        raise ValueError(f"--placement disaggregated with --gpus {args.gpus}: separate pools need "
+                         "at least 2 devices; give --gpus 2 or more, or --placement colocated.")
+    if args.modes:
+        runs = {"colocated": [m for m in args.modes if not MODES[m].streaming],
+                "disaggregated": [m for m in args.modes if not MODES[m].stage_fusion]}
+        if args.placement != "any" and not runs[args.placement]:
+            other = "disaggregated" if args.placement == "colocated" else "colocated"
+            raise ValueError(f"--modes {' '.join(args.modes)} with --placement {args.placement}: "
+                             "stage fusion (fused) runs on colocated devices, the streaming modes "
+                             "(async, async-eta2) on disaggregated pools; give --placement "
+                             f"{other} or any, or other --modes.")
     workload = Workload.long_tailed(args.prompts, args.group_size, args.prompt_len,
                                     args.mean_response, args.sigma, args.max_response, args.seed)
     config = algorithm(args.algorithm, minibatches=args.minibatches)
     placements = ("colocated", "disaggregated") if args.placement == "any" else (args.placement,)
-    rates = calibrated_rates(args.rates)
     result = plan(spec, config, workload, device, args.gpus, rates=rates, placements=placements,
                   modes=args.modes, staleness_penalty=args.staleness_penalty)
     print(f"{spec.name}, {args.algorithm}, {args.gpus} x {device.name}: {args.prompts} prompts x "

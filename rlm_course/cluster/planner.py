@@ -27,7 +27,15 @@ then the other layouts in the best mode (offloading the trainer when the rollout
 would not fit beside it); disaggregated, first the best layouts in the streaming
 asynchronous mode at the two splits whose pools' estimates balance best, then, at the better
 split, every mode with the best layouts and the other layouts in the best mode.
-Every candidate that does not fit memory is kept with its reason.
+Every candidate that does not fit memory is kept with its reason, whose fixes are those that
+apply to its layout (:func:`advise`: ZeRO-3/FSDP only where a parameter has more than one
+data-parallel rank, a larger TP or PP only where the pool has room for it). When nothing fits,
+:func:`plan` says how many GPUs would (:func:`smallest_fitting_gpus`, a memory check of the
+counts above, in a fraction of a second).
+
+Placements and modes have one name each in every plan: ``colocated`` or ``disaggregated: R
+rollout GPUs + T training GPUs`` (:func:`pool_label`), and the keys of
+:data:`~rlm_course.cluster.simulator.MODES` (:func:`mode_key`).
 
 :func:`format_plan` prints the best few with their step time, throughput, memory per device and
 where the time goes, then why the others lose. ``python -m rlm_course plan`` and
@@ -37,6 +45,7 @@ where the time goes, then why the others lose. ``python -m rlm_course plan`` and
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from rlm_course.cost.anatomy import Workload
@@ -48,6 +57,8 @@ from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
 from rlm_course.cluster.simulator import MODES, Scenario, SimResult, memory_plan, simulate
 
 GB = 1e9
+#: The largest cluster the planner searches (chapter 14 validates the simulator up to here).
+MAX_PLAN_GPUS = 10_000
 ROLLOUT_SHARES = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4)
 COLOCATED_MODES = ("sync", "fused")
 DISAGGREGATED_MODES = ("sync", "one-step-off", "async")
@@ -113,21 +124,50 @@ def _divisors(n: int, options) -> list[int]:
     return [k for k in options if k <= n and n % k == 0]
 
 
+def _trainer_tps(spec: TransformerSpec, device: Device) -> list[int]:
+    return [t for t in (1, 2, 4, 8) if t <= device.devices_per_node and spec.n_head % t == 0]
+
+
+def _trainer_pps(spec: TransformerSpec) -> list[int]:
+    return [p for p in (1, 2, 4, 8, 16) if p <= spec.n_layer]
+
+
+def _generation_tps(spec: TransformerSpec, devices: int) -> list[int]:
+    return [t for t in (1, 2, 4, 8, 16, 32) if devices % t == 0 and spec.n_head % t == 0]
+
+
+def data_parallel_ranks(spec: TransformerSpec, layout: Layout) -> int:
+    """The largest group of ranks that hold the same parameters in ``layout``, the group ZeRO
+    shards over: ``dp x cp`` for the dense part, ``tp x cp x dp / ep`` for an MoE's experts when
+    ``ep > 1``. 1 means ZeRO (and FSDP) has nothing to shard."""
+    dense = layout.dp * layout.cp
+    experts = layout.tp * dense // layout.ep if spec.is_moe and layout.ep > 1 else dense
+    return max(dense, experts)
+
+
 def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, devices: int,
                     seq_len: int, micro_batch_tokens: int,
-                    memory_fraction: float = 0.9) -> tuple[list[Layout], list[str]]:
+                    memory_fraction: float = 0.9,
+                    first_fit: bool = False) -> tuple[list[Layout], list[str]]:
     """The trainer layouts of ``devices`` devices that fit memory (with the critic and the
     reference ``config`` holds), and the reasons the others do not: TP in 1, 2, 4, 8 (within a
     node), PP in 1, 2, 4, 8, 16 (at most the layers), EP in powers of two dividing the experts
     (MoE), data parallelism over the rest; ZeRO-3 when there is no model parallelism, ZeRO-1 with
     it (Megatron's distributed optimizer, with its fp32 main gradients: ``6 + 12 / d`` bytes per
-    parameter); recomputation on; optimizer offload tried when nothing else fits."""
+    parameter), no ZeRO when every parameter has one rank (:func:`data_parallel_ranks` is 1:
+    nothing to shard); recomputation on; optimizer offload tried when nothing else fits.
+    ``first_fit``: stop at the first layout that fits (a memory check, not a search).
+
+    Each refusal ends with the fixes that apply to its layout (:func:`advise`).
+
+    Raises:
+        ValueError: if ``devices`` is not a positive integer.
+    """
     if not (isinstance(devices, int) and devices >= 1):
         raise ValueError(f"devices={devices!r} must be a positive integer.")
     fits, refused = [], []
-    tps = _divisors(devices, [t for t in (1, 2, 4, 8) if t <= device.devices_per_node
-                              and spec.n_head % t == 0])
-    pps = [p for p in (1, 2, 4, 8, 16) if p <= spec.n_layer]
+    tps = _divisors(devices, _trainer_tps(spec, device))
+    pps = _trainer_pps(spec)
     eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if not spec.is_moe and e == 1
            or spec.is_moe and spec.n_experts % e == 0]
     for offload in (False, True):
@@ -143,15 +183,73 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
                     lay = Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=1 if megatron else 3,
                                  recompute=True, micro_batch_tokens=micro_batch_tokens,
                                  offload=offload, main_grads_fp32=megatron)
+                    if data_parallel_ranks(spec, lay) == 1:  # one rank per parameter: no ZeRO
+                        lay = Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=0, recompute=True,
+                                     micro_batch_tokens=micro_batch_tokens, offload=offload,
+                                     main_grads_fp32=megatron)
                     try:
                         check_training(spec, lay, device, seq_len, memory_fraction, "trainer",
                                        _extra(spec, config, lay, seq_len))
                         fits.append(lay)
+                        if first_fit:
+                            return fits, refused
                     except DoesNotFit as err:
-                        refused.append(str(err))
+                        refused.append(advise(str(err), spec, device, devices, trainer=lay))
         if fits:
             break
     return fits, refused
+
+
+def shortfall_gb(reason: str) -> float:
+    """GB per device by which a refusal (a :class:`~rlm_course.cost.layouts.DoesNotFit` message
+    of a trainer layout or a generation replica) misses: what it needs minus what a device has
+    usable; ``inf`` for a refusal that is not about memory."""
+    def number(text: str) -> float:
+        return float(text.replace(",", ""))
+
+    m = re.search(r"needs (.*?),? but a device has ([\d,.]+) GB usable", reason)
+    if not m:
+        return math.inf
+    per_device = re.match(r"([\d,.]+) GB per ", m.group(1))
+    need = (number(per_device.group(1)) if per_device else
+            sum(number(x) for x in re.findall(r"([\d,.]+) GB of ", m.group(1))))
+    return need - number(m.group(2))
+
+
+def advise(reason: str, spec: TransformerSpec, device: Device, devices: int,
+           trainer: Layout | None = None, generation_tp: int | None = None) -> str:
+    """A refusal of a trainer layout (on a pool of ``devices``) or of a generation replica of
+    ``generation_tp`` devices (in a rollout pool of ``devices``), its fixes replaced by those that
+    apply to that layout: ZeRO-3/FSDP only where a parameter has more than one data-parallel
+    rank (:func:`data_parallel_ranks`), more TP or PP only where the pool has room for a larger
+    model-parallel group the planner tries, a larger generation TP only where one divides the
+    pool and the heads, offloading only what is not offloaded yet; more GPUs or a device with
+    more memory always. A message of another form is returned as it is."""
+    fixes = []
+    if trainer is not None:
+        ranks = data_parallel_ranks(spec, trainer)
+        if ranks > 1 and trainer.zero < 3:
+            fixes.append(f"shard the model states over its {ranks} data-parallel ranks with "
+                         "ZeRO-3/FSDP")
+        group = trainer.tp * trainer.pp
+        if any(t * p > group and devices % (t * p) == 0
+               for t in _trainer_tps(spec, device) for p in _trainer_pps(spec)):
+            fixes.append(f"split each model copy over more of the {devices} GPUs (raise tp or pp)")
+        if not trainer.offload:
+            fixes.append("offload the optimizer states to the host")
+        fixes.append("use more GPUs or a device with more memory")
+    elif generation_tp is not None:
+        wider = [t for t in _generation_tps(spec, devices) if t > generation_tp]
+        if wider:
+            fixes.append(f"raise the generation tp (to {wider[0]})")
+        if "resident trainer state" in reason:
+            fixes.append("offload the trainer's states during generation")
+        fixes.append("give the rollout more GPUs or use a device with more memory")
+    else:
+        return reason
+    advised, n = re.subn(r"(GB usable(?: \([^)]*\))?)[:;] .*$",
+                         lambda m: f"{m.group(1)}: {', or '.join(fixes)}.", reason)
+    return advised if n else reason
 
 
 def _extra(spec: TransformerSpec, config: RLConfig, layout: Layout, seq_len: int) -> dict:
@@ -204,18 +302,260 @@ def generation_estimate(spec: TransformerSpec, workload: Workload, device: Devic
     return body + cost.seconds(max(0, longest - mean), 1, w.prompt_len + mean)
 
 
+def _no_generation_tp(spec, devices) -> str:
+    return (f"no generation tp in (1, 2, 4, 8, 16, 32) divides both {devices} devices and "
+            f"{spec.name}'s {spec.n_head} heads: use a GPU count that one of them divides.")
+
+
 def _best_generation(spec, workload, device, devices, rates, keep=2):
-    candidates = [t for t in (1, 2, 4, 8, 16, 32) if devices % t == 0 and spec.n_head % t == 0]
+    candidates = _generation_tps(spec, devices)
     times, refused = {}, []
     for tp in candidates:
         try:
             times[tp] = generation_estimate(spec, workload, device, devices, tp, rates)
         except DoesNotFit as err:
-            refused.append(str(err))
+            refused.append(advise(str(err), spec, device, devices, generation_tp=tp))
     if not times:
-        return [], refused or [f"no generation tp in {tuple(candidates)} divides {devices} devices "
-                               f"and {spec.name}'s {spec.n_head} heads."], math.inf
+        return [], refused or [_no_generation_tp(spec, devices)], math.inf
     return sorted(times, key=lambda t: (times[t], t))[:keep], [], min(times.values())
+
+
+def _generation_fits(spec, workload, device, devices, rates) -> tuple[bool, list[str]]:
+    """Whether a generation replica of some tp fits a rollout pool of ``devices`` (the memory
+    check of :func:`_best_generation`, without pricing), and the refusals."""
+    refused = []
+    seq = workload.prompt_len + max(1, round(workload.mean_response_len))
+    for tp in _generation_tps(spec, devices):
+        try:
+            kv_slots(spec, tp, device, seq, rates.memory_fraction, 0.0, rates.max_batch,
+                     workload.weight_bytes, workload.kv_bytes)
+            return True, refused
+        except DoesNotFit as err:
+            refused.append(advise(str(err), spec, device, devices, generation_tp=tp))
+    return False, refused or [_no_generation_tp(spec, devices)]
+
+
+def _splits(gpus: int, node: int) -> list[int]:
+    """The rollout pool sizes a disaggregated placement of ``gpus`` devices tries: the
+    :data:`ROLLOUT_SHARES` of the devices, in whole nodes once there are two nodes or more."""
+    splits = []
+    for share in ROLLOUT_SHARES:
+        rollout = round(gpus * share)
+        if gpus >= 2 * node:  # whole nodes for each pool
+            rollout = max(node, min(gpus - node, round(gpus * share / node) * node))
+        if 0 < rollout < gpus and rollout not in splits:
+            splits.append(rollout)
+    return splits
+
+
+def pool_label(gpus: int, rollout_gpus: int | None) -> str:
+    """How plans name a placement: ``colocated`` (``rollout_gpus`` None: every role on every
+    device) or ``disaggregated: R rollout GPUs + T training GPUs``."""
+    if rollout_gpus is None:
+        return "colocated"
+    return f"disaggregated: {rollout_gpus} rollout GPUs + {gpus - rollout_gpus} training GPUs"
+
+
+def mode_key(mode) -> str:
+    """The name of a :class:`~rlm_course.cluster.simulator.Mode` as plans, the CLI's ``--modes``
+    and :data:`~rlm_course.cluster.simulator.MODES` spell it (``sync``, ``fused``,
+    ``one-step-off``, ``async``, ``async-eta2``); a mode outside MODES keeps its
+    :attr:`~rlm_course.cluster.simulator.Mode.name`."""
+    return next((k for k, m in MODES.items() if m == mode), mode.name)
+
+
+def describe_placement(scenario: Scenario) -> str:
+    """A scenario's pools as plans name them (:func:`pool_label`)."""
+    return pool_label(scenario.cluster.gpus, None if scenario.placement == "colocated"
+                      else scenario.rollout_gpus)
+
+
+def fits_memory(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device,
+                gpus: int, rates: Rates, placements=("colocated", "disaggregated")
+                ) -> tuple[bool, str]:
+    """Whether some plan of ``gpus`` devices fits memory (the planner's memory checks alone,
+    nothing simulated): a trainer layout and a generation replica that fit the colocated pool
+    (the trainer offloaded during generation, as the planner does), or both pools of one of the
+    disaggregated splits the planner tries.
+
+    Returns:
+        ``(fits, nearest miss)``: the miss (a refusal with its fixes) is ``""`` when it fits.
+    """
+    seq = workload.prompt_len + workload.max_response_len
+    misses = []
+    pools = ([(gpus, gpus)] if "colocated" in placements else []) + (
+        [(r, gpus - r) for r in _splits(gpus, device.devices_per_node)]
+        if "disaggregated" in placements and gpus >= 2 else [])
+    for rollout, trainer in pools:
+        fitting, refused = trainer_layouts(spec, config, device, trainer, seq, 2 * seq,
+                                           rates.memory_fraction, first_fit=True)
+        if not fitting:
+            misses.append(_closest(refused))
+            continue
+        ok, refused = _generation_fits(spec, workload, device, rollout, rates)
+        if ok:
+            return True, ""
+        misses.append(_closest(refused))
+    return False, _closest(misses)
+
+
+def _counts_to_try(device: Device, above: int, up_to: int) -> list[int]:
+    """Cluster sizes in ``(above, up_to]`` one would provision: powers of two below a node,
+    whole nodes from one node on."""
+    node = device.devices_per_node
+    small = [2 ** k for k in range(0, 31) if above < 2 ** k < node and 2 ** k <= up_to]
+    first = max(1, above // node + 1)
+    return small + list(range(first * node, up_to + 1, node))
+
+
+@dataclass
+class GpuSearch:
+    """What :func:`smallest_fitting_gpus` found.
+
+    Attributes:
+        asked: the GPU count that was planned.
+        fits: the smallest count that fits memory (None: none up to ``limit``).
+        below: the largest count under ``fits`` (or ``limit`` itself) that was checked and
+            misses, and ``miss_gb``, the GB per device its nearest layout lacks; ``reason``: that
+            refusal in full.
+        limit: the largest count searched.
+        checked: the counts checked, in order.
+    """
+
+    asked: int
+    fits: int | None
+    below: int
+    miss_gb: float
+    reason: str
+    limit: int
+    checked: list[int] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One clause: ``the smallest count that fits is 128 (120 miss by 3.1 GB)``."""
+        if self.fits == self.asked:
+            return (f"{self.asked:,} fits memory, but no plan of the placements and modes asked "
+                    "runs on it")
+        miss = (f"{self.below:,} miss by {self.miss_gb:,.1f} GB" if math.isfinite(self.miss_gb)
+                else f"{self.below:,} miss")
+        if self.fits is None:
+            return f"no count up to {self.limit:,} fits ({miss})"
+        return f"the smallest count that fits is {self.fits:,} ({miss})"
+
+
+def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Workload,
+                          device: Device, gpus: int, rates: Rates | None = None,
+                          placements=("colocated", "disaggregated"),
+                          limit: int = MAX_PLAN_GPUS) -> GpuSearch:
+    """How many GPUs would fit, when ``gpus`` does not: the smallest count above ``gpus`` for
+    which some plan of the same model, algorithm, workload and device fits memory
+    (:func:`fits_memory`; memory only, nothing simulated, so it takes a fraction of a second to a
+    few seconds). It doubles ``gpus`` until a count fits (at most ``limit``, which is tried last),
+    then checks the counts one would provision between the last miss and that count (powers of
+    two below a node, whole nodes from one node on) and returns the smallest that fits.
+
+    Counts are devices; memory in GB (1e9 bytes) per device.
+
+    Returns:
+        a :class:`GpuSearch`: the count that fits (None if none up to ``limit``), and the
+        largest count under it that misses with the GB per device it lacks.
+
+    Raises:
+        ValueError: if ``gpus`` is not a positive integer or ``limit`` is below it.
+    """
+    if not (isinstance(gpus, int) and gpus >= 1):
+        raise ValueError(f"gpus={gpus!r} must be a positive integer.")
+    if not (isinstance(limit, int) and limit >= gpus):
+        raise ValueError(f"limit={limit!r} must be an integer >= gpus={gpus}.")
+    if rates is None:
+        from rlm_course.cluster.calibration import calibrated_rates
+
+        rates = calibrated_rates(device)
+    checked, misses = [], {}
+
+    def check(count: int) -> bool:
+        ok, reason = fits_memory(spec, config, workload, device, count, rates, placements)
+        checked.append(count)
+        if not ok:
+            misses[count] = reason
+        return ok
+
+    if check(gpus):
+        return GpuSearch(gpus, gpus, 0, 0.0, "", limit, checked)
+    last_miss, found, count = gpus, None, gpus
+    while count < limit:
+        count = min(2 * count, limit)
+        if check(count):
+            found = count
+            break
+        last_miss = count
+    if found is not None:  # the smallest count in between that fits
+        for between in _counts_to_try(device, last_miss, found - 1):
+            if check(between):
+                found = between
+                break
+    below = max(c for c in misses if found is None or c < found)
+    reason = misses[below]
+    return GpuSearch(gpus, found, below, shortfall_gb(reason), reason, limit, checked)
+
+
+class NoLayoutFits(DoesNotFit):
+    """:func:`plan` found no plan that fits memory; ``search`` (a :class:`GpuSearch`) says how
+    many GPUs would."""
+
+    def __init__(self, message: str, search: GpuSearch) -> None:
+        super().__init__(message)
+        self.search = search
+
+
+def check_settings(settings: dict, name=lambda key: key) -> None:
+    """Check a planning request before planning: ``settings`` holds ``gpus, top, prompts,
+    group_size, minibatches, prompt_len`` (counts, 1 or more), ``mean_response`` (tokens, at
+    least 1), ``sigma`` (the log-normal spread, >= 0) and ``max_response`` (tokens, at least the
+    mean); ``gpus`` at most :data:`MAX_PLAN_GPUS`. Keys that are absent are not checked.
+    ``name(key)`` is how the caller's user knows a setting (the CLI: ``--group-size``; the
+    widget: its control's label), so that the message names what to change.
+
+    Raises:
+        ValueError: one line naming the setting, its value and the fix.
+    """
+    for key in ("gpus", "top", "prompts", "group_size", "minibatches", "prompt_len"):
+        value = settings.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name(key)} {value}: give 1 or more.")
+    mean = settings.get("mean_response", 1)
+    if not (isinstance(mean, (int, float)) and math.isfinite(mean) and mean >= 1):
+        raise ValueError(f"{name('mean_response')} {mean:g}: the mean response length must be at "
+                         f"least 1 token (e.g. {name('mean_response')} 4000).")
+    sigma = settings.get("sigma", 0)
+    if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"{name('sigma')} {sigma:g}: the spread of the log-normal lengths must "
+                         "be >= 0 (0: every response of the mean length; 0.8 is typical).")
+    budget = settings.get("max_response", math.inf)
+    if "mean_response" in settings and budget < mean:
+        raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
+                         f"{mean:g}: the budget caps the lengths, so raise it (e.g. "
+                         f"{name('max_response')} {max(16384, int(4 * mean))}) or lower the mean.")
+    if settings.get("gpus", 1) > MAX_PLAN_GPUS:
+        raise ValueError(f"{name('gpus')} {settings['gpus']}: the planner searches clusters of up "
+                         f"to {MAX_PLAN_GPUS:,} devices (the largest size bench simulator runs); "
+                         "plan a share of the cluster (e.g. one job's pool) instead.")
+
+
+def linked_gpus(device: Device, rates: Rates | None = None) -> float:
+    """The most devices of ``device`` one plan can join: 1 without a link inside a node (a
+    measured CPU such as ``this-machine``), a node without a link between nodes, else no limit
+    (``inf``); ``rates.intra_link`` / ``inter_link`` stand in for a missing one."""
+    intra = device.intra_node_bandwidth > 0 or (rates is not None and rates.intra_link)
+    inter = device.inter_node_bandwidth > 0 or (rates is not None and rates.inter_link)
+    if device.devices_per_node > 1 and not intra or device.devices_per_node == 1 and not inter:
+        return 1
+    return math.inf if inter else device.devices_per_node
+
+
+def _missing_link(device: Device, rates: Rates | None) -> str:
+    if device.devices_per_node > 1 and linked_gpus(device, rates) == device.devices_per_node:
+        return f"none between its nodes of {device.devices_per_node}"
+    return "one device per node and no network between nodes"
 
 
 def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device, gpus: int,
@@ -228,10 +568,13 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
     staleness (:attr:`Candidate.cost`, ``staleness_penalty`` per version).
 
     Raises:
-        DoesNotFit: if no candidate fits memory (the message gives the closest refusals and
-            what to change: more devices, a larger device, shorter sequences).
-        ValueError: for an unknown placement or mode, ``gpus < 1``, modes that none of the
-            placements runs (fused needs colocated, streaming modes disaggregated), or a
+        NoLayoutFits: (a :class:`~rlm_course.cost.layouts.DoesNotFit`) if no candidate fits
+            memory: the message gives the smallest GPU count that fits
+            (:func:`smallest_fitting_gpus`, its ``search`` attribute), the nearest miss and what
+            to change: more devices, a larger device, shorter sequences.
+        ValueError: for an unknown placement or mode, ``gpus < 1``, more devices than the
+            device's links can join (:func:`linked_gpus`), modes that none of the placements
+            runs (fused needs colocated, streaming modes disaggregated), or a
             disaggregated-only search on one device, or a negative staleness penalty.
     """
     if rates is None:
@@ -243,6 +586,11 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
                          "(extra steps per version of staleness; 0 prices staleness at nothing).")
     if not (isinstance(gpus, int) and gpus >= 1):
         raise ValueError(f"gpus={gpus!r} must be a positive integer.")
+    if gpus > linked_gpus(device, rates):
+        raise ValueError(f"gpus={gpus}: {device.name} has no link between devices "
+                         f"({_missing_link(device, rates)}), so a plan holds at most "
+                         f"{linked_gpus(device, rates)} of it; plan that many, or an accelerator "
+                         "of the catalog (e.g. H100-SXM-80GB).")
     if isinstance(placements, str):
         placements = (placements,)
     placements = tuple(placements)
@@ -282,9 +630,8 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         return cache[rollout]
 
     def evaluate(rollout, tp, lay, name, offload=False) -> Candidate:
-        pool = "colocated" if rollout is None else f"disaggregated {rollout}:{gpus - rollout}"
-        label = (f"{pool}, generation tp{tp}, trainer {lay.describe()}, {name}"
-                 + (", offload" if offload else ""))
+        label = (f"{pool_label(gpus, rollout)}, generation tp{tp}, trainer {lay.describe()}, "
+                 f"{name}" + (", offload" if offload else ""))
         for c in out.candidates:
             if c.name == label:
                 return c
@@ -297,7 +644,13 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         except DoesNotFit as err:
             if rollout is None and not offload:  # a hybrid engine can offload the trainer
                 return evaluate(rollout, tp, lay, name, True)
-            c = Candidate(label, refused=str(err))
+            trainer_pool = gpus if rollout is None else gpus - rollout
+            reason = str(err)
+            reason = (advise(reason, spec, device, trainer_pool, trainer=lay)
+                      if reason.startswith("trainer") else
+                      advise(reason, spec, device, gpus if rollout is None else rollout,
+                             generation_tp=tp))
+            c = Candidate(label, refused=reason)
         else:
             c = Candidate(label, s, simulate(s, length_buckets=length_buckets),
                           staleness_penalty=staleness_penalty)
@@ -306,12 +659,12 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
 
     def search(rollout, names, first_only=False):
         (trainers, t_refused, _), (gens, g_refused, _) = layouts_for(rollout)
-        pool = "colocated" if rollout is None else f"disaggregated {rollout}:{gpus - rollout}"
+        pool = pool_label(gpus, rollout)
         if not trainers:
-            out.candidates.append(Candidate(f"{pool}: trainer", refused=_closest(t_refused)))
+            out.candidates.append(Candidate(f"{pool} (trainer)", refused=_closest(t_refused)))
             return []
         if not gens:
-            out.candidates.append(Candidate(f"{pool}: generation", refused=_closest(g_refused)))
+            out.candidates.append(Candidate(f"{pool} (generation)", refused=_closest(g_refused)))
             return []
         if first_only:
             trainers, gens = trainers[:1], gens[:1]
@@ -335,13 +688,7 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
     if "colocated" in placements:
         search(None, runnable["colocated"])
     if "disaggregated" in placements and gpus >= 2 and runnable["disaggregated"]:
-        splits = []
-        for share in ROLLOUT_SHARES:
-            rollout = round(gpus * share)
-            if gpus >= 2 * node:  # whole nodes for each pool
-                rollout = max(node, min(gpus - node, round(gpus * share / node) * node))
-            if 0 < rollout < gpus and rollout not in splits:
-                splits.append(rollout)
+        splits = _splits(gpus, node)
         names = runnable["disaggregated"]
         probe = "async" if "async" in names else names[-1]
         # rank the splits by the longer of the two pools' estimates (an overlapped step), then
@@ -355,24 +702,24 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             search(best, names)
     if not out.ranked:
         closest = _closest([c.refused for c in out.candidates]).rstrip(".")
-        raise DoesNotFit(f"no layout of {spec.name} fits {gpus} x {device.name} for this workload; "
-                         f"the nearest miss: {closest}. Use more devices, a device with more "
-                         "memory, or shorter sequences.")
+        found = smallest_fitting_gpus(spec, config, workload, device, gpus, rates, placements,
+                                      max(gpus, MAX_PLAN_GPUS))
+        fix = (f"Use {found.fits:,} or more devices" if found.fits and found.fits > gpus else
+               "Use more devices") + ", a device with more memory, or shorter sequences."
+        if found.fits is None:
+            fix = "Use a device with more memory or shorter sequences."
+        raise NoLayoutFits(f"no layout of {spec.name} fits {gpus} x {device.name} for this "
+                           f"workload; {found.describe()}. The nearest miss on {gpus}: "
+                           f"{closest}. {fix}", found)
     return out
 
 
 def _closest(reasons: list[str]) -> str:
-    """The refusal that asked for the least memory (the nearest miss), or the first."""
+    """The refusal that misses by the fewest GB per device (the nearest miss,
+    :func:`shortfall_gb`), or the first."""
     if not reasons:
         return "nothing fits"
-
-    def need(r: str) -> float:
-        import re
-
-        m = re.search(r"needs ([\d,.]+) GB", r)
-        return float(m.group(1).replace(",", "")) if m else math.inf
-
-    return min(reasons, key=need)
+    return min(reasons, key=shortfall_gb)
 
 
 def where_time_goes(result: SimResult) -> str:
@@ -399,11 +746,20 @@ def why(candidate: Candidate, best: Candidate) -> str:
             f"({seconds / r.step_seconds:.0%} of its step)")
 
 
-def format_plan(result: Plan, top: int = 5) -> str:
+def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
     """The best ``top`` plans (step, throughput, MFU and HFU, staleness and its price, memory
-    per device, where the time goes), then why the others lose."""
+    per device, where the time goes), then why the others lose; lines wrapped at spaces to at
+    most ``width`` characters (a number is never split), continuation lines indented.
+
+    Raises:
+        ValueError: for ``top`` or ``width`` below 1 (``width`` below 40).
+    """
+    import textwrap
+
     if not (isinstance(top, int) and top >= 1):
         raise ValueError(f"top={top!r}: give 1 or more plans to print.")
+    if not (isinstance(width, int) and width >= 40):
+        raise ValueError(f"width={width!r}: give 40 or more characters per line.")
     lines = []
     ranked = result.ranked
     for i, c in enumerate(ranked[:top], 1):
@@ -428,7 +784,12 @@ def format_plan(result: Plan, top: int = 5) -> str:
         best = ranked[0]
         for c in others:
             lines.append(f" - {c.name}: {why(c, best)}")
-    return "\n".join(lines)
+    wrapped = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip(" -0123456789.")) + 2)
+        wrapped.extend(textwrap.wrap(line, width, subsequent_indent=indent,
+                                     break_long_words=False, break_on_hyphens=False))
+    return "\n".join(wrapped)
 
 
 #: The rates (and the staleness price) whose plausible range decides most plans: decode latency
