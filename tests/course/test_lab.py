@@ -139,3 +139,62 @@ def test_the_calculator_runs_in_a_browser_and_follows_a_control(lab):
         assert "one iteration" in status.text and status.text != before
     finally:
         driver.quit()
+
+
+PLANNER = "14_capstone_plan_a_cluster"  # the planner widget's home (section 6)
+
+
+def test_the_planner_widget_of_notebook_14_answers_in_a_browser_and_marks_a_stale_answer(lab):
+    """Notebook 14's planner-widget cell (the whole notebook runs for minutes: only that cell is
+    copied into a notebook of its own) runs in JupyterLab, shows its answer, marks it stale when
+    a control changes and answers again when Plan is pressed."""
+    import nbformat
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from rlm_course.cluster.planner_widget import STALE
+
+    browser, driver_path = _chromium()
+    base, root = lab
+    source = nbformat.read(ROOT / "notebooks" / f"{PLANNER}.ipynb", as_version=4)
+    cells = [c for c in source.cells if c.cell_type == "code" and "PlannerWidget()" in c.source]
+    assert len(cells) == 1, "notebook 14 has one cell that shows the planner widget"
+    scratch = nbformat.v4.new_notebook(cells=cells, metadata=source.metadata)
+    nbformat.write(scratch, root / f"{PLANNER}_widget.ipynb")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        wait = WebDriverWait(driver, 240)
+        driver.get(f"{base}/lab/tree/{PLANNER}_widget.ipynb?token={TOKEN}")
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".jp-Notebook .jp-Cell")))
+        WebDriverWait(driver, 120).until(  # the kernel is up
+            lambda d: "Idle" in d.find_element(By.TAG_NAME, "body").text
+            or d.find_elements(By.CSS_SELECTOR, ".jp-Notebook-ExecutionIndicator"))
+        wait.until(ec.element_to_be_clickable((By.XPATH, "//div[contains(@class,'lm-MenuBar-itemLabel') and text()='Run']"))).click()
+        wait.until(ec.element_to_be_clickable((By.XPATH, "//li[contains(@class,'lm-Menu-item')][.//div[text()='Run All Cells']]"))).click()
+        answer = wait.until(ec.presence_of_element_located(
+            (By.XPATH, "//div[contains(@class,'widget-html-content')][contains(., '1. ')]")))
+        first = answer.text
+        assert "why the others lose" in first and STALE not in first
+        box = driver.find_element(By.XPATH, "//div[contains(@class,'widget-inline-hbox')]"
+                                            "[.//label[text()='GPUs']]//input")
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys("32", Keys.ENTER)
+        WebDriverWait(driver, 60).until(lambda d: STALE in answer.text)
+        assert answer.text.startswith(STALE) and first.splitlines()[0] in answer.text
+        driver.find_element(By.XPATH, "//button[contains(@class,'jupyter-button')]"
+                                      "[normalize-space(.)='Plan']").click()
+        WebDriverWait(driver, 240).until(lambda d: STALE not in answer.text
+                                         and answer.text.startswith("1. "))
+        assert answer.text != first  # planned again, for 32 GPUs
+    finally:
+        driver.quit()
