@@ -348,7 +348,7 @@ assert max(len(line) for line in text.splitlines()) <= 100  # wrapped at spaces,
 best_dsv3 = runs[("deepseek-v3", 1024)].best.scenario
 best_70b = runs[("llama-3-70b", 256)].best.scenario
 print(f"DeepSeek-V3 on 1,024 H100s: generation TP {best_dsv3.generation_tp}, trainer "
-      f"{best_dsv3.trainer_layout.describe()}; Llama-3-70B on 256: generation TP "
+      f"{best_dsv3.trainer_layout.describe()}\nLlama-3-70B on 256: generation TP "
       f"{best_70b.generation_tp}, trainer {best_70b.trainer_layout.describe()}")
 assert best_dsv3.generation_tp >= 16  # 1.4 TB of bf16 weights: many devices per replica
 assert best_dsv3.trainer_layout.pp * best_dsv3.trainer_layout.ep > 1
@@ -386,7 +386,9 @@ print("rates whose plausible range changes the best plan:", ", ".join(flips) or 
 # search's pruning picks splits with the `async` mode, so these slowdowns are upper bounds.) A
 # restriction no plan satisfies is drawn as a cross at the top of the panel, "none fits": for
 # DeepSeek-V3 no generation TP below 32 holds its 1.4 TB of bf16 weights in 72 GB per device, so
-# there is no "other generation tp" to compare with.
+# there is no "other generation tp" to compare with. Where the best colocated plan is also the best
+# synchronous one, the two restrictions give the same slowdown and their lines coincide (the
+# dashed line on the solid one).
 
 # %%
 def restricted(result, keep) -> float:
@@ -410,9 +412,10 @@ y_none = 1.05 * max(v for r in runs.values() for keep in choices.values()
 missing = []
 for ax, model in zip(axes, ("llama-3-70b", "deepseek-v3")):
     sizes = [g for m, g in runs if m == model]
-    for color, (label, keep) in zip(("C0", "C1", "C2"), choices.items()):
+    for color, style, (label, keep) in zip(("C0", "C1", "C2"), ("o-", "s--", "^:"),
+                                           choices.items()):
         values = [slowdown(runs[(model, g)], keep) for g in sizes]
-        ax.plot(sizes, values, "o-", color=color, label=label)
+        ax.plot(sizes, values, style, color=color, label=label, ms=7 if style == "o-" else 4)
         gaps = [g for g, v in zip(sizes, values) if math.isnan(v)]
         if gaps:  # no plan under this restriction: say so instead of leaving the line out
             ax.plot(gaps, [y_none] * len(gaps), "x", color=color, ms=8, label=f"{label}: none fits")
