@@ -64,6 +64,14 @@ bench: setup
 	$(BIN)/python -m rlm_course bench family
 	$(BIN)/python -m rlm_course bench parallel
 
+# The course as a static website in build/site/ (open build/site/index.html): every chapter
+# executed (cached in build/site-cache/ until its code, the package or data/ change), then
+# Sphinx + myst-nb. A part only: make site SITE_CHAPTERS="00 06". Offline; no Node needed.
+SITE_CHAPTERS ?=
+.PHONY: site
+site: setup
+	$(BIN)/python -m rlm_course.tools.site $(if $(SITE_CHAPTERS),--chapters $(SITE_CHAPTERS))
+
 exercises: setup
 	$(BIN)/python -m rlm_course exercises
 
