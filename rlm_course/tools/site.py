@@ -112,9 +112,10 @@ def _version(name: str) -> str:
 
 def inputs_fingerprint() -> str:
     """A hash of what a notebook's outputs depend on besides the notebook: the package's
-    Python source, every file under ``data/`` and the versions of the main packages."""
+    Python source (but this module, which only renders), every file under ``data/`` and the
+    versions of the main packages."""
     digest = hashlib.sha256()
-    files = sorted((ROOT / "rlm_course").rglob("*.py")) + sorted(
+    files = sorted(p for p in (ROOT / "rlm_course").rglob("*.py") if p != Path(__file__)) + sorted(
         p for p in (ROOT / "data").rglob("*") if p.is_file())
     for path in files:
         digest.update(str(path.relative_to(ROOT)).encode())
