@@ -68,9 +68,10 @@ bench: setup
 # executed (cached in build/site-cache/ until its code, the package or data/ change), then
 # Sphinx + myst-nb. A part only: make site SITE_CHAPTERS="00 06". Offline; no Node needed.
 SITE_CHAPTERS ?=
+SITE_TIMEOUT ?= 900
 .PHONY: site
 site: setup
-	$(BIN)/python -m rlm_course.tools.site $(if $(SITE_CHAPTERS),--chapters $(SITE_CHAPTERS))
+	$(BIN)/python -m rlm_course.tools.site --timeout $(SITE_TIMEOUT) $(if $(SITE_CHAPTERS),--chapters $(SITE_CHAPTERS))
 
 exercises: setup
 	$(BIN)/python -m rlm_course exercises

@@ -25,12 +25,19 @@ nb_merge_streams = True
 myst_enable_extensions = ["dollarmath", "amsmath", "html_image", "colon_fence"]
 myst_heading_anchors = 3
 
-# MathJax 2 copied from the jupyter-server-mathjax package into _static (no CDN).
+# MathJax 2 copied from the jupyter-server-mathjax package into _static (no CDN), with the one
+# configuration and the STIX-Web fonts it ships (as Jupyter's classic notebook set them).
 if (Path(__file__).parent / "_static" / "mathjax" / "MathJax.js").exists():
-    mathjax_path = "mathjax/MathJax.js?config=TeX-AMS_CHTML"
-    mathjax2_config = {"tex2jax": {"inlineMath": [["\\(", "\\)"]],
-                                   "displayMath": [["\\[", "\\]"]], "processEscapes": True},
-                       "messageStyle": "none", "menuSettings": {"zoom": "None"}}
+    mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
+    mathjax2_config = {
+        "tex2jax": {"inlineMath": [["\\(", "\\)"]], "displayMath": [["\\[", "\\]"]],
+                    "processEscapes": True, "ignoreClass": "document",
+                    "processClass": "math|output_area"},
+        "HTML-CSS": {"availableFonts": [], "imageFont": None, "preferredFont": None,
+                     "webFont": "STIX-Web"},
+        "messageStyle": "none",
+        "menuSettings": {"zoom": "None"},
+    }
     mathjax3_config = None
 
 html_theme = "sphinx_book_theme"

@@ -187,11 +187,18 @@ def execute_notebook(path: Path, cache: Path | None = None, *, timeout: int = 90
     env.pop("MPLBACKEND", None)
     client = NotebookClient(nb, kernel_name=kernel, timeout=timeout, allow_errors=False,
                             resources={"metadata": {"path": str(path.parent)}})
+    running: list[int] = []  # the index of each cell as it starts (nbclient's hook)
+    client.on_cell_start = lambda cell, cell_index: running.append(cell_index)
     log(f"{path.stem}: executing ...")
     start = time.perf_counter()
     try:
         client.execute(env=env)
-    except (CellExecutionError, CellTimeoutError) as exc:
+    except CellTimeoutError:
+        where = (f"cell {running[-1]} (code, begins {_first_line(nb.cells[running[-1]])!r})"
+                 if running else "a cell")
+        raise SiteBuildError(f"{path.name}: {where} ran longer than {timeout} s (the cell timeout; "
+                             "a busy machine is slower: --timeout raises it)") from None
+    except CellExecutionError as exc:
         for index, cell in enumerate(nb.cells):
             errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
             if errors:
@@ -611,11 +618,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--chapters", nargs="*", default=None,
                         help="chapter numbers or notebook names (default: every chapter)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the built HTML's folder")
+    parser.add_argument("--timeout", type=int, default=900,
+                        help="seconds a cell may run (default 900, as nbval in make test)")
     parser.add_argument("--cache", default=str(DEFAULT_CACHE),
                         help="executed notebooks' cache ('' to execute every notebook again)")
     args = parser.parse_args(argv)
     try:
-        index = build_site(args.out, args.chapters or None, cache=args.cache or None)
+        index = build_site(args.out, args.chapters or None, cache=args.cache or None,
+                           timeout=args.timeout)
     except SiteBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
