@@ -250,9 +250,9 @@ def _report_failure(err: BaseException, rank: str, world: str) -> None:
         where = f" (traceback: {path})"
     except OSError:
         pass
-    from rlm_course.distributed.launch import _first_line
+    from rlm_course.distributed.launch import first_line
 
-    message = _first_line(str(err))
+    message = first_line(str(err))
     print(f"rank {rank} of {world}: {type(err).__name__}: {message}{where}", file=sys.stderr,
           flush=True)
     if debug_enabled():

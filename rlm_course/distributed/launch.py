@@ -502,7 +502,7 @@ class Job:
                 record = json.loads(record_path.read_text())
                 failures[i] = record["traceback"].rstrip()
                 times[i] = record["time"]
-                causes[i] = f"{record['type']}: {_first_line(record['message'])}"
+                causes[i] = f"{record['type']}: {first_line(record['message'])}"
             elif i in stopped:
                 failures[i] = stopped[i]
                 times[i] = exited[i]
@@ -548,7 +548,7 @@ class Job:
         raise DistributedError("\n".join(lines), first, failures, str(path))
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
     """An error message's first line, without gloo's generic advice."""
     text = text.strip()
     line = text.splitlines()[0] if text else ""
