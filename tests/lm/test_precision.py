@@ -74,7 +74,10 @@ def test_rounded_engines_give_other_log_probs_for_the_same_weights():
         gap = (trainer - out.log_probs)[out.response_mask].abs().max().item()
         gaps[precision] = gap
     assert gaps["fp32"] < 1e-5  # the same numerics: the KV cache against the full pass
-    assert gaps["bf16"] > 1e-3 and gaps["fp8"] > 1e-3
+    # rounding the weights moves the log-probs far above that noise (bf16 keeps 8 significant bits,
+    # fp8 e4m3 4): how far depends on the CPU's kernels (a bf16 gap of 8e-4 on an AMD EPYC, above
+    # 1e-3 on an Ice Lake Xeon), so the test asks for ten times the fp32 bound and fp8 above bf16
+    assert gaps["bf16"] > 1e-4 and gaps["fp8"] > gaps["bf16"], gaps
 
 
 def test_a_trainer_with_a_rounded_engine_measures_the_mismatch_and_weighs_the_loss():
