@@ -96,8 +96,8 @@ def check_worker_options(worker: str, options: list[str], world_size: int,
         from pathlib import Path
 
         from rlm_course.arguments import rl_config_from_args, rl_run_parser, task_from_args
-        from rlm_course.distributed.grpo import check_data_parallel, check_run_folder
-        from rlm_course.rl.runs import run_folder
+        from rlm_course.distributed.grpo import check_data_parallel
+        from rlm_course.rl.runs import check_run_folder, run_folder
 
         args = _strict(rl_run_parser("python -m rlm_course distributed grpo --"), "grpo"
                        ).parse_args(options)

@@ -501,33 +501,6 @@ def _step_start(timeline: list[list], step_index: int) -> float:
     return min(starts) if starts else 0.0
 
 
-def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = False,
-                     sft_checkpoint: str | Path | None = None) -> None:
-    """Refuse what the run folder and the flags cannot do together (nothing is read or written
-    besides listing the folder).
-
-    Raises:
-        ValueError: ``resume`` with ``overwrite`` or an ``sft_checkpoint``; ``resume`` without a
-            checkpoint; a folder that holds files, without ``resume`` or ``overwrite``.
-    """
-    ckpt = run_dir / "checkpoint.pt"
-    has_files = run_dir.is_dir() and any(run_dir.iterdir())
-    if resume and overwrite:
-        raise ValueError("--resume continues a run and --overwrite deletes it: pass only one.")
-    if resume and sft_checkpoint is not None:
-        raise ValueError("--sft-checkpoint is not used with --resume (the run's checkpoint holds "
-                         "the policy); drop one of them.")
-    if resume and not ckpt.exists():
-        hint = (" It holds files of a run that stopped before its first checkpoint: start it again "
-                "with --overwrite." if has_files else " Start it without --resume.")
-        raise ValueError(f"--resume: no run to resume at {run_dir} (no checkpoint.pt).{hint}")
-    if not resume and has_files and not overwrite:
-        what = ("a run; pass --resume to continue it, " if ckpt.exists() else
-                "files of a run that stopped before its first checkpoint; pass ")
-        raise ValueError(f"run folder {run_dir} already holds {what}--overwrite to start it again "
-                         "from scratch, or --name for a new run.")
-
-
 def check_resume(state: dict, config: RLConfig, task, nproc: int, path: Path, log=print) -> None:
     """Refuse to resume a checkpoint with another algorithm, task or options (only ``steps`` may
     change, and not below the steps done); note a different number of processes (the run then
@@ -566,7 +539,7 @@ def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,
                 sft_checkpoint: str | Path | None = None, progress: bool = True,
                 log=print, resume: bool = False) -> tuple[str, str]:
     """Everything a data-parallel run checks and makes before its ranks start: the configuration
-    (:func:`check_data_parallel`), the run folder (:func:`check_run_folder`), the task's
+    (:func:`check_data_parallel`), the run folder (:func:`rlm_course.rl.runs.check_run_folder`), the task's
     held-out set and problem space, the warm start (made if the default checkpoint is missing)
     and its fit to the task; with ``resume``, the run's checkpoint and its options
     (:func:`check_resume`).
@@ -581,8 +554,8 @@ def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,
 
     from rlm_course.lm.checkpoint import load_checkpoint
     from rlm_course.lm.tokenizer import CharTokenizer
-    from rlm_course.rl.runs import (check_model_for_task, default_sft_checkpoint, load_sft_policy,
-                                    run_folder)
+    from rlm_course.rl.runs import (check_model_for_task, check_run_folder, default_sft_checkpoint,
+                                    load_sft_policy, run_folder)
     from rlm_course.tasks.eval_sets import load_eval_set
     from rlm_course.utils import ensure_writable_folder
 

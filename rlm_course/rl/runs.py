@@ -156,6 +156,33 @@ def _warm_start_config(task: Task, tokenizer: CharTokenizer,
     return default_model_config(tokenizer, task), "the default model (made by the warm start)"
 
 
+def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = False,
+                     sft_checkpoint: str | Path | None = None) -> None:
+    """Refuse what the run folder and the flags cannot do together (nothing is read or written
+    besides listing the folder).
+
+    Raises:
+        ValueError: ``resume`` with ``overwrite`` or an ``sft_checkpoint``; ``resume`` without a
+            checkpoint; a folder that holds files, without ``resume`` or ``overwrite``.
+    """
+    ckpt = run_dir / "checkpoint.pt"
+    has_files = run_dir.is_dir() and any(run_dir.iterdir())
+    if resume and overwrite:
+        raise ValueError("--resume continues a run and --overwrite deletes it: pass only one.")
+    if resume and sft_checkpoint is not None:
+        raise ValueError("--sft-checkpoint is not used with --resume (the run's checkpoint holds "
+                         "the policy); drop one of them.")
+    if resume and not ckpt.exists():
+        hint = (" It holds files of a run that stopped before its first checkpoint: start it again "
+                "with --overwrite." if has_files else " Start it without --resume.")
+        raise ValueError(f"--resume: no run to resume at {run_dir} (no checkpoint.pt).{hint}")
+    if not resume and has_files and not overwrite:
+        what = ("a run; pass --resume to continue it, " if ckpt.exists() else
+                "files of a run that stopped before its first checkpoint; pass ")
+        raise ValueError(f"run folder {run_dir} already holds {what}--overwrite to start it again "
+                         "from scratch, or --name for a new run.")
+
+
 def run_folder(out_dir: str | Path, name: str) -> Path:
     """``out_dir / name``, the folder of a run, after checking both.
 
@@ -303,26 +330,15 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
     """
     if checkpoint_every <= 0:
         raise ValueError(f"checkpoint_every={checkpoint_every} must be positive.")
-    if resume and overwrite:
+    if resume and overwrite:  # before the folder is named or made
         raise ValueError("--resume continues a run and --overwrite deletes it: pass only one.")
-    if resume and sft_checkpoint is not None:
-        raise ValueError("--sft-checkpoint is not used with --resume (the run's checkpoint holds "
-                         "the policy); drop one of them.")
     tokenizer = CharTokenizer()
     run_dir = run_folder(out_dir, name if name is not None
                          else f"{config.algorithm}-{task.key}-seed{config.seed}")
     ckpt_path = run_dir / "checkpoint.pt"
+    check_run_folder(run_dir, resume, overwrite, sft_checkpoint)
     has_files = run_dir.is_dir() and any(run_dir.iterdir())
     state = None
-    if resume and not ckpt_path.exists():
-        hint = (" It holds files of a run that stopped before its first checkpoint: start it again "
-                "with --overwrite." if has_files else " Start it without --resume.")
-        raise ValueError(f"--resume: no run to resume at {run_dir} (no checkpoint.pt).{hint}")
-    if not resume and has_files and not overwrite:
-        what = ("a run; pass --resume to continue it, " if ckpt_path.exists() else
-                "files of a run that stopped before its first checkpoint; pass ")
-        raise ValueError(f"run folder {run_dir} already holds {what}--overwrite to start it again "
-                         "from scratch, or --name for a new run.")
     # everything that can be checked is checked before anything is trained, made or deleted
     eval_problems = load_eval_set(task)  # at once if the task has too few distinct problems
     task.check_problem_space(len(eval_problems) + config.prompts_per_step,
