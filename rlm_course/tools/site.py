@@ -42,6 +42,9 @@ ROOT = repo_root()
 SITE_SOURCE = ROOT / "site"
 DEFAULT_OUT = ROOT / "build" / "site"
 DEFAULT_CACHE = ROOT / "build" / "site-cache"
+#: The cache's files are notebooks with their outputs, named so that no notebook tool or search for
+#: ``*.ipynb`` takes them for the course's notebooks (which are committed without outputs).
+CACHE_SUFFIX = ".executed.json"
 NOTEBOOKS = ROOT / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -173,7 +176,7 @@ def execute_notebook(path: Path, cache: Path | None = None, *, timeout: int = 90
     kernel = nb.metadata.get("kernelspec", {}).get("name", "python3")
     key = hashlib.sha256(json.dumps([kernel, fingerprint or inputs_fingerprint(),
                                      [c.source for c in code]]).encode()).hexdigest()[:16]
-    cached = cache / f"{path.stem}-{key}.ipynb" if cache else None
+    cached = cache / f"{path.stem}-{key}{CACHE_SUFFIX}" if cache else None
     if cached is not None and cached.exists():  # same code, same inputs: the text may differ
         done = nbformat.reads(cached.read_text(), as_version=4)
         for cell, ran in zip(code, [c for c in done.cells if c.cell_type == "code"]):
@@ -211,7 +214,7 @@ def execute_notebook(path: Path, cache: Path | None = None, *, timeout: int = 90
     log(f"{path.stem}: executed in {seconds:.0f} s")
     if cached is not None:
         cache.mkdir(parents=True, exist_ok=True)
-        for old in cache.glob(f"{path.stem}-*.ipynb"):
+        for old in cache.glob(f"{path.stem}-*{CACHE_SUFFIX}"):
             old.unlink()
         atomic_write_text(cached, nbformat.writes(nb))
     return nb
@@ -507,7 +510,8 @@ def build_site(out: str | Path = DEFAULT_OUT, chapters: Sequence[str | Path] | N
         out: the folder of the built HTML (replaced).
         chapters: the chapters to publish (see :func:`chapter_notebooks`); None: all.
         cache: the folder of executed notebooks (None: execute every notebook again).
-        stage: the folder of the generated Sphinx sources (default: ``out`` + ``-src``).
+        stage: the folder of the generated Sphinx sources (default: ``out`` + ``-src``), removed
+            after a successful build.
         timeout: seconds a cell may run.
 
     Raises:
@@ -560,13 +564,17 @@ def build_site(out: str | Path = DEFAULT_OUT, chapters: Sequence[str | Path] | N
         with warnings_module.catch_warnings():
             # Sphinx 9 announces API changes its extensions have not made yet (not the site's)
             warnings_module.filterwarnings("ignore", message=".*deprecated. Check CHANGES for Sphinx")
-            app = Sphinx(str(stage), str(stage), str(out), str(stage / ".doctrees"), "html",
-                         status=None, warning=_Warnings(), freshenv=True)
+            # HTML first inside the stage: myst-nb writes its executed copies beside the output
+            # folder (``jupyter_execute``), and those go with the stage, not into ``out``'s parent
+            app = Sphinx(str(stage), str(stage), str(stage / "_html"), str(stage / ".doctrees"),
+                         "html", status=None, warning=_Warnings(), freshenv=True)
             app.build()
     except SphinxError as exc:
         raise SiteBuildError(f"sphinx stopped: {exc}") from None
     if app.statuscode:
         raise SiteBuildError("sphinx reported errors:\n" + "\n".join(warnings[-20:]))
+    shutil.move(str(stage / "_html"), str(out))
+    shutil.rmtree(stage)  # generated sources and executed copies (kept only when a build fails)
     log(f"site: {out / 'index.html'} ({len(notebooks)} chapters, "
         f"{time.perf_counter() - started:.0f} s, {len(warnings)} warnings)")
     return out / "index.html"

@@ -15,8 +15,8 @@ from urllib.parse import urldefrag, urlsplit
 
 import nbformat
 import pytest
-from rlm_course.tools.site import (SiteBuildError, broken_links, build_site, execute_notebook,
-                                   site_pages)
+from rlm_course.tools.site import (CACHE_SUFFIX, SiteBuildError, broken_links, build_site,
+                                   execute_notebook, site_pages)
 from rlm_course.utils import repo_root
 
 ROOT = repo_root()
@@ -67,7 +67,7 @@ def test_a_failing_cell_stops_the_build_naming_the_notebook_and_the_cell(tmp_pat
     with pytest.raises(SiteBuildError, match=r"99_broken\.ipynb: cell 2 .*RuntimeError: the cell fails"):
         build_site(tmp_path / "html", [path], cache=tmp_path / "cache", log=lambda _: None)
     assert not (tmp_path / "html").exists()  # nothing published
-    assert not list((tmp_path / "cache").glob("*.ipynb"))  # nor cached
+    assert not list((tmp_path / "cache").glob("*"))  # nor cached
 
 
 def test_an_executed_notebook_is_cached_under_its_inputs(tmp_path):
@@ -88,7 +88,7 @@ def test_an_executed_notebook_is_cached_under_its_inputs(tmp_path):
     assert edited.cells[1].outputs == first.cells[0].outputs
     execute_notebook(path, tmp_path / "cache", fingerprint="b", log=messages.append)
     assert "executed in" in messages[-1]  # other inputs: executed again, the old entry replaced
-    assert len(list((tmp_path / "cache").glob("98_seeded-*.ipynb"))) == 1
+    assert len(list((tmp_path / "cache").glob(f"98_seeded-*{CACHE_SUFFIX}"))) == 1
 
 
 def _chromium():
