@@ -89,68 +89,55 @@ def test_saving_in_lab_drops_outputs_and_keeps_the_paired_py(lab):
         (ROOT / "notebooks" / f"{NOTEBOOK}.py").read_text()
 
 
-def _chromium():
-    for browser, driver in (("/usr/bin/chromium", "/usr/bin/chromedriver"),):
-        if os.path.exists(browser) and os.path.exists(driver):
-            return browser, driver
-    pytest.skip("the browser test needs Debian's chromium and chromium-driver packages "
-                "(`apt-get install chromium chromium-driver`; `make test` installs them when it "
-                "runs as root)")
+def _run_all(driver, url: str, timeout: int):
+    """Open the notebook at ``url`` in JupyterLab, wait for its kernel, then Run > Run All Cells,
+    as a learner would; returns the WebDriverWait used."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, timeout)
+    driver.get(url)
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".jp-Notebook .jp-Cell")))
+    WebDriverWait(driver, 120).until(  # the kernel is up
+        lambda d: "Idle" in d.find_element(By.TAG_NAME, "body").text
+        or d.find_elements(By.CSS_SELECTOR, ".jp-Notebook-ExecutionIndicator"))
+    wait.until(ec.element_to_be_clickable((By.XPATH, "//div[contains(@class,'lm-MenuBar-itemLabel') and text()='Run']"))).click()
+    wait.until(ec.element_to_be_clickable((By.XPATH, "//li[contains(@class,'lm-Menu-item')][.//div[text()='Run All Cells']]"))).click()
+    return wait
 
 
-def test_the_calculator_runs_in_a_browser_and_follows_a_control(lab):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+def test_the_calculator_runs_in_a_browser_and_follows_a_control(lab, chrome):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser, driver_path = _chromium()
+    driver = chrome()
     base, _ = lab
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--window-size=1400,1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    try:
-        wait = WebDriverWait(driver, 180)
-        driver.get(f"{base}/lab/tree/{NOTEBOOK}.ipynb?token={TOKEN}")
-        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".jp-Notebook .jp-Cell")))
-        WebDriverWait(driver, 120).until(  # the kernel is up
-            lambda d: "Idle" in d.find_element(By.TAG_NAME, "body").text
-            or d.find_elements(By.CSS_SELECTOR, ".jp-Notebook-ExecutionIndicator"))
-        # Run > Run All Cells, as a learner would
-        wait.until(ec.element_to_be_clickable((By.XPATH, "//div[contains(@class,'lm-MenuBar-itemLabel') and text()='Run']"))).click()
-        wait.until(ec.element_to_be_clickable((By.XPATH, "//li[contains(@class,'lm-Menu-item')][.//div[text()='Run All Cells']]"))).click()
-        status = wait.until(ec.presence_of_element_located(
-            (By.XPATH, "//div[contains(@class,'widget-html-content')][contains(., 'one iteration')]")))
-        # every cell has run when the last cell's prompt shows a number
-        wait.until(lambda d: all(p.text.strip() not in ("[*]:", "[ ]:") for p in d.find_elements(
-            By.CSS_SELECTOR, ".jp-CodeCell .jp-InputPrompt")))
-        before = status.text
-        box = driver.find_element(By.XPATH, "//div[contains(@class,'widget-inline-hbox')]"
-                                            "[.//label[text()='devices']]//input")
-        box.send_keys(Keys.CONTROL, "a")
-        box.send_keys("128", Keys.ENTER)
-        WebDriverWait(driver, 60).until(lambda d: status.text != before)
-        assert "one iteration" in status.text and status.text != before
-    finally:
-        driver.quit()
+    wait = _run_all(driver, f"{base}/lab/tree/{NOTEBOOK}.ipynb?token={TOKEN}", 180)
+    status = wait.until(ec.presence_of_element_located(
+        (By.XPATH, "//div[contains(@class,'widget-html-content')][contains(., 'one iteration')]")))
+    # every cell has run when the last cell's prompt shows a number
+    wait.until(lambda d: all(p.text.strip() not in ("[*]:", "[ ]:") for p in d.find_elements(
+        By.CSS_SELECTOR, ".jp-CodeCell .jp-InputPrompt")))
+    before = status.text
+    box = driver.find_element(By.XPATH, "//div[contains(@class,'widget-inline-hbox')]"
+                                        "[.//label[text()='devices']]//input")
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys("128", Keys.ENTER)
+    WebDriverWait(driver, 60).until(lambda d: status.text != before)
+    assert "one iteration" in status.text and status.text != before
 
 
 PLANNER = "14_capstone_plan_a_cluster"  # the planner widget's home (section 6)
 
 
-def test_the_planner_widget_of_notebook_14_answers_in_a_browser_and_marks_a_stale_answer(lab):
+def test_the_planner_widget_of_notebook_14_answers_in_a_browser_and_marks_a_stale_answer(lab, chrome):
     """Notebook 14's planner-widget cell (the whole notebook runs for minutes: only that cell is
     copied into a notebook of its own) runs in JupyterLab, shows its answer, marks it stale when
     a control changes and answers again when Plan is pressed."""
     import nbformat
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as ec
@@ -158,43 +145,26 @@ def test_the_planner_widget_of_notebook_14_answers_in_a_browser_and_marks_a_stal
 
     from rlm_course.cluster.planner_widget import STALE
 
-    browser, driver_path = _chromium()
+    driver = chrome()
     base, root = lab
     source = nbformat.read(ROOT / "notebooks" / f"{PLANNER}.ipynb", as_version=4)
     cells = [c for c in source.cells if c.cell_type == "code" and "PlannerWidget()" in c.source]
     assert len(cells) == 1, "notebook 14 has one cell that shows the planner widget"
     scratch = nbformat.v4.new_notebook(cells=cells, metadata=source.metadata)
     nbformat.write(scratch, root / f"{PLANNER}_widget.ipynb")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--window-size=1400,1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    try:
-        wait = WebDriverWait(driver, 240)
-        driver.get(f"{base}/lab/tree/{PLANNER}_widget.ipynb?token={TOKEN}")
-        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".jp-Notebook .jp-Cell")))
-        WebDriverWait(driver, 120).until(  # the kernel is up
-            lambda d: "Idle" in d.find_element(By.TAG_NAME, "body").text
-            or d.find_elements(By.CSS_SELECTOR, ".jp-Notebook-ExecutionIndicator"))
-        wait.until(ec.element_to_be_clickable((By.XPATH, "//div[contains(@class,'lm-MenuBar-itemLabel') and text()='Run']"))).click()
-        wait.until(ec.element_to_be_clickable((By.XPATH, "//li[contains(@class,'lm-Menu-item')][.//div[text()='Run All Cells']]"))).click()
-        answer = wait.until(ec.presence_of_element_located(
-            (By.XPATH, "//div[contains(@class,'widget-html-content')][contains(., '1. ')]")))
-        first = answer.text
-        assert "why the others lose" in first and STALE not in first
-        box = driver.find_element(By.XPATH, "//div[contains(@class,'widget-inline-hbox')]"
-                                            "[.//label[text()='GPUs']]//input")
-        box.send_keys(Keys.CONTROL, "a")
-        box.send_keys("32", Keys.ENTER)
-        WebDriverWait(driver, 60).until(lambda d: STALE in answer.text)
-        assert answer.text.startswith(STALE) and first.splitlines()[0] in answer.text
-        driver.find_element(By.XPATH, "//button[contains(@class,'jupyter-button')]"
-                                      "[normalize-space(.)='Plan']").click()
-        WebDriverWait(driver, 240).until(lambda d: STALE not in answer.text
-                                         and answer.text.startswith("1. "))
-        assert answer.text != first  # planned again, for 32 GPUs
-    finally:
-        driver.quit()
+    wait = _run_all(driver, f"{base}/lab/tree/{PLANNER}_widget.ipynb?token={TOKEN}", 240)
+    answer = wait.until(ec.presence_of_element_located(
+        (By.XPATH, "//div[contains(@class,'widget-html-content')][contains(., '1. ')]")))
+    first = answer.text
+    assert "why the others lose" in first and STALE not in first
+    box = driver.find_element(By.XPATH, "//div[contains(@class,'widget-inline-hbox')]"
+                                        "[.//label[text()='GPUs']]//input")
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys("32", Keys.ENTER)
+    WebDriverWait(driver, 60).until(lambda d: STALE in answer.text)
+    assert answer.text.startswith(STALE) and first.splitlines()[0] in answer.text
+    driver.find_element(By.XPATH, "//button[contains(@class,'jupyter-button')]"
+                                  "[normalize-space(.)='Plan']").click()
+    WebDriverWait(driver, 240).until(lambda d: STALE not in answer.text
+                                     and answer.text.startswith("1. "))
+    assert answer.text != first  # planned again, for 32 GPUs

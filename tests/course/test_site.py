@@ -91,22 +91,8 @@ def test_an_executed_notebook_is_cached_under_its_inputs(tmp_path):
     assert len(list((tmp_path / "cache").glob(f"98_seeded-*{CACHE_SUFFIX}"))) == 1
 
 
-def _chromium():
-    for browser, driver in (("/usr/bin/chromium", "/usr/bin/chromedriver"),):
-        if Path(browser).exists() and Path(driver).exists():
-            return browser, driver
-    pytest.skip("the browser test needs Debian's chromium and chromium-driver packages "
-                "(`apt-get install chromium chromium-driver`; `make test` installs them when it "
-                "runs as root)")
-
-
 @pytest.fixture(scope="module")
-def browser(site):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    binary, driver_path = _chromium()
-
+def browser(site, chrome):
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -114,18 +100,9 @@ def browser(site):
     server = http.server.ThreadingHTTPServer(
         ("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--window-size=1400,1000"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
     try:
-        yield driver, f"http://127.0.0.1:{server.server_port}"
+        yield chrome(console=True), f"http://127.0.0.1:{server.server_port}"
     finally:
-        driver.quit()
         server.shutdown()
 
 
