@@ -10,7 +10,6 @@ import re
 import threading
 import tomllib
 import urllib.request
-from pathlib import Path
 from urllib.parse import urldefrag, urlsplit
 
 import nbformat
