@@ -13,7 +13,8 @@ PACKAGE = repo_root() / "rlm_course"
 #: Layers, lowest first: a module may import its own layer and the ones below. Leaves (any layer
 #: may import them) import nothing of the course but other leaves.
 LEAVES = {"rlm_course.utils", "rlm_course.vocabulary", "rlm_course.algorithms",
-          "rlm_course.timeline", "rlm_course.numerics", "rlm_course.tools.plots"}
+          "rlm_course.timeline", "rlm_course.numerics", "rlm_course.tools.plots",
+          "rlm_course.devices"}
 LAYERS = (
     ("rlm_course.tasks", "rlm_course.lm", "rlm_course.arguments"),
     ("rlm_course.cost",),

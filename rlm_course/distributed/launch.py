@@ -62,6 +62,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
+from rlm_course.devices import resolve_device  # noqa: F401 (part of this module's API)
 from rlm_course.utils import cores, free_port  # noqa: F401 (free_port: part of this module's API)
 
 #: Seconds a collective (and the start-up rendezvous) waits for its peers before it fails.
@@ -140,23 +141,6 @@ class RankContext:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def resolve_device(device: str) -> str:
-    """``"auto"`` -> ``"cuda"`` when torch sees a GPU, else ``"cpu"``; other names are checked.
-
-    Raises:
-        ValueError: for an unknown device, or ``"cuda"`` on a machine (or torch build) without one.
-    """
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in BACKENDS:
-        raise ValueError(f"device={device!r}: choose 'cpu', 'cuda' or 'auto'.")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda': torch sees no CUDA GPU here (torch.cuda.is_available() is "
-                         f"False; torch {torch.__version__}); use device='cpu' (gloo) or install a "
-                         "CUDA build of torch on a GPU machine.")
-    return device
 
 
 def check_backend(backend: str, device: str, nprocs: int) -> None:

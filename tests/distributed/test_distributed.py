@@ -77,7 +77,7 @@ def test_missing_backend_and_device_are_clear_errors():
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match="backend='nccl' needs CUDA GPUs"):
         launch(hello, 2, backend="nccl")
-    with pytest.raises(ValueError, match="device='cuda': torch sees no CUDA GPU"):
+    with pytest.raises(ValueError, match="--device cuda: torch sees no CUDA GPU"):
         launch(hello, 2, device="cuda")
     with pytest.raises(ValueError, match="nprocs=0"):
         launch(hello, 0)
