@@ -152,6 +152,14 @@ def rl_config_from_args(args: argparse.Namespace) -> RLConfig:
     return config
 
 
+def add_device_arg(parser: argparse.ArgumentParser) -> None:
+    """``--device {auto,cpu,cuda}`` (:mod:`rlm_course.devices`; the names are spelled out here so
+    that ``--help`` does not import torch)."""
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the model computes (default auto: CUDA when torch sees a GPU, "
+                             "else the CPU; recorded in the run)")
+
+
 def add_rl_run_args(parser: argparse.ArgumentParser, variant: str) -> None:
     """Everything a ``grpo``/``ppo`` command takes: the task, every RLConfig field (``--variant``
     defaulting to ``variant``), and the run's folder, resume and threads."""
@@ -172,6 +180,7 @@ def add_rl_run_args(parser: argparse.ArgumentParser, variant: str) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads (default: the free cores; 1 when other work is running)")
+    add_device_arg(parser)
     parser.add_argument("--nproc", type=int, default=1,
                         help="data-parallel processes (gloo on CPU, NCCL on GPUs; --threads per "
                              "process, default 1); runs/<name> gets -dp<nproc>")

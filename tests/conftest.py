@@ -17,3 +17,16 @@ def pytest_collection_modifyitems(config, items):
         if str(item.fspath).endswith(".ipynb"):
             item.add_marker(pytest.mark.notebook)
             item.add_marker(pytest.mark.slow)
+    # the GPU path's tests run where torch sees a GPU and say why they do not elsewhere
+    if not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here "
+                                       "(run `python -m rlm_course gpu-check` on a GPU machine)")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

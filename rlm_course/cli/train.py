@@ -7,8 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlm_course.arguments import (add_rl_run_args, add_task_args, flag, rl_config_from_args,
-                                  task_from_args, task_settings)
+from rlm_course.arguments import (add_device_arg, add_rl_run_args, add_task_args, flag,
+                                  rl_config_from_args, task_from_args, task_settings)
 
 
 def set_threads(args) -> None:
@@ -43,7 +43,8 @@ def _rl(args) -> int:
                                          out_dir=args.out, overwrite=args.overwrite,
                                          sft_checkpoint=args.sft_checkpoint,
                                          progress=not args.no_progress, resume=args.resume,
-                                         threads=1 if args.threads is None else args.threads)
+                                         threads=1 if args.threads is None else args.threads,
+                                         device=args.device)
         except DistributedError as err:  # one line per rank; the tracebacks are in a log file
             if debug_enabled():
                 raise
@@ -53,7 +54,7 @@ def _rl(args) -> int:
     set_threads(args)
     summary = run_rl(task, config, name=args.name, out_dir=args.out, resume=args.resume,
                      overwrite=args.overwrite, sft_checkpoint=args.sft_checkpoint,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, device=args.device)
     return 130 if summary.get("interrupted") else 0
 
 
@@ -73,7 +74,7 @@ def _sft(args) -> int:
         stored if args.store or not stored.exists() else Path(args.runs_dir) / stored.name)
     set_threads(args)
     path = make_sft_checkpoint(task, CharTokenizer(), out, SFTConfig(seed=args.seed),
-                               progress=not args.no_progress)
+                               progress=not args.no_progress, device=args.device)
     print(f"Saved SFT checkpoint {path} (see {path.with_suffix('.json')})")
     if not args.out and out != stored:
         print(f"(the RL commands warm-start from {stored}; add --store to replace it, or pass "
@@ -82,6 +83,7 @@ def _sft(args) -> int:
 
 
 def _eval(args) -> int:
+    from rlm_course.devices import resolve_device
     from rlm_course.lm.checkpoint import load_checkpoint
     from rlm_course.lm.tokenizer import CharTokenizer
     from rlm_course.rl.evaluate import evaluate
@@ -91,11 +93,12 @@ def _eval(args) -> int:
     task = task_from_args(args)
     if args.show < 0:
         raise ValueError(f"--show {args.show}: give the number of responses to print (0 or more).")
+    device = resolve_device(args.device)
     checkpoint = load_checkpoint(args.checkpoint)
     if checkpoint.get("task") not in (None, task.key):
         raise ValueError(f"checkpoint {args.checkpoint} was trained on {checkpoint['task']}, not "
                          f"{task.key}; pass the matching --task and task options.")
-    model = checkpoint["model"]
+    model = checkpoint["model"].to(device)
     check_model_for_task(model.config, CharTokenizer(), task, task.max_response_len,
                          f"checkpoint {args.checkpoint}")
     problems = load_eval_set(task)
@@ -103,7 +106,7 @@ def _eval(args) -> int:
     for p, r in list(zip(problems, result.responses))[: args.show]:
         print(f"{p.prompt}{r}   {'ok' if task.verify(p, r).correct else 'wrong, expected ' + p.answer}")
     print(f"accuracy {result.accuracy:.1%}, format {result.format_rate:.1%} on {len(problems)} "
-          f"held-out problems of {task.key}")
+          f"held-out problems of {task.key}" + ("" if device == "cpu" else f" ({device})"))
     return 0
 
 
@@ -152,12 +155,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: the free cores; 1 when other work is running)")
+    add_device_arg(p)
     p.set_defaults(func=_sft)
 
     p = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
     add_task_args(p)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--show", type=int, default=5, help="print this many responses")
+    add_device_arg(p)
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("family", help="every preset x several seeds; stores the results that "

@@ -29,7 +29,9 @@ def load_checkpoint(path: str | Path) -> dict:
     """Read a checkpoint written by :func:`save_checkpoint`.
 
     Returns:
-        The payload dict, with ``"model"``: a :class:`TinyGPT` holding the weights.
+        The payload dict, with ``"model"``: a :class:`TinyGPT` holding the weights, on the CPU
+        wherever the checkpoint was written (a GPU run's checkpoint loads on a CPU-only machine;
+        ``model.to(device)`` moves it).
 
     Raises:
         ValueError: if the file is missing, unreadable, or not a course checkpoint.
@@ -58,7 +60,8 @@ def load_checkpoint(path: str | Path) -> dict:
                          f"{payload.get('format') if isinstance(payload, dict) else type(payload)}); "
                          "pass a file written by `python -m rlm_course sft` or `grpo`.")
     try:
-        model = TinyGPT(ModelConfig(**payload["model_config"]))
+        with torch.device("cpu"):  # on the CPU whatever the default device: .to() moves it
+            model = TinyGPT(ModelConfig(**payload["model_config"]))
         model.load_state_dict(payload["state_dict"])
     except (KeyError, TypeError, RuntimeError, ValueError) as err:
         raise ValueError(f"checkpoint {path} does not hold a valid model ({str(err)[:160]}); "

@@ -75,8 +75,9 @@ class CharTokenizer:
             out.append(self.itos[i])
         return "".join(out)
 
-    def encode_prompts(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
-        """Left-padded batch of ``<bos> + prompt``.
+    def encode_prompts(self, prompts: Sequence[str],
+                       device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+        """Left-padded batch of ``<bos> + prompt``, made on ``device``.
 
         Returns:
             tokens: ``(batch, max_len)`` int64; attention_mask: ``(batch, max_len)`` bool.
@@ -88,9 +89,7 @@ class CharTokenizer:
         if not rows:
             raise ValueError("encode_prompts: no prompts; give at least one.")
         width = max(len(r) for r in rows)
-        tokens = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.bool)
-        for i, r in enumerate(rows):
-            tokens[i, width - len(r):] = torch.tensor(r)
-            mask[i, width - len(r):] = True
-        return tokens, mask
+        padded = [[self.pad_id] * (width - len(r)) + r for r in rows]
+        real = [[False] * (width - len(r)) + [True] * len(r) for r in rows]
+        return (torch.tensor(padded, dtype=torch.long, device=device),
+                torch.tensor(real, dtype=torch.bool, device=device))

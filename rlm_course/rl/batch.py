@@ -61,7 +61,23 @@ class Batch:
     @staticmethod
     def empty_of(all_rewards: Tensor, all_verdicts: list, lengths: Tensor, rounds: int) -> "Batch":
         """A batch with nothing to train on (every generated group was dropped)."""
-        return Batch(None, torch.zeros(0), [], all_rewards, all_verdicts, lengths, rounds)
+        return Batch(None, all_rewards.new_zeros(0), [], all_rewards, all_verdicts, lengths, rounds)
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """The batch with every tensor on ``device`` (the verdicts are Python objects): a rollout
+        worker's batch on its way to a trainer on another device."""
+        def move(t):
+            return None if t is None else t.to(device)
+
+        rollout = self.rollout
+        if rollout is not None:
+            rollout = type(rollout)(rollout.tokens.to(device), rollout.attention_mask.to(device),
+                                    rollout.response_mask.to(device), rollout.log_probs.to(device),
+                                    rollout.prompt_len)
+        return replace(self, rollout=rollout, rewards=self.rewards.to(device),
+                       all_rewards=self.all_rewards.to(device), lengths=self.lengths.to(device),
+                       versions=move(self.versions),
+                       behaviour_log_probs=move(self.behaviour_log_probs))
 
     def rows(self, rows: Tensor) -> "Batch":
         """The batch restricted to the trained responses ``rows`` (a ``(k,)`` index tensor), for

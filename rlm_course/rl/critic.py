@@ -30,7 +30,9 @@ class Critic(nn.Module):
         super().__init__()
         self.trunk = copy.deepcopy(trunk)
         self.trunk.head.requires_grad_(False)  # unused: the value head replaces it
-        self.value_head = nn.Linear(trunk.config.d_model, 1)
+        weight = next(trunk.parameters())  # the head on the trunk's device and dtype
+        self.value_head = nn.Linear(trunk.config.d_model, 1, device=weight.device,
+                                    dtype=weight.dtype)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 

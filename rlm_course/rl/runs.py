@@ -37,6 +37,7 @@ from rlm_course.cost.accounting import (
     predict_model_state_bytes,
     predict_passes,
 )
+from rlm_course.devices import device_description, peak_device_memory_bytes, resolve_device
 from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
 from rlm_course.lm.model import ModelConfig
 from rlm_course.lm.tokenizer import CharTokenizer
@@ -62,8 +63,11 @@ def sft_command(task: Task, seed: int = 0) -> str:
 
 
 def make_sft_checkpoint(task: Task, tokenizer: CharTokenizer, path: Path | None = None,
-                        config: SFTConfig | None = None, progress: bool = True) -> Path:
-    """Run SFT and save the warm-start checkpoint (with a JSON note of how it was made)."""
+                        config: SFTConfig | None = None, progress: bool = True,
+                        device: str = "cpu") -> Path:
+    """Run SFT on ``device`` (``"cpu"``, ``"cuda"`` or ``"auto"``) and save the warm-start
+    checkpoint (with a JSON note of how it was made, its device among it)."""
+    device = resolve_device(device)
     config = config or SFTConfig()
     path = Path(path) if path is not None else default_sft_checkpoint(task)
     if path.is_dir():
@@ -73,18 +77,21 @@ def make_sft_checkpoint(task: Task, tokenizer: CharTokenizer, path: Path | None 
                          task.max_response_len, "the course's model")
     ensure_writable_folder(path.parent, "--out")
     start = time.perf_counter()
-    model, info = run_sft(task, tokenizer, config, progress=progress)
+    model, info = run_sft(task, tokenizer, config, progress=progress, device=device)
     info.update(task=task.key, command=sft_command(task, config.seed),
                 seconds=round(time.perf_counter() - start, 1), process_peak_rss=peak_rss_bytes())
+    if device != "cpu":  # the CPU warm starts keep their notes as they were
+        info.update(device=device_description(device),
+                    peak_device_memory=peak_device_memory_bytes(device))
     save_checkpoint(path, model, **info)
     atomic_write_json(path.with_suffix(".json"), info)
     return path
 
 
 def load_sft_policy(task: Task, tokenizer: CharTokenizer, sft_checkpoint: str | Path | None = None,
-                    progress: bool = True, log=print):
-    """The warm-start policy of ``task``: from ``sft_checkpoint``, or from the default checkpoint,
-    which is made first (about a minute) if it does not exist.
+                    progress: bool = True, log=print, device: str = "cpu"):
+    """The warm-start policy of ``task`` on ``device``: from ``sft_checkpoint``, or from the default
+    checkpoint, which is made first (about a minute, on ``device``) if it does not exist.
 
     Returns:
         ``(model, info)`` with ``info``: checkpoint path, SFT steps, the command that made it.
@@ -105,14 +112,14 @@ def load_sft_policy(task: Task, tokenizer: CharTokenizer, sft_checkpoint: str | 
             if answer not in ("", "y", "yes"):
                 raise ValueError(f"no warm start for {task.key}; make it with `{sft_command(task)}` "
                                  "or pass --sft-checkpoint.")
-        make_sft_checkpoint(task, tokenizer, path, progress=progress)
+        make_sft_checkpoint(task, tokenizer, path, progress=progress, device=device)
     loaded = load_checkpoint(path)
     if loaded.get("task") != task.key:
         raise ValueError(f"SFT checkpoint {path} is for task {loaded.get('task')!r}, not "
                          f"{task.key!r}; pass the matching --sft-checkpoint.")
     info = {"checkpoint": str(path), "steps": loaded.get("sft_steps"),
             "command": loaded.get("command")}
-    return loaded["model"], info
+    return loaded["model"].to(device), info
 
 
 def context_needed(task: Task, max_new_tokens: int) -> int:
@@ -303,6 +310,8 @@ def cost_summary(trainer: RLTrainer, wall_seconds: float) -> dict:
             "peak_activations": trainer.activations.peak_bytes,
             "peak_kv_cache": trainer.peak_kv_cache_bytes,
             "process_peak_rss": peak_rss_bytes(),
+            **({"peak_device_memory": peak} if (peak := peak_device_memory_bytes(
+                trainer.device)) is not None else {}),
         },
         "seconds_per_step": round(wall_seconds / steps, 4),
     }
@@ -310,9 +319,12 @@ def cost_summary(trainer: RLTrainer, wall_seconds: float) -> dict:
 
 def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str | Path = "runs",
              resume: bool = False, overwrite: bool = False, sft_checkpoint: str | Path | None = None,
-             checkpoint_every: int = 10, progress: bool = True, log=print) -> dict:
+             checkpoint_every: int = 10, progress: bool = True, log=print,
+             device: str = "cpu") -> dict:
     """SFT warm start (made if the default checkpoint is missing), then ``config.steps`` steps of
-    the algorithm ``config`` describes (any preset of :mod:`rlm_course.rl.algorithms`).
+    the algorithm ``config`` describes (any preset of :mod:`rlm_course.rl.algorithms`), on
+    ``device`` (``"cpu"``, ``"cuda"``, or ``"auto"``: CUDA when there is a GPU; recorded in the
+    summary and the checkpoint).
 
     Returns:
         The summary dict, also written to ``runs/<name>/summary.json``.
@@ -330,6 +342,7 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
     """
     if checkpoint_every <= 0:
         raise ValueError(f"checkpoint_every={checkpoint_every} must be positive.")
+    device = resolve_device(device)
     if resume and overwrite:  # before the folder is named or made
         raise ValueError("--resume continues a run and --overwrite deletes it: pass only one.")
     tokenizer = CharTokenizer()
@@ -376,27 +389,33 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
             raise ValueError(f"--resume: the run already has {done} steps; pass --steps {done} or more.")
     with _SetAside(run_dir, active=overwrite and has_files and not resume) as aside:
         return _train(task, config, tokenizer, run_dir, eval_problems, state if resume else None,
-                      sft_checkpoint, aside, setup_start, checkpoint_every, progress, log)
+                      sft_checkpoint, aside, setup_start, checkpoint_every, progress, log, device)
 
 
 def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path,
            eval_problems: list, state: dict | None, sft_checkpoint, aside: _SetAside,
-           setup_start: float, checkpoint_every: int, progress: bool, log) -> dict:
+           setup_start: float, checkpoint_every: int, progress: bool, log,
+           device: str = "cpu") -> dict:
     """The run itself, once :func:`run_rl` has checked everything it can."""
     ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
     summary_path = run_dir / "summary.json"
     resume = state is not None
     if resume:
-        policy, accuracy_before = state["model"], state["accuracy_before"]
+        policy, accuracy_before = state["model"].to(device), state["accuracy_before"]
         sft_info = state["sft"]
         log(f"Resuming {run_dir} from step {state['trainer']['step']}.")
+        ran_on = state.get("device", "cpu")
+        if ran_on != device:
+            log(f"Note: the run ran on {ran_on}, this process on {device}: it continues from the "
+                "checkpoint, with other random draws and rounding than an uninterrupted run "
+                f"(pass --device {ran_on} to repeat it exactly).")
         threads = state.get("threads")
         if threads is not None and threads != torch.get_num_threads():
             log(f"Note: the run used {threads} CPU threads, this process {torch.get_num_threads()}: "
                 "the numbers will differ in the last bits from an uninterrupted run (pass "
                 f"--threads {threads} to repeat it exactly).")
     else:
-        policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log)
+        policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log, device)
         accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy
 
     seed_everything(config.seed)
@@ -415,7 +434,8 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
         save_checkpoint(ckpt_path, policy, task=task.key, algorithm=config.algorithm,
                         config=asdict(config),
                         trainer=trainer.state_dict(), totals=totals, sft=sft_info,
-                        accuracy_before=accuracy_before, threads=torch.get_num_threads())
+                        accuracy_before=accuracy_before, threads=torch.get_num_threads(),
+                        device=device)
         aside.commit()  # the new run has a checkpoint: the replaced one can go
 
     bar = tqdm(total=config.steps, initial=trainer.step_count,
@@ -461,6 +481,7 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
         "accuracy_gain_points": round(100 * (accuracy_after - accuracy_before), 1),
         "wall_seconds": round(totals["wall_seconds"], 2),
         "threads": torch.get_num_threads(),
+        "device": device_description(device),
         "setup_seconds": round(setup_seconds, 2),
         "stage_seconds": {s: round(totals[s], 2) for s in STAGES},
         "tokens_generated": totals["tokens_generated"],

@@ -54,20 +54,21 @@ def default_model_config(tokenizer: CharTokenizer, task: Task | None = None) -> 
     return ModelConfig(vocab_size=tokenizer.vocab_size, **sizes)
 
 
-def demonstration_batch(task: Task, tokenizer: CharTokenizer, problems) -> tuple[torch.Tensor, ...]:
-    """``(tokens, attention_mask, loss_mask)``, each ``(batch, seq)``: ``<bos> prompt answer <eos>``
-    right-padded; ``loss_mask`` marks the positions whose *next* token is part of the answer."""
+def demonstration_batch(task: Task, tokenizer: CharTokenizer, problems,
+                        device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+    """``(tokens, attention_mask, loss_mask)``, each ``(batch, seq)`` on ``device``:
+    ``<bos> prompt answer <eos>`` right-padded; ``loss_mask`` marks the positions whose *next*
+    token is part of the answer."""
     rows, prompt_lens = [], []
     for p in problems:
         prompt = tokenizer.encode(p.prompt, bos=True)
         rows.append(prompt + tokenizer.encode(task.demonstration(p), eos=True))
         prompt_lens.append(len(prompt))
     width = max(len(r) for r in rows)
-    tokens = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, (r, pl) in enumerate(zip(rows, prompt_lens)):
-        tokens[i, :len(r)] = torch.tensor(r)
-        loss_mask[i, pl - 1:len(r) - 1] = True
+    padded = [r + [tokenizer.pad_id] * (width - len(r)) for r in rows]
+    answer = [[pl - 1 <= j < len(r) - 1 for j in range(width)] for r, pl in zip(rows, prompt_lens)]
+    tokens = torch.tensor(padded, dtype=torch.long, device=device)
+    loss_mask = torch.tensor(answer, dtype=torch.bool, device=device)
     return tokens, tokens != tokenizer.pad_id, loss_mask
 
 
@@ -81,15 +82,20 @@ def sft_loss(model: TinyGPT, tokens, attention_mask, loss_mask) -> torch.Tensor:
 
 
 def run_sft(task: Task, tokenizer: CharTokenizer, config: SFTConfig | None = None,
-            model_config: ModelConfig | None = None, progress: bool = True) -> tuple[TinyGPT, dict]:
-    """Train a fresh :class:`TinyGPT` on demonstrations until validation accuracy reaches the target.
+            model_config: ModelConfig | None = None, progress: bool = True,
+            device: torch.device | str = "cpu") -> tuple[TinyGPT, dict]:
+    """Train a fresh :class:`TinyGPT` on demonstrations, on ``device``, until validation accuracy
+    reaches the target. The weights are initialised on the CPU (the same initial model on every
+    device), then moved.
 
     Returns:
         ``(model, info)`` with ``info``: steps taken, validation accuracy, the config.
     """
     config = config or SFTConfig()
     seed_everything(config.seed)
-    model = TinyGPT(model_config or default_model_config(tokenizer, task))
+    with torch.device("cpu"):
+        model = TinyGPT(model_config or default_model_config(tokenizer, task))
+    model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     held_out = {p.prompt for p in load_eval_set(task)}
     validation = task.problems(config.n_validation, VALIDATION_SEED, exclude=held_out)
@@ -98,7 +104,7 @@ def run_sft(task: Task, tokenizer: CharTokenizer, config: SFTConfig | None = Non
     bar = tqdm(range(1, config.max_steps + 1), desc=f"SFT {task.key}", disable=not progress)
     for step in bar:
         problems = task.problems(config.batch_size, derived_seed(config.seed, step), exclude)
-        loss = sft_loss(model, *demonstration_batch(task, tokenizer, problems))
+        loss = sft_loss(model, *demonstration_batch(task, tokenizer, problems, device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -36,6 +36,7 @@ import copy
 import torch
 
 from rlm_course.cost.accounting import ActivationMeter, PassCounter, kv_cache_allocated_bytes
+from rlm_course.devices import generator_on, module_device
 from rlm_course.lm.model import TinyGPT
 from rlm_course.lm.precision import rollout_copy, sync_rollout_copy
 from rlm_course.lm.sampling import concat_rollouts, generate, response_log_probs, select_rollouts
@@ -69,6 +70,8 @@ class RLTrainer:
     def __init__(self, policy: TinyGPT, task: Task, tokenizer: CharTokenizer, config: RLConfig,
                  eval_problems: list[Problem], reference: TinyGPT | None = None) -> None:
         self.policy, self.task, self.tokenizer, self.config = policy, task, tokenizer, config
+        #: Where every tensor of a step is made: the policy's device (see rlm_course.devices).
+        self.device = module_device(policy)
         self.reference = None
         if config.uses_reference:
             self.reference = reference if reference is not None else copy.deepcopy(policy)
@@ -160,8 +163,8 @@ class RLTrainer:
                                       self.exclude)
         group = [p for p in problems for _ in range(cfg.group_size)]  # groups contiguous
         with timer("generation"):
-            tokens, mask = tok.encode_prompts([p.prompt for p in group])
-            generator = torch.Generator().manual_seed(derived_seed(cfg.seed, step, 2, *extra))
+            tokens, mask = tok.encode_prompts([p.prompt for p in group], self.device)
+            generator = generator_on(self.device, derived_seed(cfg.seed, step, 2, *extra))
             rollout = generate(self.rollout_engine(), tokens, mask, self.max_new_tokens, tok.eos_id,
                                tok.pad_id, temperature=cfg.temperature, generator=generator)
         self.peak_kv_cache_bytes = max(self.peak_kv_cache_bytes, kv_cache_allocated_bytes(
@@ -169,7 +172,7 @@ class RLTrainer:
         with timer("reward"):
             verdicts = [self.task.verify(p, tok.decode_response(r))
                         for p, r in zip(group, rollout.responses)]
-            rewards = torch.tensor([v.reward for v in verdicts])
+            rewards = torch.tensor([v.reward for v in verdicts], device=self.device)
             if cfg.overlong_buffer:
                 rewards = rewards + overlong_penalty(rollout.response_lengths(),
                                                      self.max_new_tokens, cfg.overlong_buffer)
@@ -199,7 +202,8 @@ class RLTrainer:
                 break
             signal = groups_with_signal(rewards, cfg.group_size)
             take = signal.nonzero().squeeze(1)[:cfg.prompts_per_step - n_groups]
-            rows = (take[:, None] * cfg.group_size + torch.arange(cfg.group_size)).reshape(-1)
+            rows = (take[:, None] * cfg.group_size
+                    + torch.arange(cfg.group_size, device=take.device)).reshape(-1)
             if len(rows):
                 kept.append((select_rollouts(rollout, rows), [verdicts[i] for i in rows.tolist()],
                              rewards[rows]))
@@ -238,9 +242,9 @@ class RLTrainer:
             return rloo_advantages(rewards, cfg.group_size), None
         # per-token rewards: -beta * KL on every token, the verifier's reward on the last one
         token_rewards = (-cfg.kl_coef * kl * response_mask if penalty else
-                         torch.zeros(response_mask.shape))
+                         torch.zeros(response_mask.shape, device=response_mask.device))
         last = response_mask.sum(1) - 1
-        token_rewards[torch.arange(len(last)), last] += rewards
+        token_rewards[torch.arange(len(last), device=last.device), last] += rewards
         if cfg.advantage == "reinforce_pp":
             return reinforce_pp_advantages(token_rewards, response_mask, cfg.gamma), None
         advantages, returns = gae(token_rewards, values, response_mask, cfg.gamma, cfg.lam)
@@ -331,8 +335,10 @@ class RLTrainer:
             self.lr_schedule(self.critic_optimizer, step, cfg.critic_lr)
         n_updates = 0
         for epoch in range(cfg.ppo_epochs):
+            # the mini-batch order is drawn on the CPU on every device (the same order as a
+            # CPU run), then moved to the batch
             order = torch.randperm(len(tokens), generator=torch.Generator().manual_seed(
-                derived_seed(cfg.seed, step, 3, epoch)))
+                derived_seed(cfg.seed, step, 3, epoch)), device="cpu").to(tokens.device)
             for idx in order.tensor_split(cfg.minibatches):
                 if len(idx) == 0:
                     continue

@@ -65,8 +65,9 @@ def test_family_and_sft_replace_stored_results_only_with_store(tmp_path, monkeyp
     assert written[-1] == (data / "experiments" / "family-addition-3.json", True)
     assert main(["family", "--task", "addition", "--store", "--out", "x.json"]) == 2
 
-    def fake_sft(task, tok, out, config, progress):
+    def fake_sft(task, tok, out, config, progress, device):
         written.append((Path(out), None))
+        assert device == "auto"  # the command's --device, resolved by make_sft_checkpoint
         return Path(out)
 
     monkeypatch.setattr(runs, "make_sft_checkpoint", fake_sft)
