@@ -13,9 +13,9 @@ free port; ``--rdzv-id`` names the job)::
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
         --rdzv-id strategies-1 -m rlm_course.distributed strategies --time
 
-Each rank picks its backend from its device (``--device auto``: NCCL on a GPU machine, gloo
-otherwise; ``grpo`` takes gloo, its RL loop runs on CPU tensors) and runs one intra-op thread
-(``--threads``). Rank 0 prints; the last line is one JSON object with the results.
+Each rank picks its backend from its device (``--device auto``: NCCL on a GPU machine, one GPU
+per rank, gloo otherwise; for ``grpo`` the worker's own ``--device`` says the same) and runs one
+intra-op thread (``--threads``). Rank 0 prints; the last line is one JSON object with the results.
 
 The worker's options are checked before any process group is joined (bad input: rank 0 prints
 one line, every rank exits with code 2). A rank that fails prints one line (its rank, the
@@ -200,6 +200,24 @@ def _collectives(ctx, args) -> dict:
                      for n, f in fits[ctx.world_size].items()}}
 
 
+def _grpo_device(launcher: str, rest: list[str]) -> str:
+    """The device of a ``grpo`` worker: the launcher's ``--device``, or (when that is ``auto``) the
+    worker's own ``--device`` (the one ``python -m rlm_course grpo`` takes).
+
+    Raises:
+        ValueError: when both are given and differ.
+    """
+    from rlm_course.arguments import rl_run_parser
+
+    own = rl_run_parser().parse_args(rest).device
+    if launcher == "auto":
+        return own
+    if own not in ("auto", launcher):
+        raise ValueError(f"grpo: --device {launcher} for the launcher but --device {own} for the "
+                         "worker; give one of them.")
+    return launcher
+
+
 def _grpo(ctx, rest: list[str]) -> dict:
     import torch.distributed as dist
 
@@ -277,10 +295,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     rank, world = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
     prepare_rank_process()
+    device = args.device
     try:  # bad input: one line from rank 0, before any rank joins the group
         size = int(world) if world.isdigit() else 1
         if args.worker == "grpo":
             check_worker_options("grpo", rest, size)
+            device = _grpo_device(args.device, rest)
         elif args.worker == "strategies":
             from rlm_course.distributed.strategies.setup import select
 
@@ -292,8 +312,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    # the RL loop runs on CPU tensors: GRPO takes gloo unless told otherwise
-    device = "cpu" if args.worker == "grpo" and args.device == "auto" else args.device
     try:
         ctx = init_from_env(device, args.threads, args.timeout)
         try:

@@ -239,6 +239,8 @@ class DistributedRLTrainer(RLTrainer):
         self.timer = RecordingTimer(origin, rank)
         self.comm = _CommState(world, origin, rank)
         kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        if self.device.type == "cuda":  # one GPU per rank (NCCL)
+            kwargs["device_ids"] = [self.device]
         self.policy = DataParallelPolicy(policy, self.comm,
                                          weigh_tokens and config.loss_agg == "token-mean", **kwargs)
 
@@ -263,7 +265,8 @@ class DistributedRLTrainer(RLTrainer):
 
         mine = self.eval_problems[self.rank::self.world_size]
         result = evaluate(self.model, self.task.task, mine, self.tokenizer)
-        correct = torch.tensor([round(result.accuracy * len(mine))], dtype=torch.float64)
+        correct = torch.tensor([round(result.accuracy * len(mine))], dtype=torch.float64,
+                               device=self.device)  # NCCL reduces GPU tensors only
         dist.all_reduce(correct)
         return correct.item() / max(len(self.eval_problems), 1)
 
@@ -381,19 +384,17 @@ def _grpo_job(ctx: RankContext, task, config: RLConfig, run_dir: Path, sft_check
               stop: graceful_interrupt) -> dict | None:
     from tqdm.auto import tqdm
 
+    from rlm_course.devices import device_description
     from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
     from rlm_course.lm.tokenizer import CharTokenizer
     from rlm_course.tasks.eval_sets import load_eval_set
     from rlm_course.utils import atomic_write_json, atomic_write_text, seed_everything
 
-    if ctx.device.type != "cpu":
-        raise ValueError(f"data-parallel GRPO runs the course's RL loop on CPU tensors; this rank "
-                         f"was given {ctx.device} ({ctx.backend}): run it with gloo "
-                         "(--device cpu under torchrun; launch(..., device='cpu')).")
     tokenizer = CharTokenizer()
     eval_problems = load_eval_set(task)
     state = load_checkpoint(run_dir / "checkpoint.pt") if resume else None
-    policy = (state if resume else load_checkpoint(sft_checkpoint))["model"]
+    # on the rank's device: the CPU with gloo, its own GPU with NCCL
+    policy = (state if resume else load_checkpoint(sft_checkpoint))["model"].to(ctx.device)
     seed_everything(config.seed)
     dist.barrier()
     origin = time.perf_counter()
@@ -420,7 +421,7 @@ def _grpo_job(ctx: RankContext, task, config: RLConfig, run_dir: Path, sft_check
                             algorithm=config.algorithm, config=dataclasses.asdict(config),
                             trainer=trainer.state_dict(), totals=dict(totals), sft=sft_info,
                             accuracy_before=accuracy_before, world_size=ctx.world_size,
-                            threads=ctx.threads)
+                            threads=ctx.threads, device=ctx.device.type)
         dist.barrier()
 
     bar = tqdm(total=config.steps, initial=trainer.step_count,
@@ -467,6 +468,7 @@ def _grpo_job(ctx: RankContext, task, config: RLConfig, run_dir: Path, sft_check
     summary = {
         "task": task.key, "algorithm": config.algorithm, "seed": config.seed,
         "steps": config.steps, "world_size": ctx.world_size,
+        "device": device_description(ctx.device), "backend": ctx.backend,
         "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
         "accuracy_gain_points": round(100 * (accuracy_after - accuracy_before), 1),
         "wall_seconds": round(totals["wall_seconds"], 2),
@@ -609,7 +611,12 @@ def run_rl_distributed(task, config: RLConfig, nproc: int, name: str | None = No
 
     run_dir, path = prepare_run(task, config, nproc, name, out_dir, overwrite, sft_checkpoint,
                                 progress, log, resume)
-    log(f"{config.algorithm.upper()} on {nproc} data-parallel processes (1 thread each); "
+    from rlm_course.devices import resolve_device
+
+    device = resolve_device(launch_options.setdefault("device", "cpu"))
+    each = "one GPU each, NCCL" if device == "cuda" else f"{launch_options.get('threads', 1)} " \
+        f"thread{'s' if launch_options.get('threads', 1) != 1 else ''} each, gloo"
+    log(f"{config.algorithm.upper()} on {nproc} data-parallel processes ({each}); "
         f"{config.prompts_per_step // nproc} prompts x {config.group_size} responses per rank "
         "per step.")
     launch_options.setdefault("log_file", Path(run_dir) / "failure.log")
