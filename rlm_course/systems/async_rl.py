@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from rlm_course.devices import generator_on
 from rlm_course.rl.batch import Batch
 from rlm_course.rl.losses import policy_loss
 from rlm_course.rl.off_policy import behaviour_weights
@@ -204,7 +205,7 @@ class PartialRollout:
         problems = trainer.task.problems(cfg.prompts_per_step, derived_seed(cfg.seed, step, 1),
                                          trainer.exclude)
         seed = derived_seed(cfg.seed, step, 2, *((share,) if shares > 1 else ()))
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = generator_on(trainer.device, seed)  # sampling's device
         self.budget = trainer.max_new_tokens
         self.rows = [InFlight(i * cfg.group_size + j, p, tok.encode(p.prompt, bos=True))
                      for i, p in enumerate(problems) if i % shares == share
@@ -241,11 +242,11 @@ class PartialRollout:
             for r in rows:
                 r.finished = True
             return 0
-        prompt = torch.full((len(rows), width), tok.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.bool)
-        for k, p in enumerate(prefixes):
-            prompt[k, width - len(p):] = torch.tensor(p)
-            mask[k, width - len(p):] = True
+        device = self.trainer.device
+        prompt = torch.tensor([[tok.pad_id] * (width - len(p)) + p for p in prefixes],
+                              dtype=torch.long, device=device)
+        mask = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prefixes],
+                            dtype=torch.bool, device=device)
         out = generate(model, prompt, mask, steps, tok.eos_id, tok.pad_id,
                        temperature=self.trainer.config.temperature, generator=self.generator)
         generated = 0
@@ -302,21 +303,23 @@ def rows_to_batch(trainer, rows: list[InFlight]) -> Batch:
     tok, cfg = trainer.tokenizer, trainer.config
     n, plen = len(rows), max(len(r.prompt) for r in rows)
     width = max(len(r.tokens) for r in rows)
-    tokens = torch.full((n, plen + width), tok.pad_id, dtype=torch.long)
-    attention = torch.zeros((n, plen + width), dtype=torch.bool)
-    log_probs = torch.zeros((n, width))
-    versions = torch.full((n, width), -1, dtype=torch.long)
-    for i, r in enumerate(rows):
-        tokens[i, plen - len(r.prompt):plen] = torch.tensor(r.prompt)
-        attention[i, plen - len(r.prompt):plen + len(r.tokens)] = True
-        tokens[i, plen:plen + len(r.tokens)] = torch.tensor(r.tokens, dtype=torch.long)
-        log_probs[i, :len(r.tokens)] = torch.tensor(r.log_probs)
-        versions[i, :len(r.tokens)] = torch.tensor(r.versions, dtype=torch.long)
+    device = trainer.device
+    # built as Python lists, then one tensor each on the trainer's device
+    tokens = torch.tensor([[tok.pad_id] * (plen - len(r.prompt)) + r.prompt + r.tokens
+                           + [tok.pad_id] * (width - len(r.tokens)) for r in rows],
+                          dtype=torch.long, device=device)
+    attention = torch.tensor([[False] * (plen - len(r.prompt)) + [True] * (len(r.prompt)
+                              + len(r.tokens)) + [False] * (width - len(r.tokens)) for r in rows],
+                             dtype=torch.bool, device=device)
+    log_probs = torch.tensor([r.log_probs + [0.0] * (width - len(r.tokens)) for r in rows],
+                             dtype=torch.float32, device=device)
+    versions = torch.tensor([r.versions + [-1] * (width - len(r.tokens)) for r in rows],
+                            dtype=torch.long, device=device)
     rollout = Rollout(tokens, attention, attention[:, plen:].clone(), log_probs, plen)
     problems = [r.problem for r in rows]
     verdicts = [trainer.task.verify(p, tok.decode_response(resp))
                 for p, resp in zip(problems, rollout.responses)]
-    rewards = torch.tensor([v.reward for v in verdicts])
+    rewards = torch.tensor([v.reward for v in verdicts], device=device)
     if cfg.overlong_buffer:
         rewards = rewards + overlong_penalty(rollout.response_lengths(), trainer.max_new_tokens,
                                              cfg.overlong_buffer)

@@ -111,10 +111,10 @@ class WorkerBase:
         return self.recorder.take()
 
     def _broadcast(self, buffer: torch.Tensor, src: int, group) -> None:
-        """``dist.broadcast`` of a CPU buffer: through the worker's device when the backend
-        needs one (NCCL moves only GPU tensors; the RL models of this course compute on the
-        CPU)."""
-        if self.device == "cpu":
+        """``dist.broadcast`` of a buffer: in place when it is on the backend's device, through
+        the worker's GPU when it is a CPU buffer and the backend is NCCL (which moves only GPU
+        tensors)."""
+        if buffer.device.type == self.device:
             dist.broadcast(buffer, src, group=group)
         else:
             staged = buffer.to(self.device)
@@ -210,7 +210,7 @@ class RolloutMixin:
         with self.recorder("generation", version=self.rollout_version, step=step) as detail:
             batch = tag_versions(self.rollout_trainer.collect(step), self.rollout_version)
             detail.update(tokens=int(batch.lengths.sum()), responses=batch.generated)
-        return batch
+        return batch.to("cpu")  # through Ray's object store on the host, as verl's batches go
 
     def start_and_advance(self, step: int, max_tokens: int):
         """Start the batch of iteration ``step`` as a partial rollout and decode its first
@@ -226,7 +226,7 @@ class RolloutMixin:
             detail["tokens"] = self.inflight.advance(self.rollout_model, self.rollout_version,
                                                      max_tokens)
             if self.inflight.done:
-                batch = self.inflight.batch()
+                batch = self.inflight.batch().to("cpu")
                 self.inflight = None
         return batch
 
@@ -260,6 +260,7 @@ class TrainerMixin:
         trainer, pipe = self.trainer, self.pipe
         step = trainer.step_count + 1
         start = self.recorder.clock()
+        batch = batch.to(trainer.device)
         metrics = trainer.step(batch)
         end = self.recorder.clock()
         scoring = metrics.get("seconds_scoring", 0.0)
@@ -396,7 +397,8 @@ class RLWorker(RolloutMixin, TrainerMixin, FusionMixin, WeightSyncMixin, Reshard
                              seed=derived_seed(config.seed, 7, dp_rank))
         self.task, self.config, self.tokenizer = task, config, CharTokenizer()
         self.eval_problems = load_eval_set(task)
-        policy = load_checkpoint(spec["checkpoint"])["model"]
+        # on the worker's device: its GPU when the group runs NCCL (one GPU per Ray bundle)
+        policy = load_checkpoint(spec["checkpoint"])["model"].to(self.device)
         if "actor" in self.roles:
             self.trainer = RLTrainer(policy, task, self.tokenizer, config, self.eval_problems)
             if dp_size > 1:
