@@ -124,14 +124,45 @@ def get_device(name: str) -> Device:
     return devices[name]
 
 
-def matmul_peak(sizes=(512, 1024, 2048), repeats: int = 3) -> tuple[float, dict]:
-    """Best fp32 ``n x n`` matmul throughput (FLOP/s) over ``sizes``: this machine's peak."""
+def matmul_peak(sizes=(512, 1024, 2048), repeats: int = 3, device: str = "cpu",
+                dtype: torch.dtype = torch.float32) -> tuple[float, dict]:
+    """Best ``n x n`` matmul throughput (FLOP/s) over ``sizes`` in ``dtype`` on ``device``: this
+    machine's peak (on a GPU each timing waits for the kernels: ``torch.cuda.synchronize``)."""
     results = {}
     for n in sizes:
-        a, b = torch.randn(n, n), torch.randn(n, n)
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
         a @ b  # warm-up
-        results[n] = 2 * n**3 / best_seconds(lambda: a @ b, repeats)
+        results[n] = 2 * n**3 / best_seconds(synchronized(lambda: a @ b, device), repeats)
     return max(results.values()), results
+
+
+def synchronized(fn, device: str | torch.device = "cpu"):
+    """``fn`` followed by a wait for the device's queued kernels (a no-op on the CPU), so that a
+    wall-clock timing of it counts the GPU's work."""
+    if torch.device(device).type != "cuda":
+        return fn
+
+    def run():
+        out = fn()
+        torch.cuda.synchronize(device)
+        return out
+
+    return run
+
+
+def catalog_device_for(name: str) -> Device | None:
+    """The catalog's device whose model (the part of its key before the first dash: ``H200``,
+    ``A100``) appears as a word in a CUDA device name such as ``"NVIDIA H200"`` or ``"NVIDIA
+    A100-SXM4-80GB"``; None when none does (e.g. a consumer GPU). A PCIe card matches its SXM
+    entry, whose peaks are higher."""
+    import re
+
+    for key, device in load_catalog().items():
+        model = key.split("-")[0]
+        if model != "this" and re.search(rf"(?<![A-Za-z0-9]){re.escape(model)}(?![0-9])", name):
+            return device
+    return None
 
 
 def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:

@@ -51,7 +51,8 @@ import time
 import torch
 
 from rlm_course.cost.flops import count_flops
-from rlm_course.cost.hardware import matmul_peak
+from rlm_course.cost.hardware import catalog_device_for, matmul_peak, synchronized
+from rlm_course.devices import device_description, generator_on, resolve_device
 from rlm_course.lm.model import ModelConfig, TinyGPT, forward_flops
 from rlm_course.lm.sampling import generate, response_log_probs
 from rlm_course.lm.tokenizer import CharTokenizer
@@ -71,26 +72,29 @@ def _time(fn, repeats: int) -> list[float]:
     return out
 
 
-def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64) -> dict:
-    """KV-cache decoding vs recomputing the prefix, same model, prompts and seed."""
+def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64,
+                   device: str = "cpu") -> dict:
+    """KV-cache decoding vs recomputing the prefix, same model, prompts and seed, on ``device``;
+    on a GPU also the decode roofline: the bytes every decode step must read (weights and the
+    KV cache so far) at the catalog's memory bandwidth."""
     seed_everything(0)
     tok = CharTokenizer()
     base = default_model_config(tok)
     config = ModelConfig(**{**base.to_dict(), "max_seq_len": 128})
-    model = TinyGPT(config).eval()
+    model = TinyGPT(config).eval().to(device)
     problems = get_task("addition").problems(batch, seed=0)
-    prompts, mask = tok.encode_prompts([p.prompt for p in problems])
+    prompts, mask = tok.encode_prompts([p.prompt for p in problems], device)
 
     def run(use_cache: bool):
         # eos_id=-1 never matches: every sequence generates exactly new_tokens tokens
         return generate(model, prompts, mask, new_tokens, eos_id=-1, pad_id=tok.pad_id,
-                        generator=torch.Generator().manual_seed(0), use_cache=use_cache)
+                        generator=generator_on(device, 0), use_cache=use_cache)
 
     same = torch.equal(run(True).tokens, run(False).tokens)
     cached, recomputed = [], []
     for _ in range(repeats):  # alternate so that machine noise hits both alike
-        cached += _time(lambda: run(True), 1)
-        recomputed += _time(lambda: run(False), 1)
+        cached += _time(synchronized(lambda: run(True), device), 1)
+        recomputed += _time(synchronized(lambda: run(False), device), 1)
     t_cache, t_recompute = statistics.median(cached), statistics.median(recomputed)
     p = prompts.shape[1]
     flops_cache = forward_flops(config, p, batch=batch) + sum(
@@ -105,33 +109,60 @@ def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64) -> d
         ["recompute prefix", f"{t_recompute * 1e3:.1f}", f"{tokens / t_recompute:,.0f}",
          f"{flops_recompute / 1e9:.2f}", f"{t_recompute / t_cache:.2f}"],
     ], ["method", "ms", "tokens/s", "GFLOP", "time vs cache"]))
-    return {"bench": "sampling", "batch": batch, "new_tokens": new_tokens, "prompt_len": p,
-            "identical_samples": same, "kv_cache_seconds": t_cache,
+    out = {"bench": "sampling", "device": device_description(device), "batch": batch,
+           "new_tokens": new_tokens, "prompt_len": p}
+    gpu = catalog_device_for(torch.cuda.get_device_name(device)) if device != "cpu" else None
+    if gpu is not None:
+        weights = sum(q.numel() * q.element_size() for q in model.parameters())
+        per_token_kv = 2 * config.n_layer * config.d_model * 4 * batch  # K and V, fp32
+        read = sum(weights + per_token_kv * (p + t + 1) for t in range(new_tokens))
+        floor = read / gpu.memory_bandwidth
+        print(f"decode roofline on {gpu.name}: {read / 1e6:.1f} MB read in {new_tokens} steps at "
+              f"{gpu.memory_bandwidth / 1e12:.1f} TB/s = {floor * 1e3:.3f} ms; the KV-cache run "
+              f"takes {t_cache / floor:.0f}x that (a model this small is bound by kernel launches, "
+              "not by memory)")
+        out.update(catalog_device=gpu.name, decode_roofline_seconds=floor,
+                   kv_cache_over_roofline=t_cache / floor)
+    return {**out, "identical_samples": same, "kv_cache_seconds": t_cache,
             "recompute_seconds": t_recompute, "kv_cache_tokens_per_s": tokens / t_cache,
             "recompute_tokens_per_s": tokens / t_recompute,
             "kv_cache_gflop": flops_cache / 1e9, "recompute_gflop": flops_recompute / 1e9,
             "kv_cache_speedup": t_recompute / t_cache}
 
 
-def bench_train(repeats: int = 5) -> dict:
-    """One GRPO training step at the default mini-batch, against the measured matmul peak."""
+def bench_train(repeats: int = 5, device: str = "cpu", bf16: bool = False,
+                peak_sizes: tuple[int, ...] = (512, 1024, 2048)) -> dict:
+    """One GRPO training step at the default mini-batch on ``device``, against the matmul peak
+    measured in the same run (and, on a catalog GPU, against its datasheet bf16 peak: MFU).
+    ``bf16``: the forward under ``torch.autocast`` in bfloat16 (the master weights, the optimizer
+    and the loss stay fp32), and the matmul peak measured in bf16; ``peak_sizes``: the square
+    matmuls that measure the peak."""
+    from contextlib import nullcontext
+
     from rlm_course.algorithms import GRPOConfig
 
     seed_everything(0)
     tok, task, cfg = CharTokenizer(), get_task("addition"), GRPOConfig()
-    model = TinyGPT(default_model_config(tok))
+    model = TinyGPT(default_model_config(tok)).to(device)
     batch = cfg.prompts_per_step * cfg.group_size // cfg.minibatches
     problems = task.problems(batch, seed=0)
-    prompts, mask = tok.encode_prompts([p.prompt for p in problems])
+    prompts, mask = tok.encode_prompts([p.prompt for p in problems], device)
     rollout = generate(model, prompts, mask, task.max_response_len, tok.eos_id, tok.pad_id,
-                       generator=torch.Generator().manual_seed(0))
+                       generator=generator_on(device, 0))
     seq = rollout.tokens.shape[1]
     old = response_log_probs(model, rollout.tokens, rollout.attention_mask, rollout.prompt_len).detach()
-    advantages = group_advantages(torch.rand(batch), cfg.group_size)
+    advantages = group_advantages(torch.rand(batch, device=device), cfg.group_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+
+    def autocast():
+        return (torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if bf16
+                else nullcontext())
 
     def step():
-        logp = response_log_probs(model, rollout.tokens, rollout.attention_mask, rollout.prompt_len)
+        with autocast():
+            logp = response_log_probs(model, rollout.tokens, rollout.attention_mask,
+                                      rollout.prompt_len)
         loss, _ = policy_loss(logp, old, advantages, rollout.response_mask, cfg.ratio_level,
                               cfg.clip_eps, cfg.clip_high, cfg.loss_agg)
         optimizer.zero_grad(set_to_none=True)
@@ -141,25 +172,37 @@ def bench_train(repeats: int = 5) -> dict:
     step()  # warm-up
     measured_flops, _ = count_flops(step)
     predicted = 3 * forward_flops(model.config, seq, batch=batch)
-    peak, per_size = matmul_peak()
+    peak, per_size = matmul_peak(sizes=peak_sizes, device=device, dtype=dtype)
+    timed = synchronized(step, device)
     times = []
     for _ in range(repeats):
-        times += _time(step, 1)
-        peak = max(peak, matmul_peak(sizes=(max(per_size, key=per_size.get),), repeats=1)[0])
+        times += _time(timed, 1)
+        peak = max(peak, matmul_peak(sizes=(max(per_size, key=per_size.get),), repeats=1,
+                                     device=device, dtype=dtype)[0])
     t = statistics.median(times)
     achieved = predicted / t
     fraction = achieved / peak
     tokens = batch * seq
-    print(f"GRPO training step: {batch} sequences x {seq} tokens, threads={torch.get_num_threads()}, "
-          f"median of {repeats}")
+    where = (f"threads={torch.get_num_threads()}" if device == "cpu"
+             else device_description(device))
+    print(f"GRPO training step: {batch} sequences x {seq} tokens, {where}"
+          f"{', bf16 autocast' if bf16 else ''}, median of {repeats}")
     print(format_table([
         ["train step", f"{t * 1e3:.1f}", f"{tokens / t:,.0f}", f"{predicted / 1e9:.2f}",
          f"{achieved / 1e9:.1f}", f"{fraction:.2f}"],
-        ["fp32 matmul peak", "", "", "", f"{peak / 1e9:.1f}", "1.00"],
+        [f"{'bf16' if bf16 else 'fp32'} matmul peak", "", "", "", f"{peak / 1e9:.1f}", "1.00"],
     ], ["what", "ms", "tokens/s", "GFLOP", "GFLOP/s", "of matmul peak"]))
+    extra = {}
+    gpu = catalog_device_for(torch.cuda.get_device_name(device)) if device != "cpu" else None
+    if gpu is not None:
+        extra = {"catalog_device": gpu.name, "mfu": achieved / gpu.peak_flops}
+        print(f"MFU against {gpu.name}'s datasheet dense bf16 peak ({gpu.peak_flops / 1e12:.0f} "
+              f"TFLOP/s): {achieved / gpu.peak_flops:.4f} (a 0.8M-parameter model cannot fill a "
+              "GPU: the point is the measurement, not the number)")
     print(f"analytic FLOPs / flop_counter FLOPs = {predicted / measured_flops:.3f}; matmul GFLOP/s by "
           "size: " + ", ".join(f"{n}: {v / 1e9:.0f}" for n, v in per_size.items()))
-    return {"bench": "train", "batch": batch, "seq_len": seq, "threads": torch.get_num_threads(),
+    return {"bench": "train", "device": device_description(device), "bf16": bf16, **extra,
+            "batch": batch, "seq_len": seq, "threads": torch.get_num_threads(),
             "step_seconds": t, "tokens_per_s": tokens / t, "flops_per_step": predicted,
             "flop_counter_flops_per_step": measured_flops, "achieved_flops_per_s": achieved,
             "matmul_peak_flops_per_s": peak, "fraction_of_matmul_peak": fraction}
@@ -487,15 +530,26 @@ def bench_realrun(repeats: int = 5) -> dict:
             "all_within_20_percent": all(r["ok"] for rows in out.values() for r in rows)}
 
 
-def main(what: str, repeats: int = 5) -> int:
+#: The benchmarks that take ``--device`` (the others measure the CPU, or processes and Ray).
+DEVICE_BENCHES = ("sampling", "train")
+
+
+def main(what: str, repeats: int = 5, device: str | None = None, bf16: bool = False) -> int:
     """Run benchmark ``what`` (``python -m rlm_course bench <what>``) with ``repeats`` timings and
-    print its result as one JSON line.
+    print its result as one JSON line. ``device`` (``sampling``, ``train``; None: auto) and
+    ``bf16`` (``train``) as in :func:`bench_train`.
 
     Raises:
-        ValueError: for ``repeats`` below 1 or an unknown benchmark.
+        ValueError: for ``repeats`` below 1, an unknown benchmark, a device for a benchmark that
+            has none, ``bf16`` for another benchmark than ``train``.
     """
     if repeats <= 0:
         raise ValueError(f"--repeats={repeats} must be positive.")
+    if device is not None and what not in DEVICE_BENCHES:
+        raise ValueError(f"--device: bench {what} has no device option (only "
+                         f"{', '.join(DEVICE_BENCHES)} do); drop --device.")
+    if bf16 and what != "train":
+        raise ValueError(f"--bf16: only bench train has it, not bench {what}; drop --bf16.")
     from rlm_course.parallel.bench import bench_parallel
 
     benches = {"sampling": bench_sampling, "train": bench_train, "family": bench_family,
@@ -504,6 +558,10 @@ def main(what: str, repeats: int = 5) -> int:
                "simulator": bench_simulator, "realrun": bench_realrun}
     if what not in benches:
         raise ValueError(f"unknown benchmark {what!r}; choose one of {', '.join(benches)}.")
-    result = benches[what](repeats)
+    if what in DEVICE_BENCHES:
+        result = benches[what](repeats, device=resolve_device(device or "auto"),
+                               **({"bf16": bf16} if what == "train" else {}))
+    else:
+        result = benches[what](repeats)
     print(json.dumps(result))
     return 0
