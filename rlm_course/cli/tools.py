@@ -1,5 +1,5 @@
-"""The tools of the command line: ``bench``, ``distributed`` (a worker under torchrun),
-``grade``, ``exercises``, ``hardware`` and ``make-eval-sets``."""
+"""The tools of the command line: ``bench``, ``gpu-check``, ``distributed`` (a worker under
+torchrun), ``grade``, ``exercises``, ``hardware`` and ``make-eval-sets``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ from rlm_course.tasks import TASKS, get_task
 def _bench(args) -> int:
     from rlm_course.tools import bench
 
-    return bench.main(args.what, repeats=args.repeats)
+    return bench.main(args.what, repeats=args.repeats, device=args.device, bf16=args.bf16)
+
+
+def _gpu_check(args) -> int:
+    from rlm_course.tools.gpu_check import main
+
+    return main()
 
 
 def _distributed(args) -> int:
@@ -69,13 +75,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("what", choices=["sampling", "train", "family", "parallel", "memory", "peer",
                                     "collectives", "systems", "simulator", "realrun"])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
+                   help="sampling and train: where they run (default auto: CUDA when torch sees "
+                        "a GPU); on a catalog GPU they add MFU and the decode roofline")
+    p.add_argument("--bf16", action="store_true",
+                   help="train: the forward under bf16 autocast (fp32 master weights)")
     p.set_defaults(func=_bench)
+
+    p = sub.add_parser("gpu-check", help="check the course on this machine's GPU against the CPU "
+                                         "(forward/backward, a GRPO step, the demo learns, the "
+                                         "strategies on NCCL, timings vs the roofline); JSON last "
+                                         "line")
+    p.set_defaults(func=_gpu_check)
 
     p = sub.add_parser("distributed", help="run a worker of rlm_course.distributed under torchrun "
                                            "on this machine (hello, strategies, collectives, grpo)")
     p.add_argument("worker", help="hello, strategies, collectives or grpo")
     p.add_argument("--nproc", type=int, default=2, help="processes (torchrun --nproc-per-node)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="options of the worker")
+    p.add_argument("rest", nargs=argparse.REMAINDER,
+                   help="launcher options (--port --device --threads --timeout --debug), then "
+                        "-- and the options of the worker")
     p.set_defaults(func=_distributed)
 
     p = sub.add_parser("grade", help="autograde the exercises (yours, or the worked solutions)")
