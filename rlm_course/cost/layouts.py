@@ -301,7 +301,7 @@ def check_training(spec: TransformerSpec, layout: Layout, device: Device, seq_le
     if total > room:
         parts = ", ".join(f"{k} {v / GB:,.1f}" for k, v in memory.items() if v)
         fixes = []
-        if layout.zero < 3:
+        if layout.zero < 3 and layout.dp > 1:  # one data-parallel rank: nothing to shard
             fixes.append("shard with ZeRO-3/FSDP (zero=3)")
         fixes.append("split each model copy over more GPUs (raise tp or pp)")
         if not layout.offload:

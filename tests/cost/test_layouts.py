@@ -27,6 +27,10 @@ def test_training_memory_uses_zero_and_refuses_what_does_not_fit():
         check_training(spec, Layout(dp=8), H100, 4096, role="trainer")
     offloaded = training_memory(spec, Layout(dp=8, tp=8, offload=True), 4096)
     assert offloaded["optimizer"] == 0
+    # one data-parallel rank: ZeRO-3 has nothing to shard, so it is not offered
+    with pytest.raises(DoesNotFit, match="raise tp or pp") as one_rank:
+        check_training(spec, Layout(dp=1), H100, 4096, role="trainer")
+    assert "ZeRO-3" not in str(one_rank.value)
 
 
 def test_expert_parallelism_shards_the_experts():
