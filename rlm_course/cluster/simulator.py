@@ -224,7 +224,8 @@ class Scenario:
 
     def describe(self) -> str:
         pools = ("colocated" if self.placement == "colocated" else
-                 f"disaggregated {self.rollout_gpus}:{self.trainer_pool}")
+                 f"disaggregated: {self.rollout_gpus} rollout GPUs + {self.trainer_pool} "
+                 "training GPUs")
         return (f"{pools}, generation tp{self.generation_tp} x {self.replicas}, trainer "
                 f"{self.trainer_layout.describe()}, {self.mode.name}"
                 + (", offload" if self.offload_trainer else ""))

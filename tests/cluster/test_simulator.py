@@ -154,3 +154,8 @@ def test_nonsense_rates_and_modes_are_refused():
         Scenario(get_spec("qwen2.5-7b"), preset("grpo"),
                  Workload.long_tailed(8, 4, 64, 100, 0.5, 400),
                  Cluster(get_device("H100-SXM-80GB"), 8), mode="async")
+
+
+def test_a_scenario_names_which_pool_is_which():
+    text = _scenario(placement="disaggregated", rollout_gpus=6).describe()
+    assert text.startswith("disaggregated: 6 rollout GPUs + 10 training GPUs, generation tp")
