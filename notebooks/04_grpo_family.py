@@ -209,7 +209,7 @@ assert generated >= trained and all(m["responses_trained"] <= 512 for m in dapo_
 #
 # The longer comparison is a CLI experiment: each preset for 150 steps, seeds 0-2, each run in its
 # own process. Its results are stored in `data/experiments/family-addition-3.json`, together with
-# the command that made them; rerun it (about an hour: the stored runs' processes took 55
+# the command that made them; rerun it (a little over an hour: the stored runs' processes took 68
 # minutes in all, printed below) to reproduce or extend them.
 
 # %%
