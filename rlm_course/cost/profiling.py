@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from rlm_course.cost import flops as _flops  # noqa: F401  (registers the CPU attention FLOP formulas)
@@ -140,6 +142,73 @@ def where_time_goes(fn, flops: float, peak_flops: float | None = None, repeats: 
             "rest": max(0.0, wall - matmul - attention), "operators": calls,
             "launch_floor": calls * dispatch_floor(), "flop_floor": flops / peak, "flops": flops,
             "peak_flops": peak}
+
+
+class _KernelRecorder(TorchDispatchMode):
+    """Records every matmul and attention call that reaches the dispatcher (forward and
+    backward), keeping a copy of the inputs of the first call of each signature and the count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[tuple, list] = {}  # signature -> [func, args, kwargs, count]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = f"aten::{func.__name__.split('.')[0]}"
+        if name in MATMUL_OPS or ATTENTION_MARK in name:
+            signature = (str(func),) + tuple(
+                (tuple(a.shape), a.dtype, a.stride()) if isinstance(a, torch.Tensor) else repr(a)
+                for a in (*args, *kwargs.values()))
+            if signature in self.calls:
+                self.calls[signature][3] += 1
+            else:
+                def keep(x):
+                    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+                self.calls[signature] = [func, tree_map(keep, args), tree_map(keep, kwargs), 1]
+        return func(*args, **kwargs)
+
+
+def kernel_floor(fn, repeats: int = 5, inner: int = 10, device: str = "cpu") -> dict:
+    """The **kernel floor** of ``fn()`` (a decode step, a train step): the time its own matmul and
+    attention kernels need when each is timed alone at its shapes, in this process, summed over
+    the calls. What the step spends above it goes to the small kernels and the framework.
+
+    One run of ``fn`` under a ``TorchDispatchMode`` records every matmul (mm, addmm, bmm, baddbmm)
+    and scaled-dot-product-attention call that reaches the dispatcher, forward and backward, with
+    a copy of its inputs (one per distinct signature: op, shapes, dtypes, strides, arguments);
+    each signature is then replayed ``inner`` times in a row, best of ``repeats``, times its count
+    (on a GPU, waiting for the kernels: ``device``).
+
+    Returns:
+        ``{"seconds", "calls", "signatures", "by_op": {op: seconds}}``.
+
+    Raises:
+        ValueError: for non-positive ``repeats`` or ``inner``, or an ``fn`` that makes no matmul.
+    """
+    from rlm_course.cost.hardware import synchronized
+
+    if repeats <= 0 or inner <= 0:
+        raise ValueError(f"kernel_floor: repeats={repeats} and inner={inner} must be positive.")
+    recorder = _KernelRecorder()
+    with recorder:
+        fn()
+    if not recorder.calls:
+        raise ValueError("kernel_floor: fn() made no matmul or attention call; pass the step "
+                         "itself (a model forward, or a train step).")
+    total, calls, by_op = 0.0, 0, {}
+    with torch.no_grad():
+        for func, args, kwargs, count in recorder.calls.values():
+            def run(func=func, args=args, kwargs=kwargs):
+                for _ in range(inner):
+                    func(*args, **kwargs)
+            run = synchronized(run, device)
+            run()  # warm-up
+            seconds = best_seconds(run, repeats) / inner * count
+            op = f"aten::{func.__name__.split('.')[0]}"
+            by_op[op] = by_op.get(op, 0.0) + seconds
+            total += seconds
+            calls += count
+    return {"seconds": total, "calls": calls, "signatures": len(recorder.calls), "by_op": by_op}
 
 
 def measure_step(trainer) -> dict:

@@ -6,12 +6,16 @@ a number remembered from another machine.
 
 * ``sampling``: generating 64 new tokens for a batch of 64 prompts with the KV cache vs
   recomputing the whole prefix at every step (the same samples; see
-  :func:`rlm_course.lm.sampling.generate`). Key: ``kv_cache_speedup``.
+  :func:`rlm_course.lm.sampling.generate`), and the KV-cache run against its kernel floor (its
+  own matmul and attention calls timed alone, :func:`rlm_course.cost.profiling.kernel_floor`) and
+  its FLOP floor at the matmul peak measured in the same run. Keys: ``kv_cache_speedup``,
+  ``kv_cache_over_kernel_floor``, ``kv_cache_over_flop_floor``.
 * ``train``: one GRPO training step (forward, clipped loss, backward, AdamW) at the default
   mini-batch; tokens/s, achieved FLOP/s from the analytic count (checked against
   ``torch.utils.flop_counter``), and achieved / the best fp32 matmul throughput measured in the
   same run. That is MFU's form, but its denominator is this machine's measured matmul rate, not a
-  datasheet peak, so the key says what it is: ``fraction_of_matmul_peak``.
+  datasheet peak, so the key says what it is: ``fraction_of_matmul_peak``; and the step against
+  its kernel floor (``step_over_kernel_floor``).
 * ``parallel``: every simulated parallelism strategy at degrees 2, 4, 8 on the tiny model: wall
   time relative to one device (the simulation's overhead), bytes per rank, and the alpha-beta
   prediction of the communication time (:mod:`rlm_course.parallel.bench`).
@@ -52,6 +56,7 @@ import torch
 
 from rlm_course.cost.flops import count_flops
 from rlm_course.cost.hardware import catalog_device_for, matmul_peak, synchronized
+from rlm_course.cost.profiling import kernel_floor
 from rlm_course.devices import device_description, generator_on, resolve_device
 from rlm_course.lm.model import ModelConfig, TinyGPT, forward_flops
 from rlm_course.lm.sampling import generate, response_log_probs
@@ -99,11 +104,21 @@ def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64,
     p = prompts.shape[1]
     flops_cache = forward_flops(config, p, batch=batch) + sum(
         forward_flops(config, 1, p + t + 1, batch) for t in range(new_tokens - 1))
+    # the floors of the KV-cache run: its own matmuls and attention calls timed alone, and its
+    # FLOPs at the matmul peak measured now
+    kernels = kernel_floor(lambda: run(True), repeats=repeats, device=device)
+    peak = matmul_peak(device=device)[0]
+    flop_floor = flops_cache / peak
     flops_recompute = forward_flops(config, p, batch=batch) + sum(
         forward_flops(config, p + t + 1, batch=batch) for t in range(new_tokens - 1))
     tokens = batch * new_tokens
     print(f"Sampling {new_tokens} new tokens for {batch} prompts ({p} prompt columns), "
           f"median of {repeats}; identical samples: {same}")
+    print(f"KV-cache run: {t_cache * 1e3:.1f} ms = {t_cache / kernels['seconds']:.2f}x its kernel "
+          f"floor ({kernels['seconds'] * 1e3:.1f} ms: its {kernels['calls']} matmul and attention "
+          f"calls timed alone) and {t_cache / flop_floor:.1f}x its FLOP floor "
+          f"({flop_floor * 1e3:.2f} ms at {peak / 1e9:.0f} GFLOP/s); per decode step "
+          f"{t_cache / new_tokens * 1e3:.2f} ms")
     print(format_table([
         ["KV cache", f"{t_cache * 1e3:.1f}", f"{tokens / t_cache:,.0f}", f"{flops_cache / 1e9:.2f}", "1.00"],
         ["recompute prefix", f"{t_recompute * 1e3:.1f}", f"{tokens / t_recompute:,.0f}",
@@ -123,6 +138,10 @@ def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64,
               "not by memory)")
         out.update(catalog_device=gpu.name, decode_roofline_seconds=floor,
                    kv_cache_over_roofline=t_cache / floor)
+    out.update(kernel_floor_seconds=kernels["seconds"], flop_floor_seconds=flop_floor,
+               kv_cache_over_kernel_floor=t_cache / kernels["seconds"],
+               kv_cache_over_flop_floor=t_cache / flop_floor,
+               decode_step_seconds=t_cache / new_tokens, matmul_peak_flops_per_s=peak)
     return {**out, "identical_samples": same, "kv_cache_seconds": t_cache,
             "recompute_seconds": t_recompute, "kv_cache_tokens_per_s": tokens / t_cache,
             "recompute_tokens_per_s": tokens / t_recompute,
@@ -182,6 +201,7 @@ def bench_train(repeats: int = 5, device: str = "cpu", bf16: bool = False,
     t = statistics.median(times)
     achieved = predicted / t
     fraction = achieved / peak
+    kernels = kernel_floor(step, repeats=repeats, device=device)
     tokens = batch * seq
     where = (f"threads={torch.get_num_threads()}" if device == "cpu"
              else device_description(device))
@@ -199,13 +219,19 @@ def bench_train(repeats: int = 5, device: str = "cpu", bf16: bool = False,
         print(f"MFU against {gpu.name}'s datasheet dense bf16 peak ({gpu.peak_flops / 1e12:.0f} "
               f"TFLOP/s): {achieved / gpu.peak_flops:.4f} (a 0.8M-parameter model cannot fill a "
               "GPU: the point is the measurement, not the number)")
+    print(f"train step = {t / kernels['seconds']:.2f}x its kernel floor "
+          f"({kernels['seconds'] * 1e3:.1f} ms: its {kernels['calls']} matmul and attention calls, "
+          f"forward and backward, timed alone) and {fraction ** -1:.2f}x its FLOP floor "
+          f"({predicted / peak * 1e3:.1f} ms)")
     print(f"analytic FLOPs / flop_counter FLOPs = {predicted / measured_flops:.3f}; matmul GFLOP/s by "
           "size: " + ", ".join(f"{n}: {v / 1e9:.0f}" for n, v in per_size.items()))
     return {"bench": "train", "device": device_description(device), "bf16": bf16, **extra,
             "batch": batch, "seq_len": seq, "threads": torch.get_num_threads(),
             "step_seconds": t, "tokens_per_s": tokens / t, "flops_per_step": predicted,
             "flop_counter_flops_per_step": measured_flops, "achieved_flops_per_s": achieved,
-            "matmul_peak_flops_per_s": peak, "fraction_of_matmul_peak": fraction}
+            "matmul_peak_flops_per_s": peak, "fraction_of_matmul_peak": fraction,
+            "kernel_floor_seconds": kernels["seconds"],
+            "step_over_kernel_floor": t / kernels["seconds"], "flop_floor_seconds": predicted / peak}
 
 
 def bench_family(repeats: int = 5) -> dict:

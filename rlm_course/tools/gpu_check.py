@@ -140,13 +140,14 @@ def check_timings(repeats: int = 5) -> dict:
     bf16 = bench_train(repeats, device="cuda", bf16=True)
     sampling = bench_sampling(repeats, device="cuda")
     keep = ("step_seconds", "tokens_per_s", "fraction_of_matmul_peak", "mfu", "catalog_device",
-            "matmul_peak_flops_per_s")
+            "matmul_peak_flops_per_s", "step_over_kernel_floor")
     return {"passed": sampling["identical_samples"],
             "train_fp32": {k: fp32[k] for k in keep if k in fp32},
             "train_bf16": {k: bf16[k] for k in keep if k in bf16},
             "sampling": {k: sampling[k] for k in ("kv_cache_seconds", "kv_cache_tokens_per_s",
                                                   "kv_cache_speedup", "decode_roofline_seconds",
-                                                  "kv_cache_over_roofline") if k in sampling}}
+                                                  "kv_cache_over_roofline",
+                                                  "kv_cache_over_kernel_floor") if k in sampling}}
 
 
 def main() -> int:
