@@ -47,6 +47,9 @@ html_css_files = ["site.css"]
 html_favicon = "_static/favicon.svg"  # a page without one makes the browser ask for /favicon.ico
 html_context = {"default_mode": "auto"}  # the theme logs an error on a first visit without it
 html_last_updated_fmt = None
+# no _sources/ copies: they would ship every chapter as an executed .ipynb; the clean notebooks
+# are in the repository (the download button keeps the page's PDF print)
+html_copy_source = False
 html_theme_options = {
     "home_page_in_toc": True,
     "show_navbar_depth": 1,

@@ -44,6 +44,7 @@ def test_the_built_site_has_its_pages_and_no_broken_link(site):
     assert {"index.html", f"chapters/{CHAPTER}.html", "experiments.html", "search.html",
             "exercises/index.html", "exercises/ex06_workdepth.html"} <= pages
     assert broken_links(site) == []
+    assert not list(site.rglob("*.ipynb"))  # no executed notebook leaves with the site
     chapter = (site / "chapters" / f"{CHAPTER}.html").read_text()
     assert "widget-view+json" not in chapter and "cdn.jsdelivr" not in chapter
     assert 'class="widget-snapshot calculator"' in chapter and "make lab" in chapter
