@@ -88,8 +88,14 @@ class CharTokenizer:
         rows = [self.encode(p, bos=True) for p in prompts]
         if not rows:
             raise ValueError("encode_prompts: no prompts; give at least one.")
+        return self.left_padded(rows, device)
+
+    def left_padded(self, rows: Sequence[list[int]],
+                    device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+        """Token-id rows (e.g. prompts, or prompts with a partial response) left-padded to the
+        longest, on ``device``: ``(tokens, attention_mask)``, each ``(len(rows), max_len)``."""
         width = max(len(r) for r in rows)
-        padded = [[self.pad_id] * (width - len(r)) + r for r in rows]
+        padded = [[self.pad_id] * (width - len(r)) + list(r) for r in rows]
         real = [[False] * (width - len(r)) + [True] * len(r) for r in rows]
         return (torch.tensor(padded, dtype=torch.long, device=device),
                 torch.tensor(real, dtype=torch.bool, device=device))

@@ -10,7 +10,7 @@ written once, here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -66,18 +66,9 @@ class Batch:
     def to(self, device: torch.device | str) -> "Batch":
         """The batch with every tensor on ``device`` (the verdicts are Python objects): a rollout
         worker's batch on its way to a trainer on another device."""
-        def move(t):
-            return None if t is None else t.to(device)
-
-        rollout = self.rollout
-        if rollout is not None:
-            rollout = type(rollout)(rollout.tokens.to(device), rollout.attention_mask.to(device),
-                                    rollout.response_mask.to(device), rollout.log_probs.to(device),
-                                    rollout.prompt_len)
-        return replace(self, rollout=rollout, rewards=self.rewards.to(device),
-                       all_rewards=self.all_rewards.to(device), lengths=self.lengths.to(device),
-                       versions=move(self.versions),
-                       behaviour_log_probs=move(self.behaviour_log_probs))
+        moved = _tensors_to(self, device)
+        return moved if self.rollout is None else replace(moved,
+                                                           rollout=_tensors_to(self.rollout, device))
 
     def rows(self, rows: Tensor) -> "Batch":
         """The batch restricted to the trained responses ``rows`` (a ``(k,)`` index tensor), for
@@ -97,3 +88,9 @@ class Batch:
                        versions=None if self.versions is None else self.versions[rows],
                        behaviour_log_probs=(None if self.behaviour_log_probs is None
                                             else self.behaviour_log_probs[rows]))
+
+
+def _tensors_to(obj, device):
+    """A copy of the dataclass ``obj`` with its tensor fields on ``device`` (the others kept)."""
+    return replace(obj, **{f.name: getattr(obj, f.name).to(device) for f in fields(obj)
+                           if isinstance(getattr(obj, f.name), Tensor)})

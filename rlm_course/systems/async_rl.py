@@ -242,11 +242,7 @@ class PartialRollout:
             for r in rows:
                 r.finished = True
             return 0
-        device = self.trainer.device
-        prompt = torch.tensor([[tok.pad_id] * (width - len(p)) + p for p in prefixes],
-                              dtype=torch.long, device=device)
-        mask = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prefixes],
-                            dtype=torch.bool, device=device)
+        prompt, mask = tok.left_padded(prefixes, self.trainer.device)
         out = generate(model, prompt, mask, steps, tok.eos_id, tok.pad_id,
                        temperature=self.trainer.config.temperature, generator=self.generator)
         generated = 0

@@ -77,6 +77,11 @@ def _time(fn, repeats: int) -> list[float]:
     return out
 
 
+def _catalog_gpu(device: str):
+    """The hardware catalog's entry of ``device``'s GPU (None on a CPU or an unlisted GPU)."""
+    return catalog_device_for(torch.cuda.get_device_name(device)) if device != "cpu" else None
+
+
 def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64,
                    device: str = "cpu") -> dict:
     """KV-cache decoding vs recomputing the prefix, same model, prompts and seed, on ``device``;
@@ -126,7 +131,7 @@ def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64,
     ], ["method", "ms", "tokens/s", "GFLOP", "time vs cache"]))
     out = {"bench": "sampling", "device": device_description(device), "batch": batch,
            "new_tokens": new_tokens, "prompt_len": p}
-    gpu = catalog_device_for(torch.cuda.get_device_name(device)) if device != "cpu" else None
+    gpu = _catalog_gpu(device)
     if gpu is not None:
         weights = sum(q.numel() * q.element_size() for q in model.parameters())
         per_token_kv = 2 * config.n_layer * config.d_model * 4 * batch  # K and V, fp32
@@ -213,7 +218,7 @@ def bench_train(repeats: int = 5, device: str = "cpu", bf16: bool = False,
         [f"{'bf16' if bf16 else 'fp32'} matmul peak", "", "", "", f"{peak / 1e9:.1f}", "1.00"],
     ], ["what", "ms", "tokens/s", "GFLOP", "GFLOP/s", "of matmul peak"]))
     extra = {}
-    gpu = catalog_device_for(torch.cuda.get_device_name(device)) if device != "cpu" else None
+    gpu = _catalog_gpu(device)
     if gpu is not None:
         extra = {"catalog_device": gpu.name, "mfu": achieved / gpu.peak_flops}
         print(f"MFU against {gpu.name}'s datasheet dense bf16 peak ({gpu.peak_flops / 1e12:.0f} "
