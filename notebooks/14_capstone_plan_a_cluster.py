@@ -250,10 +250,14 @@ ax.set_xticks([]);
 
 # %% [markdown]
 # Read the misses with their reasons (the data file keeps each one, and the next cell prints
-# two). Two kinds dominate. The first is software the model cannot see: verl's asynchronous trainers update on 16 GPUs in
-# about the time its colocated trainer takes on 32, a per-device rate twice the colocated one
-# that no FLOP-and-byte model explains; NeMo-RL's FP8 refit spends seconds quantizing that a
-# BF16 refit does not. The second is the move to another device: GB200 rows are predicted from
+# two). Two kinds dominate. The first is what the figures do not publish or the model cannot
+# see: verl's asynchronous trainers update on 16 GPUs in about the time its colocated trainer
+# takes on 32, a per-device rate twice the colocated one. A FLOP count says why no rate can fix
+# that (the cell after next): at the response length the 7B figures share, the 16- and 32-GPU
+# asynchronous updates would run at the H20's full dense peak, which no trainer reaches, so those
+# runs must have trained on shorter responses than the colocated ones (verl's text says streaming
+# changes the response length). NeMo-RL's FP8 refit spends seconds quantizing that a BF16 refit
+# does not. The second is the move to another device: GB200 rows are predicted from
 # rates fitted on H100s, and NeMo-RL's GB200 steps barely beat its H100 ones, because software
 # that does not speed up with the GPU (schedulers, per-tensor Python, kernel launches) is a large
 # part of them. A simulator is as good as its rates: these are the rates that decide, measured
@@ -281,6 +285,30 @@ for r in oso.values():
 assert [round(oso[k]["published"], 2) for k in ("verl-oso-fsdp2-speedup",
                                                   "verl-oso-megatron-speedup")] == [1.44, 1.24]
 assert all(not r["within"] and "per-device rate" in r["reason"] for r in oso.values())
+
+# %% [markdown]
+# **Check a published figure before you fit it.** `implied_update_hfu` needs no rate: the
+# update's hardware FLOPs at the workload the setup describes, over the published update seconds
+# times the trainer's devices times the device's peak. Figures that share a workload should imply
+# similar efficiencies for similar trainers, and none can imply more than 1.
+
+# %%
+from rlm_course.cluster.calibration import fitted_workload
+from rlm_course.cluster.published import load_figures
+from rlm_course.cluster.validation import implied_update_hfu
+
+by_id = {f["id"]: f for f in load_figures()}
+checks = []
+for fid in ("verl-fa-7b-colocate-32", "verl-fa-7b-colocate-64", "verl-fa-7b-colocate-128",
+            "verl-fa-7b-fullyasync-16-16", "verl-fa-7b-fullyasync-32-32",
+            "verl-fa-7b-fullyasync-64-64-stale0.5-partial"):
+    f = by_id[fid]
+    pool = f["setup"]["gpus"] - f["setup"].get("rollout_gpus", 0)
+    checks.append([fid, pool, f["published_stages"]["update"],
+                   f"{implied_update_hfu(f, fitted_workload()):.2f}"])
+print(format_table(checks, ["figure", "trainer GPUs", "published update s", "implied HFU"]))
+hfu = {row[0]: float(row[3]) for row in checks}
+assert hfu["verl-fa-7b-fullyasync-16-16"] > 0.95 > 0.65 > hfu["verl-fa-7b-colocate-32"]
 
 # %% [markdown]
 # ## 4. Plan R1-style runs
@@ -315,13 +343,12 @@ choice, numbers = [], []
 for (model, gpus), result in runs.items():
     s, r = result.best.scenario, result.best.result
     trainer_text = s.trainer_layout.describe().replace(" recompute", "").replace(" fp32-grads", "")
-    choice.append([model, f"{gpus:,}", s.placement, "all" if s.placement == "colocated" else
-                   f"{s.rollout_gpus} + {s.trainer_pool}", s.generation_tp, trainer_text,
-                   mode_key(s.mode)])
+    pools = "colocated" if s.placement == "colocated" else f"{s.rollout_gpus} + {s.trainer_pool}"
+    choice.append([model, f"{gpus:,}", pools, s.generation_tp, trainer_text, mode_key(s.mode)])
     numbers.append([model, f"{gpus:,}", f"{r.step_seconds:,.0f}", f"{r.staleness:.2f}",
                     f"{r.tokens_per_second / gpus:,.0f}", f"{r.generation_share:.0%}"])
-tables = [format_table(choice, ["model", "GPUs", "placement", "rollout+train", "gen tp",
-                                "trainer", "mode"]),
+tables = [format_table(choice, ["model", "GPUs", "rollout + train", "gen tp", "trainer",
+                                "mode"]),
           format_table(numbers, ["model", "GPUs", "step s", "staleness", "tokens/s/GPU",
                                  "gen wait"])]
 print(tables[0], tables[1], sep="\n\n")

@@ -72,6 +72,40 @@ def null_model(fig: dict, figures: dict[str, dict], reference: dict | None) -> f
     return value
 
 
+# ---------------------------------------------------------------------- a published figure's own check
+def implied_update_hfu(fig: dict, fitted: dict[str, dict] | None = None) -> float | None:
+    """The hardware FLOPs utilisation a step figure's published update time implies at the
+    workload its setup describes: the update's hardware FLOPs (forward, backward and the
+    recomputed forward of every trained sequence, :meth:`~rlm_course.cost.phases.TrainerCost.flops`)
+    over ``published update seconds x trainer devices x the device's dense peak``. ``None`` where
+    the figure publishes no update time.
+
+    It needs no rate, so it checks the *setup*, not the simulator: figures that share a workload
+    should imply similar efficiencies for similar trainers, and none can imply more than 1 (a
+    trainer cannot beat its device's peak). Where one implies far more than the others, its run
+    did less work than the shared setup says (e.g. shorter responses), and no rate can make the
+    simulator match both. ``fitted`` fills a fitted workload parameter such as an unpublished mean
+    response length (default: the stored calibration's), so the value moves with that fit.
+
+    Raises:
+        ValueError: for a malformed setup or a fitted parameter the calibration does not have.
+    """
+    update = (fig.get("published_stages") or {}).get("update")
+    if fig["what"] != "step_seconds" or not update:
+        return None
+    from rlm_course.cluster.published import resolve, scenario
+    from rlm_course.cost.phases import TrainerCost
+
+    fitted = fitted_workload() if fitted is None else fitted
+    s = scenario(resolve(fig["setup"], fitted.get(fig["family"])), Rates())
+    fabric = s.cluster.fabric(s.rates) if s.cluster.gpus > 1 else None
+    cost = TrainerCost(s.spec, s.config, s.trainer_layout, s.cluster.device, s.rates, fabric,
+                       s.workload.prompt_len, s.engine_log_probs)
+    flops = cost.flops(list(s.workload.lengths))
+    trained = sum(v for stage, v in flops.items() if stage != "scoring")
+    return trained / (update * s.trainer_pool * s.cluster.device.peak_flops * s.rates.train_flops_factor)
+
+
 # ---------------------------------------------------------------------- the table
 def validation_table(rates: dict[str, Rates] | None = None,
                      figures: list[dict] | None = None,

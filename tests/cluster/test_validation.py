@@ -152,3 +152,27 @@ def test_the_validate_command_ends_with_its_counts_as_json(capsys, monkeypatch):
     assert result["out_of_sample_total"] == 1 and result["in_sample_total"] == 1
     assert any(line.startswith("verl:") for line in lines)  # the families' fitted rates
     assert any("null model" in line for line in lines)
+
+
+def test_implied_update_hfu_is_the_update_flops_over_what_the_devices_could_do():
+    from rlm_course.cost.architectures import get_spec, teacher_forced_flops
+    from rlm_course.cost.hardware import get_device
+
+    fitted = calibration.fitted_workload()
+    fig = BY_ID["verl-fa-7b-colocate-32"]
+    setup = published.resolve(fig["setup"], fitted["verl"])
+    work = published.workload(setup)
+    spec, device = get_spec(setup["model"]), get_device(setup["device"])
+    # DAPO, one epoch, recomputation: forward + backward + the recomputed forward, 4x a forward
+    flops = 4 * sum(teacher_forced_flops(spec, setup["prompt_len"] + t, 1) for t in work.lengths)
+    expected = flops / (fig["published_stages"]["update"] * 32 * device.peak_flops)
+    hfu = validation.implied_update_hfu(fig, fitted)
+    assert hfu == pytest.approx(expected, rel=1e-9) and 0.3 < hfu < 0.65
+    # half the devices in the same time imply twice the efficiency; twice the time, half of it
+    async16 = BY_ID["verl-fa-7b-fullyasync-16-16"]
+    ratio = validation.implied_update_hfu(async16, fitted) / hfu
+    assert ratio == pytest.approx(32 / 16 * fig["published_stages"]["update"]
+                                  / async16["published_stages"]["update"], rel=1e-9)
+    assert validation.implied_update_hfu(BY_ID["nemo-rl-v0.6-h100-bf16-grpo-deepseekv3-onpolicy-256"],
+                                         fitted) is None  # no update time published
+    assert validation.implied_update_hfu(BY_ID["verl-fa-7b-speedup-32"], fitted) is None
