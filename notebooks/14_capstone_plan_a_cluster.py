@@ -270,11 +270,11 @@ ax.set_xticks([]);
 # quotes the same page's headline, +23% and +40%: those compare the runs' total *hours* (19h18m
 # against 15h34m, 18h21m against 13h06m), which also depend on how many steps each run took and
 # on what ran between the steps (validation, checkpoints), so the two pairs need not agree, and
-# here they even swap order. The simulator misses both for the reason the data file records with them: verl's
-# asynchronous trainer updates on half the GPUs in about the time its colocated trainer takes on
-# all of them (`update_actor` 270-314 s on 16 GPUs against 270 s on 32), a per-device rate about
-# twice the colocated one, while the model, fitted on the colocated runs, prices a dedicated
-# trainer at the colocated per-device rate.
+# here they even swap order. The simulator misses both for the reason the data file records
+# with them: verl's asynchronous trainer updates on half the GPUs in about the time its colocated
+# trainer takes on all of them (`update_actor` 270-314 s on 16 GPUs against 270 s on 32), a
+# per-device rate about twice the colocated one, while the model, fitted on the colocated runs,
+# prices a dedicated trainer at the colocated per-device rate.
 
 # %%
 oso = {r["id"]: r for r in table if r["id"] in ("verl-oso-fsdp2-speedup",

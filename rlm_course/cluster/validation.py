@@ -28,11 +28,11 @@ import math
 
 from rlm_course.cluster.calibration import family_rates, fitted_workload, free_parameter_count
 from rlm_course.cluster.published import (Predictor, check_figure, direction_error, error,
-                                          load_figures, within)
+                                          load_figures, resolve, scenario, within)
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost.layouts import DoesNotFit
-from rlm_course.cost.phases import Rates
+from rlm_course.cost.phases import Rates, TrainerCost
 
 
 def _work_per_device(setup: dict) -> float | None:
@@ -72,7 +72,7 @@ def null_model(fig: dict, figures: dict[str, dict], reference: dict | None) -> f
     return value
 
 
-# ---------------------------------------------------------------------- a published figure's own check
+# ---------------------------------------------------------------------- checking a figure
 def implied_update_hfu(fig: dict, fitted: dict[str, dict] | None = None) -> float | None:
     """The hardware FLOPs utilisation a step figure's published update time implies at the
     workload its setup describes: the update's hardware FLOPs (forward, backward and the
@@ -93,9 +93,6 @@ def implied_update_hfu(fig: dict, fitted: dict[str, dict] | None = None) -> floa
     update = (fig.get("published_stages") or {}).get("update")
     if fig["what"] != "step_seconds" or not update:
         return None
-    from rlm_course.cluster.published import resolve, scenario
-    from rlm_course.cost.phases import TrainerCost
-
     fitted = fitted_workload() if fitted is None else fitted
     s = scenario(resolve(fig["setup"], fitted.get(fig["family"])), Rates())
     fabric = s.cluster.fabric(s.rates) if s.cluster.gpus > 1 else None
@@ -103,7 +100,8 @@ def implied_update_hfu(fig: dict, fitted: dict[str, dict] | None = None) -> floa
                        s.workload.prompt_len, s.engine_log_probs)
     flops = cost.flops(list(s.workload.lengths))
     trained = sum(v for stage, v in flops.items() if stage != "scoring")
-    return trained / (update * s.trainer_pool * s.cluster.device.peak_flops * s.rates.train_flops_factor)
+    peak = s.cluster.device.peak_flops * s.rates.train_flops_factor
+    return trained / (update * s.trainer_pool * peak)
 
 
 # ---------------------------------------------------------------------- the table

@@ -173,6 +173,6 @@ def test_implied_update_hfu_is_the_update_flops_over_what_the_devices_could_do()
     ratio = validation.implied_update_hfu(async16, fitted) / hfu
     assert ratio == pytest.approx(32 / 16 * fig["published_stages"]["update"]
                                   / async16["published_stages"]["update"], rel=1e-9)
-    assert validation.implied_update_hfu(BY_ID["nemo-rl-v0.6-h100-bf16-grpo-deepseekv3-onpolicy-256"],
-                                         fitted) is None  # no update time published
+    nemo = BY_ID["nemo-rl-v0.6-h100-bf16-grpo-deepseekv3-onpolicy-256"]
+    assert validation.implied_update_hfu(nemo, fitted) is None  # no update time published
     assert validation.implied_update_hfu(BY_ID["verl-fa-7b-speedup-32"], fitted) is None
