@@ -71,9 +71,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                      "(seconds per step and memory of every preset), parallel (simulated "
                                      "strategies), memory (memory per step of every preset), systems (async RL "
                                      "throughput and weight sync on Ray workers), simulator (simulated "
-                                     "GPU-iterations per second at 64, 1,024 and 10,000 GPUs)")
+                                     "GPU-iterations per second at 64, 1,024 and 10,000 GPUs), "
+                                     "compile (torch.compile against eager, compile time "
+                                     "counted)")
     p.add_argument("what", choices=["sampling", "train", "family", "parallel", "memory", "peer",
-                                    "collectives", "systems", "simulator", "realrun"])
+                                    "collectives", "systems", "simulator", "realrun", "compile"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                    help="sampling and train: where they run (default auto: CUDA when torch sees "

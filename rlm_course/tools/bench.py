@@ -21,6 +21,10 @@ a number remembered from another machine.
   prediction of the communication time (:mod:`rlm_course.parallel.bench`).
 * ``memory``: resident memory and live tensor bytes after each step of every preset, and their
   slopes per step with their noise: memory must not grow with the number of steps.
+* ``compile``: ``torch.compile`` against eager on the GRPO train step and on generation (dynamic
+  shapes), each on two copies of the same model, alternating: seconds per call, compile seconds,
+  the calls after which compiling pays back ("never" when the compiled call is slower), and the
+  agreement of losses, weights and sampled tokens. Keys: ``train_step``, ``generation``.
 * ``peer``: generation against Hugging Face ``generate`` and a GRPO step against TRL's
   ``GRPOTrainer`` on the same tiny configuration (optional extra ``.[peer]``), each with its FLOP
   floor at the measured matmul peak. Keys: ``generation_speedup_vs_transformers``,
@@ -51,6 +55,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -154,6 +159,42 @@ def bench_sampling(repeats: int = 5, batch: int = 64, new_tokens: int = 64,
             "kv_cache_speedup": t_recompute / t_cache}
 
 
+def _grpo_minibatch(model: TinyGPT, device: str) -> dict:
+    """The default GRPO configuration's training mini-batch on the addition task, sampled from
+    ``model``: ``{"config", "rollout", "old" (its log-probs, detached), "advantages"}``."""
+    from rlm_course.algorithms import GRPOConfig
+
+    tok, task, cfg = CharTokenizer(), get_task("addition"), GRPOConfig()
+    batch = cfg.prompts_per_step * cfg.group_size // cfg.minibatches
+    problems = task.problems(batch, seed=0)
+    prompts, mask = tok.encode_prompts([p.prompt for p in problems], device)
+    rollout = generate(model, prompts, mask, task.max_response_len, tok.eos_id, tok.pad_id,
+                       generator=generator_on(device, 0))
+    old = response_log_probs(model, rollout.tokens, rollout.attention_mask,
+                             rollout.prompt_len).detach()
+    advantages = group_advantages(torch.rand(batch, device=device), cfg.group_size)
+    return {"config": cfg, "rollout": rollout, "old": old, "advantages": advantages}
+
+
+def _train_step(model, minibatch: dict, optimizer, autocast):
+    """One GRPO update of ``model`` on ``minibatch`` (forward under ``autocast()``, clipped loss,
+    backward, ``optimizer`` step); the function returns the loss."""
+    cfg, rollout = minibatch["config"], minibatch["rollout"]
+
+    def step():
+        with autocast():
+            logp = response_log_probs(model, rollout.tokens, rollout.attention_mask,
+                                      rollout.prompt_len)
+        loss, _ = policy_loss(logp, minibatch["old"], minibatch["advantages"],
+                              rollout.response_mask, cfg.ratio_level, cfg.clip_eps, cfg.clip_high,
+                              cfg.loss_agg)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return step
+
+
 def bench_train(repeats: int = 5, device: str = "cpu", bf16: bool = False,
                 peak_sizes: tuple[int, ...] = (512, 1024, 2048)) -> dict:
     """One GRPO training step at the default mini-batch on ``device``, against the matmul peak
@@ -161,38 +202,14 @@ def bench_train(repeats: int = 5, device: str = "cpu", bf16: bool = False,
     ``bf16``: the forward under ``torch.autocast`` in bfloat16 (the master weights, the optimizer
     and the loss stay fp32), and the matmul peak measured in bf16; ``peak_sizes``: the square
     matmuls that measure the peak."""
-    from contextlib import nullcontext
-
-    from rlm_course.algorithms import GRPOConfig
-
     seed_everything(0)
-    tok, task, cfg = CharTokenizer(), get_task("addition"), GRPOConfig()
-    model = TinyGPT(default_model_config(tok)).to(device)
-    batch = cfg.prompts_per_step * cfg.group_size // cfg.minibatches
-    problems = task.problems(batch, seed=0)
-    prompts, mask = tok.encode_prompts([p.prompt for p in problems], device)
-    rollout = generate(model, prompts, mask, task.max_response_len, tok.eos_id, tok.pad_id,
-                       generator=generator_on(device, 0))
-    seq = rollout.tokens.shape[1]
-    old = response_log_probs(model, rollout.tokens, rollout.attention_mask, rollout.prompt_len).detach()
-    advantages = group_advantages(torch.rand(batch, device=device), cfg.group_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    model = TinyGPT(default_model_config(CharTokenizer())).to(device)
+    minibatch = _grpo_minibatch(model, device)
+    batch, seq = minibatch["rollout"].tokens.shape
     dtype = torch.bfloat16 if bf16 else torch.float32
-
-    def autocast():
-        return (torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if bf16
-                else nullcontext())
-
-    def step():
-        with autocast():
-            logp = response_log_probs(model, rollout.tokens, rollout.attention_mask,
-                                      rollout.prompt_len)
-        loss, _ = policy_loss(logp, old, advantages, rollout.response_mask, cfg.ratio_level,
-                              cfg.clip_eps, cfg.clip_high, cfg.loss_agg)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
+    autocast = ((lambda: torch.autocast(torch.device(device).type, dtype=torch.bfloat16)) if bf16
+                else nullcontext)
+    step = _train_step(model, minibatch, torch.optim.AdamW(model.parameters(), lr=1e-6), autocast)
     step()  # warm-up
     measured_flops, _ = count_flops(step)
     predicted = 3 * forward_flops(model.config, seq, batch=batch)
@@ -237,6 +254,126 @@ def bench_train(repeats: int = 5, device: str = "cpu", bf16: bool = False,
             "matmul_peak_flops_per_s": peak, "fraction_of_matmul_peak": fraction,
             "kernel_floor_seconds": kernels["seconds"],
             "step_over_kernel_floor": t / kernels["seconds"], "flop_floor_seconds": predicted / peak}
+
+
+def _compiled_against_eager(eager, compiled, repeats: int) -> dict:
+    """Time ``compiled`` (its first call compiles) against ``eager``, alternating after one call of
+    each: ``{"eager_seconds", "compiled_seconds"}`` (medians), ``compile_seconds`` (the first
+    compiled call less an eager call) and :func:`break_even_calls`.
+
+    Raises:
+        ValueError: when the first compiled call fails (inductor needs a C++ compiler on a CPU).
+    """
+    first_eager = _time(eager, 1)[0]
+    start = time.perf_counter()
+    try:
+        compiled()
+    except Exception as err:  # inductor's errors have many types; all mean "cannot compile here"
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise ValueError(f"torch.compile could not run here ({type(err).__name__}: {reason}); "
+                         "on a CPU its inductor backend needs a C++ compiler (g++ or clang++ on "
+                         "the PATH, or CXX set to one).") from None
+    first_compiled = time.perf_counter() - start
+    eager_times, compiled_times = [], []
+    for _ in range(repeats):
+        eager_times += _time(eager, 1)
+        compiled_times += _time(compiled, 1)
+    e, c = statistics.median(eager_times), statistics.median(compiled_times)
+    compile_seconds = max(first_compiled - first_eager, 0.0)
+    return {"eager_seconds": e, "compiled_seconds": c, "compile_seconds": compile_seconds,
+            "speedup": e / c, "break_even_calls": break_even_calls(compile_seconds, e, c)}
+
+
+def break_even_calls(compile_seconds: float, eager_seconds: float,
+                     compiled_seconds: float) -> float | None:
+    """Calls after which compiling has paid for itself: ``compile / (eager - compiled)`` seconds
+    per call saved; None when the compiled call is not faster (it never pays).
+
+    Raises:
+        ValueError: for a negative or non-finite time.
+    """
+    for name, value in (("compile_seconds", compile_seconds), ("eager_seconds", eager_seconds),
+                        ("compiled_seconds", compiled_seconds)):
+        if not (value >= 0 and value < float("inf")):
+            raise ValueError(f"break_even_calls: {name}={value} must be a finite time >= 0.")
+    saved = eager_seconds - compiled_seconds
+    return compile_seconds / saved if saved > 0 else None
+
+
+def bench_compile(repeats: int = 5, new_tokens: int = 32,
+                  config: ModelConfig | None = None) -> dict:
+    """``torch.compile`` against eager on the core loop's two hot paths, compile time counted
+    (item 2 of the speed work; chapter 05 reports the result):
+
+    * the GRPO train step of ``bench train`` (forward, clipped loss, backward, AdamW) with the
+      model compiled (static shapes: the mini-batch is the same at every call);
+    * generation (64 prompts x ``new_tokens`` sampled tokens with the KV cache) with the model
+      compiled with dynamic shapes (the cache grows at every decode step).
+
+    Each path runs on two copies of the same model, eager and compiled, alternating; it reports
+    eager and compiled seconds per call (medians of ``repeats``), the compile seconds (the first
+    compiled call less an eager one), the speed-up and the calls after which compiling pays
+    (:func:`break_even_calls`; "never" when the compiled call is slower), and how far the two
+    agree: the largest difference of the losses and of the updated weights after one step, and
+    whether generation sampled the same tokens. ``config``: the model (default: the course's).
+
+    Raises:
+        ValueError: when ``torch.compile`` cannot run here (on a CPU it needs a C++ compiler).
+    """
+    import copy
+
+    seed_everything(0)
+    tok = CharTokenizer()
+    config = config or default_model_config(tok)
+    eager_model = TinyGPT(config)
+    minibatch = _grpo_minibatch(eager_model, "cpu")
+    compiled_model = copy.deepcopy(eager_model)
+    compiled_forward = torch.compile(compiled_model)
+    steps = {name: _train_step(forward, minibatch,
+                               torch.optim.AdamW(weights.parameters(), lr=1e-6), nullcontext)
+             for name, forward, weights in (("eager", eager_model, eager_model),
+                                            ("compiled", compiled_forward, compiled_model))}
+    losses = {k: [] for k in steps}
+    train = _compiled_against_eager(lambda: losses["eager"].append(steps["eager"]()),
+                                    lambda: losses["compiled"].append(steps["compiled"]()), repeats)
+    train["max_loss_difference"] = max(abs(a - b).item() for a, b in zip(*losses.values()))
+    train["max_weight_difference"] = max(
+        (a - b).abs().max().item()
+        for a, b in zip(eager_model.parameters(), compiled_model.parameters()))
+
+    seed_everything(0)
+    model = TinyGPT(ModelConfig(**{**config.to_dict(),
+                                   "max_seq_len": max(config.max_seq_len, 32 + new_tokens)})).eval()
+    problems = get_task("addition").problems(64, seed=0)
+    prompts, mask = tok.encode_prompts([p.prompt for p in problems])
+    dynamic = torch.compile(model, dynamic=True)
+    samples = {}
+
+    def sample(name, m):
+        samples[name] = generate(m, prompts, mask, new_tokens, eos_id=-1, pad_id=tok.pad_id,
+                                 generator=torch.Generator().manual_seed(0)).tokens
+
+    gen = _compiled_against_eager(lambda: sample("eager", model),
+                                  lambda: sample("compiled", dynamic), repeats)
+    gen["same_tokens"] = bool(torch.equal(samples["eager"], samples["compiled"]))
+
+    def row(name, r):
+        even = r["break_even_calls"]
+        return [name, f"{r['eager_seconds'] * 1e3:.1f}", f"{r['compiled_seconds'] * 1e3:.1f}",
+                f"{r['compile_seconds']:.1f}", f"{r['speedup']:.2f}x",
+                "never" if even is None else f"{even:,.0f}"]
+
+    print(f"torch.compile against eager (torch {torch.__version__}, threads="
+          f"{torch.get_num_threads()}, median of {repeats}, alternating)")
+    print(format_table([row("GRPO train step", train),
+                        row(f"generation, 64 x {new_tokens} tokens (dynamic shapes)", gen)],
+                       ["what", "eager ms", "compiled ms", "compile s", "speed-up",
+                        "calls to pay back"]))
+    print(f"agreement: losses within {train['max_loss_difference']:.1e}, weights after the steps "
+          f"within {train['max_weight_difference']:.1e}; generation sampled the same tokens: "
+          f"{gen['same_tokens']}")
+    return {"bench": "compile", "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "repeats": repeats, "train_step": train, "generation": gen}
 
 
 def bench_family(repeats: int = 5) -> dict:
@@ -393,7 +530,8 @@ def _bench_peer(repeats: int, new_tokens: int) -> dict:
     config = default_model_config(tok)
     seed_everything(0)
     ours, peer = TinyGPT(config).eval(), hf_model(config)
-    prompts, mask = tok.encode_prompts([p.prompt for p in get_task("addition").problems(64, seed=0)])
+    problems = get_task("addition").problems(64, seed=0)
+    prompts, mask = tok.encode_prompts([p.prompt for p in problems])
 
     def our_generate():
         generate(ours, prompts, mask, new_tokens, eos_id=-1, pad_id=tok.pad_id,
@@ -586,7 +724,7 @@ def main(what: str, repeats: int = 5, device: str | None = None, bf16: bool = Fa
     benches = {"sampling": bench_sampling, "train": bench_train, "family": bench_family,
                "parallel": bench_parallel, "memory": bench_memory, "peer": bench_peer,
                "collectives": bench_collectives, "systems": bench_systems,
-               "simulator": bench_simulator, "realrun": bench_realrun}
+               "simulator": bench_simulator, "realrun": bench_realrun, "compile": bench_compile}
     if what not in benches:
         raise ValueError(f"unknown benchmark {what!r}; choose one of {', '.join(benches)}.")
     if what in DEVICE_BENCHES:
