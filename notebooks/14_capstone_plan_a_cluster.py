@@ -249,20 +249,21 @@ ax.set(yscale="log", ylim=(0.1, 10), xlabel="predicted figures (verl, NeMo-RL)",
 ax.set_xticks([]);
 
 # %% [markdown]
-# Read the misses with their reasons (the data file keeps each one, and the next cell prints
-# two). Two kinds dominate. The first is what the figures do not publish or the model cannot
-# see: verl's asynchronous trainers update on 16 GPUs in about the time its colocated trainer
-# takes on 32, a per-device rate twice the colocated one. A FLOP count says why no rate can fix
-# that (the cell after next): at the response length the 7B figures share, the 16- and 32-GPU
-# asynchronous updates would run at the H20's full dense peak, which no trainer reaches, so those
-# runs must have trained on shorter responses than the colocated ones (verl's text says streaming
-# changes the response length). NeMo-RL's FP8 refit spends seconds quantizing that a BF16 refit
-# does not. The second is the move to another device: GB200 rows are predicted from
-# rates fitted on H100s, and NeMo-RL's GB200 steps barely beat its H100 ones, because software
-# that does not speed up with the GPU (schedulers, per-tensor Python, kernel launches) is a large
-# part of them. A simulator is as good as its rates: these are the rates that decide, measured
-# once; the planner below uses them, and section 4's sensitivity table shows how its answer moves
-# when they are off.
+# Read the misses with their reasons (the data file keeps each one, and the next cell prints two).
+# Two kinds dominate. The first is what the figures do not publish or the model cannot see: verl's
+# asynchronous trainers update on 16 GPUs in about the time its colocated trainer takes on 32, a
+# per-device rate twice the colocated one. A FLOP count says why no rate can fix that (the cell
+# after next): at the response length fitted for that page's runs, the 16- and 32-GPU asynchronous
+# updates would run above the H20's dense peak, which no trainer can, so those runs must have
+# trained on shorter responses than the colocated ones (verl's text says streaming changes the
+# response length), and no length is published. (Response lengths are a property of a run, not of a
+# model: verl's one-step-off page, with an 8,192-token cap and 12 responses per prompt, has its own
+# fitted mean length.) NeMo-RL's FP8 refit spends seconds quantizing that a BF16 refit does not. The
+# second is the move to another device: GB200 rows are predicted from rates fitted on H100s, and
+# NeMo-RL's GB200 steps barely beat its H100 ones, because software that does not speed up with the
+# GPU (schedulers, per-tensor Python, kernel launches) is a large part of them. A simulator is as
+# good as its rates: these are the rates that decide, measured once; the planner below uses them,
+# and section 4's sensitivity table shows how its answer moves when they are off.
 #
 # **verl's one-step-off speed-ups, read two ways.** The table above holds them as 1.44x (vLLM +
 # FSDP2) and 1.24x (vLLM + Megatron): the ratios of the published *step* times, 749 s over 520 s
@@ -270,21 +271,27 @@ ax.set_xticks([]);
 # quotes the same page's headline, +23% and +40%: those compare the runs' total *hours* (19h18m
 # against 15h34m, 18h21m against 13h06m), which also depend on how many steps each run took and
 # on what ran between the steps (validation, checkpoints), so the two pairs need not agree, and
-# here they even swap order. The simulator misses both for the reason the data file records
-# with them: verl's asynchronous trainer updates on half the GPUs in about the time its colocated
-# trainer takes on all of them (`update_actor` 270-314 s on 16 GPUs against 270 s on 32), a
-# per-device rate about twice the colocated one, while the model, fitted on the colocated runs,
-# prices a dedicated trainer at the colocated per-device rate.
+# here they even swap order. The simulator misses both speed-ups although it predicts each of
+# their four steps within tolerance (the cell prints the errors): a speed-up's gain is the small
+# difference of two steps, so two step errors of opposite sign, each within 30%, can take most
+# of a 0.44 gain away. That is why the tolerance on a speed-up is set on its gain, not on the
+# ratio: a 1.26x published speed-up predicted as 1.0x-1.7x would be no check at all.
 
 # %%
-oso = {r["id"]: r for r in table if r["id"] in ("verl-oso-fsdp2-speedup",
-                                                "verl-oso-megatron-speedup")}
-for r in oso.values():
-    print(f"{r['id']}: published {r['published']:.2f}x, predicted {r['predicted']:.2f}x; "
-          f"why it misses: {r['reason'][:60]}...")
-assert [round(oso[k]["published"], 2) for k in ("verl-oso-fsdp2-speedup",
-                                                  "verl-oso-megatron-speedup")] == [1.44, 1.24]
-assert all(not r["within"] and "per-device rate" in r["reason"] for r in oso.values())
+from rlm_course.cluster.published import load_figures
+
+rows_by_id = {r["id"]: r for r in table}
+figure_by_id = {f["id"]: f for f in load_figures()}
+for fid in ("verl-oso-fsdp2-speedup", "verl-oso-megatron-speedup"):
+    r, fig = rows_by_id[fid], figure_by_id[fid]
+    base, target = rows_by_id[fig["baseline"]], rows_by_id[fig["target"]]
+    print(f"{fid}: published {r['published']:.2f}x, predicted {r['predicted']:.2f}x (gain "
+          f"{r['error']:+.0%}); its steps: colocated {base['error']:+.0%}, one-step-off "
+          f"{target['error']:+.0%}")
+    assert base["within"] and target["within"] and not r["within"]
+published = [rows_by_id[k]["published"] for k in ("verl-oso-fsdp2-speedup",
+                                                   "verl-oso-megatron-speedup")]
+assert [round(p, 2) for p in published] == [1.44, 1.24]
 
 # %% [markdown]
 # **Check a published figure before you fit it.** `implied_update_hfu` needs no rate: the
@@ -294,21 +301,20 @@ assert all(not r["within"] and "per-device rate" in r["reason"] for r in oso.val
 
 # %%
 from rlm_course.cluster.calibration import fitted_workload
-from rlm_course.cluster.published import load_figures
 from rlm_course.cluster.validation import implied_update_hfu
 
-by_id = {f["id"]: f for f in load_figures()}
 checks = []
 for fid in ("verl-fa-7b-colocate-32", "verl-fa-7b-colocate-64", "verl-fa-7b-colocate-128",
             "verl-fa-7b-fullyasync-16-16", "verl-fa-7b-fullyasync-32-32",
             "verl-fa-7b-fullyasync-64-64-stale0.5-partial"):
-    f = by_id[fid]
+    f = figure_by_id[fid]
     pool = f["setup"]["gpus"] - f["setup"].get("rollout_gpus", 0)
     checks.append([fid, pool, f["published_stages"]["update"],
                    f"{implied_update_hfu(f, fitted_workload()):.2f}"])
 print(format_table(checks, ["figure", "trainer GPUs", "published update s", "implied HFU"]))
 hfu = {row[0]: float(row[3]) for row in checks}
-assert hfu["verl-fa-7b-fullyasync-16-16"] > 0.95 > 0.65 > hfu["verl-fa-7b-colocate-32"]
+assert hfu["verl-fa-7b-fullyasync-16-16"] > 1 and hfu["verl-fa-7b-fullyasync-32-32"] > 1
+assert hfu["verl-fa-7b-fullyasync-16-16"] > 1.5 * hfu["verl-fa-7b-colocate-32"]
 
 # %% [markdown]
 # ## 4. Plan R1-style runs
