@@ -170,7 +170,8 @@ def summary(rows: list[dict], free_parameters: int | None = None) -> dict:
 
 def format_validation(rows: list[dict]) -> str:
     """The table: figure, in or out of sample, predicted, published, null model, error (on the
-    gain for a speed-up), within tolerance; misses with their reason below it."""
+    gain for a speed-up), within tolerance; below it the misses, one line per reason with the
+    figures it explains."""
     from rlm_course.utils import format_table
 
     def value(r, v):
@@ -188,8 +189,11 @@ def format_validation(rows: list[dict]) -> str:
              for r in rows]
     lines = [format_table(table, ["figure", "sample", "predicted", "published", "null model",
                                   "error", "null error", "within"])]
-    misses = [r for r in rows if not r["within"]]
-    if misses:
-        lines.append("misses:")
-        lines += [f" - {r['id']}: {r['reason'] or 'no reason recorded'}" for r in misses]
+    by_reason: dict[str, list[str]] = {}  # one line per reason, with every figure it explains
+    for r in rows:
+        if not r["within"]:
+            by_reason.setdefault(r["reason"] or "no reason recorded", []).append(r["id"])
+    if by_reason:
+        lines.append("misses, by reason:")
+        lines += [f" - {', '.join(ids)}: {reason}" for reason, ids in by_reason.items()]
     return "\n".join(lines)

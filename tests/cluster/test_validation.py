@@ -176,3 +176,17 @@ def test_implied_update_hfu_is_the_update_flops_over_what_the_devices_could_do()
     nemo = BY_ID["nemo-rl-v0.6-h100-bf16-grpo-deepseekv3-onpolicy-256"]
     assert validation.implied_update_hfu(nemo, fitted) is None  # no update time published
     assert validation.implied_update_hfu(BY_ID["verl-fa-7b-speedup-32"], fitted) is None
+
+
+def test_the_misses_are_listed_once_per_reason_with_every_figure_it_explains():
+    def row(fid, within, reason=""):
+        return {"id": fid, "sample": "prediction", "what": "step_seconds", "published": 10.0,
+                "predicted": 10.0 if within else 20.0, "null": None,
+                "error": 0.0 if within else 1.0,
+                "null_error": None, "within": within, "direction_error": False, "reason": reason}
+
+    text = validation.format_validation([row("a", False, "same cause"), row("b", True),
+                                         row("c", False, "same cause"), row("d", False)])
+    misses = text.split("misses, by reason:\n")[1].splitlines()
+    assert misses == [" - a, c: same cause", " - d: no reason recorded"]
+    assert "misses" not in validation.format_validation([row("b", True)])
