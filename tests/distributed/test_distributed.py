@@ -467,7 +467,11 @@ def test_a_failed_rank_under_torchrun_is_one_line_each_with_the_traceback_in_a_f
     log = mine.split("(traceback: ")[1].rstrip(")")
     assert "ValueError: rank 1 fails on purpose" in open(log).read()
     assert any(line.startswith("rank 0 of 2: RuntimeError: ") for line in lines)
-    assert lines[-1].startswith("error: torchrun: ") and "rank 1 (exit code 1)" in lines[-1]
+    summary = lines[-1]
+    assert summary.startswith("error: torchrun: ") and "of 2 rank(s) failed" in summary
+    # rank 1 exits with code 1 after writing its line, unless torchrun sees rank 0 (whose
+    # collective rank 1 broke) exit first and stops rank 1 with SIGTERM: the processes race
+    assert "rank 1 (exit code 1)" in summary or "rank 1 (signal SIGTERM)" in summary, summary
 
 
 @pytest.mark.slow
