@@ -32,7 +32,7 @@ from rlm_course.cluster.published import (Predictor, check_figure, direction_err
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost.layouts import DoesNotFit
-from rlm_course.cost.phases import Rates, TrainerCost
+from rlm_course.cost.phases import Rates, pass_flops
 
 
 def _work_per_device(setup: dict) -> float | None:
@@ -76,7 +76,7 @@ def null_model(fig: dict, figures: dict[str, dict], reference: dict | None) -> f
 def implied_update_hfu(fig: dict, fitted: dict[str, dict] | None = None) -> float | None:
     """The hardware FLOPs utilisation a step figure's published update time implies at the
     workload its setup describes: the update's hardware FLOPs (forward, backward and the
-    recomputed forward of every trained sequence, :meth:`~rlm_course.cost.phases.TrainerCost.flops`)
+    recomputed forward of every trained sequence, :func:`~rlm_course.cost.phases.pass_flops`)
     over ``published update seconds x trainer devices x the device's dense peak``. ``None`` where
     the figure publishes no update time.
 
@@ -95,10 +95,8 @@ def implied_update_hfu(fig: dict, fitted: dict[str, dict] | None = None) -> floa
         return None
     fitted = fitted_workload() if fitted is None else fitted
     s = scenario(resolve(fig["setup"], fitted.get(fig["family"])), Rates())
-    fabric = s.cluster.fabric(s.rates) if s.cluster.gpus > 1 else None
-    cost = TrainerCost(s.spec, s.config, s.trainer_layout, s.cluster.device, s.rates, fabric,
-                       s.workload.prompt_len, s.engine_log_probs)
-    flops = cost.flops(list(s.workload.lengths))
+    flops = pass_flops(s.spec, s.config, s.workload.prompt_len, s.workload.lengths,
+                       s.trainer_layout.recompute, s.engine_log_probs)
     trained = sum(v for stage, v in flops.items() if stage != "scoring")
     peak = s.cluster.device.peak_flops * s.rates.train_flops_factor
     return trained / (update * s.trainer_pool * peak)

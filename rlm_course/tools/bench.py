@@ -269,7 +269,7 @@ def _compiled_against_eager(eager, compiled, repeats: int) -> dict:
     try:
         compiled()
     except Exception as err:  # inductor's errors have many types; all mean "cannot compile here"
-        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise ValueError(f"torch.compile could not run here ({type(err).__name__}: {reason}); "
                          "on a CPU its inductor backend needs a C++ compiler (g++ or clang++ on "
                          "the PATH, or CXX set to one).") from None
