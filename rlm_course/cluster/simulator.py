@@ -539,6 +539,7 @@ class _Sim:
         self.finished: list[int] = []           # lengths of the samples finished (this phase)
         self.changed = self.env.event()
         self.idle_count = 0
+        self._busy_hint = 0
         self.all_idle = self.env.event()
         self._id = 0
         self.timeline = {"trainer": [], "rollout": []}
@@ -559,9 +560,17 @@ class _Sim:
 
     def idle(self, replica: _Replica) -> None:
         self.idle_count += 1
-        if all(not rep.active and not rep.queue for rep in self.replicas):
-            if not self.all_idle.triggered:
-                self.all_idle.succeed()
+        # the replica last found busy is checked first: it usually still is, and the scan of
+        # every replica on each idle would cost replicas^2 over a phase
+        hint = self.replicas[self._busy_hint]
+        if hint.active or hint.queue:
+            return
+        for i, rep in enumerate(self.replicas):
+            if rep.active or rep.queue:
+                self._busy_hint = i
+                return
+        if not self.all_idle.triggered:
+            self.all_idle.succeed()
 
     def sample_done(self, group: int, length: int) -> None:
         self.finished.append(length)

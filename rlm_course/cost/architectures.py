@@ -19,6 +19,7 @@ appendix B; causal kernels such as FlashAttention skip the masked half); embeddi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from rlm_course.lm.model import ModelConfig
 
@@ -199,12 +200,20 @@ class TransformerSpec:
             raise ValueError(f"tp={tp!r} must be a positive integer.")
         return 1 if self.kv_latent else min(tp, self.kv_heads)
 
+    @cached_property
+    def flop_terms(self) -> tuple[int, int]:
+        """``(2 x matmul params (active), 4 x n_layer x n_head x d_head)``: a token's forward FLOPs
+        are ``first + second x keys`` (:meth:`forward_flops_per_token`); computed once per spec,
+        as cost models call it for every sequence length."""
+        return 2 * self.matmul_params(), 4 * self.n_layer * self.n_head * self.head_dim
+
     def forward_flops_per_token(self, context: int) -> int:
         """Forward FLOPs of one token attending over ``context`` positions:
         ``2 x matmul params (active) + 4 x n_layer x n_head x d_head x context``."""
         if context < 0:
             raise ValueError(f"context={context} must be >= 0.")
-        return 2 * self.matmul_params() + 4 * self.n_layer * self.n_head * self.head_dim * context
+        per_token, per_key = self.flop_terms
+        return per_token + per_key * context
 
 
 def teacher_forced_flops(spec: TransformerSpec, seq_len: int, sequences: int,
@@ -215,7 +224,8 @@ def teacher_forced_flops(spec: TransformerSpec, seq_len: int, sequences: int,
     is scored against (default ``seq_len``; more when the attention kernel runs over padded keys,
     :func:`rlm_course.lm.attention.attention_key_length`)."""
     keys = seq_len if key_len is None else key_len
-    flops = 2 * spec.matmul_params() * seq_len + 4 * spec.n_layer * spec.n_head * spec.head_dim * seq_len * keys
+    per_token, per_key = spec.flop_terms
+    flops = per_token * seq_len + per_key * seq_len * keys
     if value_positions is not None:
         flops += 2 * spec.d_model * value_positions - 2 * spec.d_model * spec.vocab_size * seq_len
     return sequences * flops

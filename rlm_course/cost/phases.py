@@ -248,6 +248,12 @@ class Cluster:
 
 
 # ---------------------------------------------------------------------- generation
+def _linear_sum(c0: float, c1: float, lo: int, hi: int) -> float:
+    """The sum of ``c0 + c1 t`` over ``t = lo .. hi - 1``."""
+    n = hi - lo
+    return n * c0 + c1 * (lo + hi - 1) * n / 2 if n > 0 else 0.0
+
+
 @dataclass
 class DecodeCost:
     """Seconds of a generation replica's work: ``tp`` devices of ``device`` holding ``spec``.
@@ -314,11 +320,6 @@ class DecodeCost:
         if steps <= 0 or active <= 0:
             return 0.0
         f0, f1, b0, b1 = self._terms(active, context_sum)
-
-        def linear(c0, c1, lo, hi):  # sum of c0 + c1 t over t = lo .. hi - 1
-            n = hi - lo
-            return n * c0 + c1 * (lo + hi - 1) * n / 2 if n > 0 else 0.0
-
         d0, d1 = f0 - b0, f1 - b1  # compute-bound where d0 + d1 t >= 0
         if d1 == 0:
             split, compute_first = steps, d0 >= 0
@@ -327,8 +328,8 @@ class DecodeCost:
         else:  # compute-bound until they cross
             split, compute_first = min(steps, max(0, math.floor(-d0 / d1) + 1)), True
         first, second = ((f0, f1), (b0, b1)) if compute_first else ((b0, b1), (f0, f1))
-        head = linear(*first, 0, split)
-        tail = linear(*second, split, steps)
+        head = _linear_sum(*first, 0, split)
+        tail = _linear_sum(*second, split, steps)
         if count:
             self.count(steps, active, context_sum)
         return head + tail + steps * self._constant(active)
@@ -355,7 +356,8 @@ class DecodeCost:
         device's weights read once, their keys and values written); counts their FLOPs."""
         if not contexts:
             return 0.0
-        flops = sum(teacher_forced_flops(self.spec, c, n) for c, n in contexts.items())
+        # teacher_forced_flops(spec, c, n) for each context length c
+        flops = sum(n * c * (self.per_token + self.attention * c) for c, n in contexts.items())
         tokens = sum(c * n for c, n in contexts.items())
         self.flops += flops
         return max(flops / self.prefill_rate,
