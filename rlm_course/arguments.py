@@ -189,6 +189,6 @@ def add_rl_run_args(parser: argparse.ArgumentParser, variant: str) -> None:
 def rl_run_parser(prog: str = "grpo", variant: str = "grpo") -> argparse.ArgumentParser:
     """A stand-alone parser of the ``grpo`` options (the data-parallel worker under torchrun
     parses its options with it)."""
-    parser = argparse.ArgumentParser(prog=prog)
+    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
     add_rl_run_args(parser, variant)
     return parser

@@ -20,9 +20,19 @@ DESCRIPTION = ("The course's jobs, benchmarks and tools. Run `python -m rlm_cour
                "after `make demo` or `make test` (or call .venv/bin/python -m rlm_course ...).")
 
 
+class ExactArgumentParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that takes only whole option names (``allow_abbrev=False``), it and
+    its sub-commands: a typo such as ``validate --calibrat`` is an error, not ``--calibrate``
+    (which rewrites the stored rates)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every command."""
-    parser = argparse.ArgumentParser(prog="python -m rlm_course", description=DESCRIPTION)
+    """The parser of every command (whole option names only: :class:`ExactArgumentParser`)."""
+    parser = ExactArgumentParser(prog="python -m rlm_course", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error (also RLM_COURSE_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
