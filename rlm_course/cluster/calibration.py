@@ -65,10 +65,18 @@ def load_calibration() -> dict:
     """
     path = rates_path()
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{path} is unreadable ({err}); restore it from git or remake it with "
                          f"`{COMMAND}`.") from None
+    families = data.get("families") if isinstance(data, dict) else None
+    if not (isinstance(families, dict)
+            and all(isinstance(e, dict) and isinstance(e.get("rates"), dict)
+                    for e in families.values())):
+        raise ValueError(f"{path} is not a calibration (it needs \"families\": {{family: "
+                         f"{{\"rates\": {{...}}}}}}); restore it from git (git checkout -- "
+                         f"data/published/rates.json) or remake it with `{COMMAND}`.")
+    return data
 
 
 def family_rates(calibration: dict | None = None) -> dict[str, Rates]:
@@ -97,7 +105,9 @@ def calibrated_rates(which: str | Device | None = None) -> Rates:
     rates = family_rates()
     name = which if isinstance(which, str) else DEFAULT_FAMILY
     if name not in rates:
-        raise ValueError(f"no calibrated rates for family {name!r}; known: {', '.join(rates)}.")
+        raise ValueError(f"no calibrated rates for family {name!r} in {rates_path()}; known: "
+                         f"{', '.join(rates) or 'none'}. Give a known family, or restore the file "
+                         f"from git or remake it with `{COMMAND}`.")
     return rates[name]
 
 

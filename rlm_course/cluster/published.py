@@ -80,6 +80,12 @@ def figure(figure_id: str, figures: list[dict] | None = None) -> dict:
     raise ValueError(f"unknown figure {figure_id!r}; known: {', '.join(f['id'] for f in figures)}.")
 
 
+def _positive(value) -> bool:
+    """A positive, finite real number (not a bool)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
 def check_figure(fig: dict, ids: set[str]) -> None:
     """Raise ``ValueError`` naming the figure and the field if ``fig`` is malformed."""
     name = fig.get("id", "?")
@@ -90,8 +96,13 @@ def check_figure(fig: dict, ids: set[str]) -> None:
         raise ValueError(f"figure {name}: what={fig['what']!r}; choose one of {WHAT}.")
     if fig["sample"] not in SAMPLES:
         raise ValueError(f"figure {name}: sample={fig['sample']!r}; choose one of {SAMPLES}.")
-    if not (isinstance(fig["published"], (int, float)) and fig["published"] > 0):
-        raise ValueError(f"figure {name}: published={fig['published']!r} must be a positive number.")
+    if not _positive(fig["published"]):
+        raise ValueError(f"figure {name}: published={fig['published']!r} must be a positive, "
+                         "finite number.")
+    stages = fig.get("published_stages", {})
+    if not (isinstance(stages, dict) and all(_positive(v) for v in stages.values())):
+        raise ValueError(f"figure {name}: published_stages={stages!r} must map stages to "
+                         "positive, finite seconds.")
     if fig["what"] == "speedup":
         for key in ("baseline", "target"):
             if fig.get(key) not in ids:

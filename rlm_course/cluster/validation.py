@@ -88,13 +88,32 @@ def implied_update_hfu(fig: dict, fitted: dict[str, dict] | None = None) -> floa
     response length (default: the stored calibration's), so the value moves with that fit.
 
     Raises:
-        ValueError: for a malformed setup or a fitted parameter the calibration does not have.
+        ValueError: for a malformed figure (:func:`~rlm_course.cluster.published.check_figure`:
+            a missing field, a published time that is not a positive, finite number) or setup,
+            a family the calibration does not have, or a fitted parameter it does not have.
     """
+    if not isinstance(fig, dict):
+        raise ValueError(f"implied_update_hfu: fig={fig!r} must be a figure of "
+                         "data/published/rl_systems.json (a dict; published.load_figures()).")
+    if fig.get("what") == "speedup":  # a ratio of two steps: no update of its own
+        return None
+    check_figure(fig, set())
     update = (fig.get("published_stages") or {}).get("update")
-    if fig["what"] != "step_seconds" or not update:
+    if fig["what"] != "step_seconds" or update is None:
         return None
     fitted = fitted_workload() if fitted is None else fitted
-    s = scenario(resolve(fig["setup"], fitted.get(fig["family"])), Rates())
+    if not isinstance(fitted, dict):
+        raise ValueError(f"implied_update_hfu: fitted={fitted!r} must map families to their "
+                         "fitted workload parameters (calibration.fitted_workload()).")
+    if fig["family"] not in fitted and isinstance(fig["setup"].get("mean_response"), str):
+        raise ValueError(f"figure {fig['id']}: family {fig['family']!r} has no fitted workload "
+                         f"parameters (families: {', '.join(fitted) or 'none'}); give a family "
+                         "of data/published/rates.json.")
+    try:
+        s = scenario(resolve(fig["setup"], fitted.get(fig["family"])), Rates())
+    except (TypeError, KeyError, AttributeError) as err:
+        raise ValueError(f"figure {fig['id']}: malformed setup ({type(err).__name__}: {err}); "
+                         "see the setups of data/published/rl_systems.json.") from None
     flops = pass_flops(s.spec, s.config, s.workload.prompt_len, s.workload.lengths,
                        s.trainer_layout.recompute, s.engine_log_probs)
     trained = sum(v for stage, v in flops.items() if stage != "scoring")

@@ -190,3 +190,43 @@ def test_the_misses_are_listed_once_per_reason_with_every_figure_it_explains():
     misses = text.split("misses, by reason:\n")[1].splitlines()
     assert misses == [" - a, c: same cause", " - d: no reason recorded"]
     assert "misses" not in validation.format_validation([row("b", True)])
+
+
+def test_implied_update_hfu_refuses_a_figure_it_cannot_read():
+    import copy
+
+    fitted = calibration.fitted_workload()
+    base = BY_ID["verl-fa-7b-colocate-32"]
+    for update in (-1, 0, float("nan"), float("inf"), True, "12"):
+        fig = copy.deepcopy(base)
+        fig["published_stages"]["update"] = update
+        with pytest.raises(ValueError, match="published_stages=.* positive, finite seconds"):
+            validation.implied_update_hfu(fig, fitted)
+    for key in ("what", "family", "published"):
+        fig = {k: v for k, v in base.items() if k != key}
+        with pytest.raises(ValueError, match=f"figure verl-fa-7b-colocate-32: missing '{key}'"):
+            validation.implied_update_hfu(fig, fitted)
+    with pytest.raises(ValueError, match="missing its 'setup'"):
+        validation.implied_update_hfu({k: v for k, v in base.items() if k != "setup"}, fitted)
+    for bad in (None, [], "verl-fa-7b-colocate-32"):
+        with pytest.raises(ValueError, match="must be a figure of data/published"):
+            validation.implied_update_hfu(bad, fitted)
+    with pytest.raises(ValueError, match="fitted=\\[\\] must map families"):
+        validation.implied_update_hfu(base, [])
+    with pytest.raises(ValueError, match="family 'nope' has no fitted workload parameters"):
+        validation.implied_update_hfu({**base, "family": "nope"}, fitted)
+    with pytest.raises(ValueError, match="malformed setup"):
+        validation.implied_update_hfu({**base, "setup": {**base["setup"], "gpus": "32"}}, fitted)
+
+
+def test_a_rates_file_of_the_wrong_shape_says_how_to_restore_it(tmp_path, monkeypatch):
+    for text in ("{}", "[]", '{"families": {"verl": 3}}'):
+        path = tmp_path / "rates.json"
+        path.write_text(text)
+        monkeypatch.setattr(calibration, "rates_path", lambda: path)
+        with pytest.raises(ValueError, match="is not a calibration .* restore it from git"):
+            calibration.calibrated_rates("verl")
+    with pytest.raises(ValueError, match="no calibrated rates for family 'nope' in .*rates.json; "
+                                         "known: verl, nemo-rl|known: nemo-rl, verl"):
+        monkeypatch.undo()
+        calibration.calibrated_rates("nope")
