@@ -45,20 +45,28 @@ where the time goes, then why the others lose. ``python -m rlm_course plan`` and
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 
-from rlm_course.cost.anatomy import Workload
+from rlm_course.cost.anatomy import LOGNORMAL_MAX_SIGMA, Workload
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
 from rlm_course.algorithms import RLConfig
 from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
-from rlm_course.cluster.simulator import MODES, Scenario, SimResult, memory_plan, simulate
+from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimResult, memory_plan,
+                                          simulate)
 
 GB = 1e9
 #: The largest cluster the planner searches (chapter 14 validates the simulator up to here).
 MAX_PLAN_GPUS = 10_000
+#: The most responses per iteration the planner simulates (prompts x group size; published RL
+#: runs use up to about 16,000; a search at this size takes about a minute on 2 cores).
+MAX_PLAN_RESPONSES = 65_536
+#: The widest log-normal spread of the response lengths: past it, a few thousand draws of a
+#: log-normal no longer have the mean they are drawn for (:func:`lognormal_lengths`).
+MAX_SIGMA = LOGNORMAL_MAX_SIGMA
 ROLLOUT_SHARES = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4)
 COLOCATED_MODES = ("sync", "fused")
 DISAGGREGATED_MODES = ("sync", "one-step-off", "async")
@@ -510,8 +518,11 @@ class NoLayoutFits(DoesNotFit):
 def check_settings(settings: dict, name=lambda key: key) -> None:
     """Check a planning request before planning: ``settings`` holds ``gpus, top, prompts,
     group_size, minibatches, prompt_len`` (counts, 1 or more), ``mean_response`` (tokens, at
-    least 1), ``sigma`` (the log-normal spread, >= 0) and ``max_response`` (tokens, at least the
-    mean); ``gpus`` at most :data:`MAX_PLAN_GPUS`. Keys that are absent are not checked.
+    least 1), ``sigma`` (the log-normal spread, 0 to :data:`MAX_SIGMA`) and ``max_response``
+    (tokens, at least the mean); ``gpus`` at most :data:`MAX_PLAN_GPUS`, ``prompts x
+    group_size`` at most :data:`MAX_PLAN_RESPONSES`, ``minibatches`` at most
+    :data:`MAX_MINIBATCHES` (more than the responses run one response per step). Keys that are
+    absent are not checked.
     ``name(key)`` is how the caller's user knows a setting (the CLI: ``--group-size``; the
     widget: its control's label), so that the message names what to change.
 
@@ -522,14 +533,27 @@ def check_settings(settings: dict, name=lambda key: key) -> None:
         value = settings.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name(key)} {value}: give 1 or more.")
+    responses = settings.get("prompts", 1) * settings.get("group_size", 1)
+    if responses > MAX_PLAN_RESPONSES:
+        raise ValueError(f"{name('prompts')} {settings.get('prompts', 1)} x "
+                         f"{name('group_size')} {settings.get('group_size', 1)} = "
+                         f"{responses:,} responses per iteration: "
+                         f"the planner simulates at most {MAX_PLAN_RESPONSES:,}; plan a smaller "
+                         f"batch (e.g. {name('prompts')} 512 {name('group_size')} 16).")
+    steps = settings.get("minibatches", 1)
+    if steps > MAX_MINIBATCHES:  # more than the responses: one response per step (TrainerCost)
+        raise ValueError(f"{name('minibatches')} {steps}: give at most {MAX_MINIBATCHES:,} "
+                         "gradient steps per iteration (1 to 64 is typical).")
     mean = settings.get("mean_response", 1)
     if not (isinstance(mean, (int, float)) and math.isfinite(mean) and mean >= 1):
         raise ValueError(f"{name('mean_response')} {mean:g}: the mean response length must be at "
-                         f"least 1 token (e.g. {name('mean_response')} 4000).")
+                         f"least 1 token, and finite (e.g. {name('mean_response')} 4000).")
     sigma = settings.get("sigma", 0)
-    if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma >= 0):
+    if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and 0 <= sigma <= MAX_SIGMA):
         raise ValueError(f"{name('sigma')} {sigma:g}: the spread of the log-normal lengths must "
-                         "be >= 0 (0: every response of the mean length; 0.8 is typical).")
+                         f"be >= 0 and at most {MAX_SIGMA:g}, and finite (0: every response of the "
+                         "mean length; 0.8 is typical; wider, nearly every response is a few "
+                         "tokens and the draws miss the mean).")
     budget = settings.get("max_response", math.inf)
     if "mean_response" in settings and budget < mean:
         raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
@@ -558,6 +582,21 @@ def _missing_link(device: Device, rates: Rates | None) -> str:
     return "one device per node and no network between nodes"
 
 
+def _check_types(spec, config, workload, device, rates) -> None:
+    """A clear error for an argument of the wrong kind (a name where an object is expected)."""
+    for value, kind, name, fix in (
+            (spec, TransformerSpec, "spec", "rlm_course.cost.architectures.get_spec('llama-3-8b')"),
+            (config, RLConfig, "config", "rlm_course.cluster.simulator.algorithm('grpo')"),
+            (workload, Workload, "workload", "rlm_course.cost.anatomy.Workload.long_tailed(...)"),
+            (device, Device, "device", "rlm_course.cost.hardware.get_device('H100-SXM-80GB')")):
+        if not isinstance(value, kind):
+            raise ValueError(f"{name}={value!r} must be a {kind.__name__}; pass e.g. {fix}.")
+    if rates is not None and not isinstance(rates, Rates):
+        raise ValueError(f"rates={rates!r} must be a Rates or None (the device's calibrated "
+                         "rates); pass e.g. "
+                         "rlm_course.cluster.calibration.calibrated_rates('verl').")
+
+
 def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device, gpus: int,
          rates: Rates | None = None, placements=("colocated", "disaggregated"),
          modes=None, length_buckets: int = 64, keep: int = 2,
@@ -572,16 +611,23 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             memory: the message gives the smallest GPU count that fits
             (:func:`smallest_fitting_gpus`, its ``search`` attribute), the nearest miss and what
             to change: more devices, a larger device, shorter sequences.
-        ValueError: for an unknown placement or mode, ``gpus < 1``, more devices than the
+        ValueError: for an argument of the wrong kind (e.g. a model's name for ``spec``: pass
+            ``get_spec(name)``), an unknown placement or mode, ``gpus < 1``, more devices than the
             device's links can join (:func:`linked_gpus`), modes that none of the placements
             runs (fused needs colocated, streaming modes disaggregated), or a
             disaggregated-only search on one device, or a negative staleness penalty.
     """
+    _check_types(spec, config, workload, device, rates)
+    if isinstance(gpus, numbers.Integral) and not isinstance(gpus, bool):
+        gpus = int(gpus)  # numpy's integers too
+    if placements is None:
+        raise ValueError("placements=None: give colocated, disaggregated or both.")
     if rates is None:
         from rlm_course.cluster.calibration import calibrated_rates
 
         rates = calibrated_rates(device)
-    if not (staleness_penalty >= 0 and math.isfinite(staleness_penalty)):
+    if not (isinstance(staleness_penalty, (int, float)) and not isinstance(staleness_penalty, bool)
+            and staleness_penalty >= 0 and math.isfinite(staleness_penalty)):
         raise ValueError(f"staleness_penalty={staleness_penalty!r} must be a finite number >= 0 "
                          "(extra steps per version of staleness; 0 prices staleness at nothing).")
     if not (isinstance(gpus, int) and gpus >= 1):
@@ -702,8 +748,10 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             search(best, names)
     if not out.ranked:
         closest = _closest([c.refused for c in out.candidates]).rstrip(".")
+        # only counts the device's links can join (a machine without links: this one alone)
+        most = min(MAX_PLAN_GPUS, linked_gpus(device, rates))
         found = smallest_fitting_gpus(spec, config, workload, device, gpus, rates, placements,
-                                      max(gpus, MAX_PLAN_GPUS))
+                                      max(gpus, int(most)))
         fix = (f"Use {found.fits:,} or more devices" if found.fits and found.fits > gpus else
                "Use more devices") + ", a device with more memory, or shorter sequences."
         if found.fits is None:
@@ -756,9 +804,12 @@ def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
     """
     import textwrap
 
-    if not (isinstance(top, int) and top >= 1):
+    if not isinstance(result, Plan):
+        raise ValueError(f"format_plan: result={result!r} must be a Plan (what plan(...) "
+                         "returns).")
+    if not (isinstance(top, int) and not isinstance(top, bool) and top >= 1):
         raise ValueError(f"top={top!r}: give 1 or more plans to print.")
-    if not (isinstance(width, int) and width >= 40):
+    if not (isinstance(width, int) and not isinstance(width, bool) and width >= 40):
         raise ValueError(f"width={width!r}: give 40 or more characters per line.")
     lines = []
     ranked = result.ranked

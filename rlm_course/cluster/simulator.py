@@ -231,6 +231,10 @@ class Scenario:
                 + (", offload" if self.offload_trainer else ""))
 
 
+#: The most gradient steps per iteration :func:`algorithm` sets (published recipes use 1 to 64).
+MAX_MINIBATCHES = 1_024
+
+
 def algorithm(name: str, minibatches: int = 1, **overrides) -> RLConfig:
     """The preset ``name`` of :data:`rlm_course.rl.algorithms.PRESETS` as the simulator uses it:
     its parts (which scoring passes, which models train, epochs) and ``minibatches`` gradient
@@ -238,8 +242,13 @@ def algorithm(name: str, minibatches: int = 1, **overrides) -> RLConfig:
     configuration's own ``prompts_per_step`` is only set to satisfy its checks.
 
     Raises:
-        ValueError: for an unknown preset or an inconsistent override.
+        ValueError: for an unknown preset, ``minibatches`` outside 1 to 1,024, or an
+            inconsistent override.
     """
+    if not (isinstance(minibatches, int) and not isinstance(minibatches, bool)
+            and 1 <= minibatches <= MAX_MINIBATCHES):
+        raise ValueError(f"minibatches={minibatches!r}: give 1 to {MAX_MINIBATCHES:,} gradient "
+                         "steps per iteration (1 to 64 is typical).")
     return preset(name, minibatches=minibatches, prompts_per_step=minibatches, **overrides)
 
 
@@ -403,6 +412,7 @@ class _Replica:
 
     def run(self):
         sim, env, cost = self.sim, self.sim.env, self.sim.decode
+        static, shared = sim.s.rates.static_batching, sim.s.rates.prefix_caching
         while True:
             if self.hold == "pause" or (self.hold == "drain" and not self.active and not self.queue):
                 if not self.parked.triggered:
@@ -415,8 +425,6 @@ class _Replica:
                 yield env.timeout(cost.prefill_seconds(contexts))
                 self._busy(start, env.now)
                 self.needs_recompute = False
-            static = sim.s.rates.static_batching
-            shared = sim.s.rates.prefix_caching
             if static and not self.active:
                 self.rows = self.rows_context = 0
             admitted = prefill = None
@@ -524,7 +532,9 @@ class _Sim:
         self.sync_seconds = self.sync.seconds
         lengths = list(w.lengths)
         if length_buckets:
-            q = max(1, math.ceil(w.response_len / length_buckets))
+            # levels of the longest response drawn, not of the budget: a budget far above every
+            # length would otherwise round them all to one level
+            q = max(1, math.ceil(max(lengths) / length_buckets))
             lengths = [max(1, min(w.response_len, q * round(t / q))) for t in lengths]
         g = w.group_size
         self.prompt_lengths = [lengths[i:i + g] for i in range(0, len(lengths), g)]
@@ -818,7 +828,8 @@ def simulate(scenario: Scenario, iterations: int | None = None, warmup: int | No
     ``warmup`` of them (defaults: ``warmup + 2`` and ``1 + min(ceil(eta), 3)``: an eta-deep
     pipeline fills within that many iterations, or never needs to when generation is the slower
     side). ``length_buckets`` rounds the response lengths to that many
-    levels (fewer events, for large clusters; the default keeps every length).
+    levels up to the longest one (fewer events, for large clusters; the default keeps every
+    length).
 
     Raises:
         DoesNotFit: if a role's layout does not fit memory (checked before anything runs).

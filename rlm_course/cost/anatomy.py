@@ -183,6 +183,13 @@ class Workload:
         return -(-self.responses // self.micro_batch)
 
 
+#: The widest log-normal spread :func:`lognormal_lengths` draws: at ``sigma = 3`` the median is
+#: ``exp(-4.5)``, about 1%, of the mean, so nearly every response is a few tokens and the mean
+#: rests on a few rare long ones that a batch of thousands rarely holds (published RL runs fit
+#: sigma 0.5-1.2).
+LOGNORMAL_MAX_SIGMA = 3.0
+
+
 def lognormal_lengths(n: int, mean_len: float, sigma: float, max_len: int, seed: int = 0,
                       group_size: int = 1, group_share: float = 0.0,
                       mean_after_cap: bool = False) -> tuple[int, ...]:
@@ -211,15 +218,18 @@ def lognormal_lengths(n: int, mean_len: float, sigma: float, max_len: int, seed:
         a tuple of ``n`` integers.
 
     Raises:
-        ValueError: for ``n < 1``, a ``mean_len`` outside ``[1, max_len]``, ``sigma < 0``, a
+        ValueError: for ``n < 1``, a ``mean_len`` outside ``[1, max_len]``, ``sigma`` outside
+            ``[0, LOGNORMAL_MAX_SIGMA]``, a
             ``group_size`` that does not divide ``n``, or ``group_share`` outside ``[0, 1]``.
     """
     if not (isinstance(n, int) and n >= 1):
         raise ValueError(f"lognormal_lengths: n={n!r} must be a positive integer.")
     if not (isinstance(max_len, int) and max_len >= 1 and 1 <= mean_len <= max_len):
         raise ValueError(f"lognormal_lengths: need 1 <= mean_len={mean_len} <= max_len={max_len}.")
-    if not (math.isfinite(sigma) and sigma >= 0):
-        raise ValueError(f"lognormal_lengths: sigma={sigma} must be a finite number >= 0.")
+    if not (math.isfinite(sigma) and 0 <= sigma <= LOGNORMAL_MAX_SIGMA):
+        raise ValueError(f"lognormal_lengths: sigma={sigma} must be a finite number from 0 to "
+                         f"{LOGNORMAL_MAX_SIGMA:g} (0.8 is typical; wider, nearly every response "
+                         "is a few tokens and the draws miss the mean).")
     if not (isinstance(group_size, int) and group_size >= 1 and n % group_size == 0):
         raise ValueError(f"lognormal_lengths: group_size={group_size!r} must be a positive divisor "
                          f"of n={n}.")

@@ -713,7 +713,9 @@ def main(what: str, repeats: int = 5, device: str | None = None, bf16: bool = Fa
             has none, ``bf16`` for another benchmark than ``train``.
     """
     if repeats <= 0:
-        raise ValueError(f"--repeats={repeats} must be positive.")
+        raise ValueError(f"--repeats={repeats} must be positive: give 5 (the default) or more "
+                         "for a stable median; simulator and planner take the best of at most "
+                         "3 and 2.")
     if device is not None and what not in DEVICE_BENCHES:
         raise ValueError(f"--device: bench {what} has no device option (only "
                          f"{', '.join(DEVICE_BENCHES)} do); drop --device.")

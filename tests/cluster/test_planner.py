@@ -108,7 +108,16 @@ def test_stage_fusion_needs_two_replicas():
     ("--gpus", "100000", "up to 10,000 devices"),
     ("--mean-response", "0", "--mean-response 0: the mean response length must be at least 1"),
     ("--sigma", "-1", "--sigma -1: the spread of the log-normal lengths must be >= 0"),
-    ("--max-response", "10", "--max-response 10 is below --mean-response 4000")])
+    ("--max-response", "10", "--max-response 10 is below --mean-response 4000"),
+    # past the limits: a batch that would take minutes to hours, steps that no recipe takes, a
+    # spread at which the lengths no longer have their mean
+    ("--prompts", "100000", "--prompts 100000 x --group-size 16 = 1,600,000 responses per "
+                            "iteration: the planner simulates at most 65,536"),
+    ("--minibatches", "2049", "--minibatches 2049: give at most 1,024 gradient steps"),
+    ("--sigma", "50", "--sigma 50: the spread of the log-normal lengths must be >= 0 and at "
+                      "most 3, and finite"),
+    ("--mean-response", "inf", "--mean-response inf: the mean response length must be at least "
+                               "1 token, and finite")])
 def test_cli_plan_names_the_flag_that_is_wrong(capsys, flag, value, message):
     args = {"--model": "qwen2.5-7b", "--gpus": "8"}
     args[flag] = value
@@ -333,3 +342,57 @@ def test_the_widget_refuses_0_gpus_marks_a_stale_answer_and_says_how_many_fit():
     assert w.run() is None
     assert "no layout of deepseek-v3 fits 16 x H100-SXM-80GB" in w.message
     assert "the smallest count that fits is " in w.message and STALE not in w.output
+
+
+def test_a_typo_of_an_option_is_refused_not_taken_for_the_option_it_begins(capsys):
+    # `validate --calibrate` rewrites the stored rates: `--calibrat` must not start it
+    with pytest.raises(SystemExit) as caught:
+        main(["validate", "--calibrat"])
+    assert caught.value.code == 2
+    assert "unrecognized arguments: --calibrat" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", "--model", "qwen2.5-7b", "--gpu", "8"])
+
+
+def test_the_api_names_an_argument_of_the_wrong_kind_and_how_to_make_it():
+    from rlm_course.cluster.planner import Plan
+
+    spec, grpo = get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4)
+    cases = [(("qwen2.5-7b", grpo, WORKLOAD, H100), {}, "spec='qwen2.5-7b' must be a "
+              "TransformerSpec; pass e.g. rlm_course.cost.architectures.get_spec"),
+             ((spec, grpo, WORKLOAD, "H100-SXM-80GB"), {}, "device='H100-SXM-80GB' must be a "
+              "Device; pass e.g. rlm_course.cost.hardware.get_device"),
+             ((spec, "grpo", WORKLOAD, H100), {}, "config='grpo' must be a RLConfig"),
+             ((spec, grpo, WORKLOAD, H100), {"rates": "verl"}, "rates='verl' must be a Rates"),
+             ((spec, grpo, WORKLOAD, H100), {"placements": None}, "placements=None"),
+             ((spec, grpo, WORKLOAD, H100), {"staleness_penalty": "0.1"},
+              "staleness_penalty='0.1' must be a finite number >= 0")]
+    for args, kwargs, message in cases:
+        with pytest.raises(ValueError) as caught:
+            plan(*args, 8, **kwargs)
+        assert message in str(caught.value), caught.value
+    for bad in (None, "plan"):
+        with pytest.raises(ValueError, match="must be a Plan"):
+            format_plan(bad)
+    with pytest.raises(ValueError, match="top=True"):
+        format_plan(Plan(), top=True)
+    with pytest.raises(ValueError, match="minibatches=2000: give 1 to 1,024"):
+        algorithm("grpo", minibatches=2000)
+
+
+def test_a_device_without_links_is_never_told_to_use_more_of_it():
+    import dataclasses
+
+    from rlm_course.cluster.planner import NoLayoutFits, linked_gpus
+    from rlm_course.cost.phases import Rates
+
+    alone = dataclasses.replace(H100, name="one-device", devices_per_node=1,
+                                inter_node_bandwidth=0.0)
+    assert linked_gpus(alone, Rates()) == 1
+    with pytest.raises(NoLayoutFits) as caught:
+        plan(get_spec("deepseek-v3"), algorithm("grpo", minibatches=16), R1, alone, 1,
+             rates=Rates(), length_buckets=16)
+    message = str(caught.value)
+    # the search stops at what the links join (1), so no count is offered
+    assert "no count up to 1 fits" in message and caught.value.search.fits is None
+    assert message.endswith("Use a device with more memory or shorter sequences."), message

@@ -159,3 +159,14 @@ def test_nonsense_rates_and_modes_are_refused():
 def test_a_scenario_names_which_pool_is_which():
     text = _scenario(placement="disaggregated", rollout_gpus=6).describe()
     assert text.startswith("disaggregated: 6 rollout GPUs + 10 training GPUs, generation tp")
+
+
+def test_length_buckets_follow_the_longest_response_not_the_budget():
+    # the same responses under a budget 600x larger: the buckets, and so the step, are the same
+    # (levels of the budget would round every response of this batch to one level)
+    drawn = Workload.long_tailed(64, 8, 256, 1000, 0.8, 4096, seed=0)
+    vast = Workload(64, 8, 256, 4096 * 600, response_lengths=drawn.lengths)
+    steps = [simulate(_scenario(workload=w, trainer=Layout(dp=16, zero=3)),
+                      length_buckets=64).step_seconds
+             for w in (drawn, vast)]
+    assert steps[0] == pytest.approx(steps[1], rel=1e-9)

@@ -174,3 +174,7 @@ def test_group_lengths_share_their_prompt_and_the_mean_after_the_cap():
         lognormal_lengths(10, 100, 0.5, 200, group_size=3)
     with pytest.raises(ValueError, match="group_share"):
         lognormal_lengths(10, 100, 0.5, 200, group_share=1.5)
+    # past sigma 3 the draws lose their mean: at 50 every one of 8,192 lengths is 1 token
+    with pytest.raises(ValueError, match="sigma=50 must be a finite number from 0 to 3"):
+        lognormal_lengths(8192, 4000, 50, 16384)
+    assert sum(lognormal_lengths(8192, 4000, 3, 10**9)) > 0
