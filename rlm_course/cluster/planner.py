@@ -649,6 +649,9 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         raise ValueError(f"keep={keep!r} must be a positive integer (layouts kept per pool).")
     if isinstance(modes, str):
         modes = [modes]
+    if modes is not None and not list(modes):
+        raise ValueError("modes is empty; give one or more of "
+                         f"{', '.join(MODES)}, or None for every mode the placements run.")
     for m in modes or ():
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r}; choose among {', '.join(MODES)}.")

@@ -365,6 +365,7 @@ def test_the_api_names_an_argument_of_the_wrong_kind_and_how_to_make_it():
              ((spec, "grpo", WORKLOAD, H100), {}, "config='grpo' must be a RLConfig"),
              ((spec, grpo, WORKLOAD, H100), {"rates": "verl"}, "rates='verl' must be a Rates"),
              ((spec, grpo, WORKLOAD, H100), {"placements": None}, "placements=None"),
+             ((spec, grpo, WORKLOAD, H100), {"modes": []}, "modes is empty; give one or more"),
              ((spec, grpo, WORKLOAD, H100), {"staleness_penalty": "0.1"},
               "staleness_penalty='0.1' must be a finite number >= 0")]
     for args, kwargs, message in cases:
