@@ -156,7 +156,8 @@ def data_parallel_ranks(spec: TransformerSpec, layout: Layout) -> int:
 def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, devices: int,
                     seq_len: int, micro_batch_tokens: int,
                     memory_fraction: float = 0.9,
-                    first_fit: bool = False) -> tuple[list[Layout], list[str]]:
+                    first_fit: bool = False,
+                    max_dp: int | None = None) -> tuple[list[Layout], list[str]]:
     """The trainer layouts of ``devices`` devices that fit memory (with the critic and the
     reference ``config`` holds), and the reasons the others do not: TP in 1, 2, 4, 8 (within a
     node), PP in 1, 2, 4, 8, 16 (at most the layers), EP in powers of two dividing the experts
@@ -165,15 +166,22 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
     parameter), no ZeRO when every parameter has one rank (:func:`data_parallel_ranks` is 1:
     nothing to shard); recomputation on; optimizer offload tried when nothing else fits.
     ``first_fit``: stop at the first layout that fits (a memory check, not a search).
+    ``max_dp``: the sequences of one gradient step; a layout with more data-parallel ranks is
+    refused, as frameworks refuse it (each rank needs at least one sequence of every mini-batch:
+    veRL divides ``ppo_mini_batch_size`` by the data-parallel size, Megatron the global batch by
+    ``micro_batch x dp``).
 
     Each refusal ends with the fixes that apply to its layout (:func:`advise`).
 
     Raises:
-        ValueError: if ``devices`` is not a positive integer.
+        ValueError: if ``devices`` or ``max_dp`` is not a positive integer.
     """
+    if max_dp is not None and not (isinstance(max_dp, int) and max_dp >= 1):
+        raise ValueError(f"max_dp={max_dp!r} must be a positive integer (sequences per step).")
     if not (isinstance(devices, int) and devices >= 1):
         raise ValueError(f"devices={devices!r} must be a positive integer.")
     fits, refused = [], []
+    fewest = None  # (dp, tp, pp) of the layout with the fewest ranks refused for max_dp
     tps = _divisors(devices, _trainer_tps(spec, device))
     pps = _trainer_pps(spec)
     eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if not spec.is_moe and e == 1
@@ -186,6 +194,10 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
                 dp = devices // (tp * pp)
                 for ep in eps:
                     if (tp * dp) % ep:
+                        continue
+                    if max_dp is not None and dp > max_dp:
+                        if fewest is None or dp < fewest[0]:
+                            fewest = (dp, tp, pp)
                         continue
                     megatron = tp * pp > 1
                     lay = Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=1 if megatron else 3,
@@ -205,6 +217,13 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
                         refused.append(advise(str(err), spec, device, devices, trainer=lay))
         if fits:
             break
+    if fewest is not None and not fits:
+        dp, tp, pp = fewest
+        refused.append(f"trainer: every layout of {devices:,} devices has at least {dp:,} "
+                       f"data-parallel ranks (tp{tp} pp{pp}), more than the {max_dp:,} sequences "
+                       "of a gradient step, so ranks would hold none; take fewer gradient steps "
+                       "per iteration or a larger batch, or give the trainer fewer devices (a "
+                       "disaggregated split).")
     return fits, refused
 
 
@@ -274,8 +293,9 @@ def _extra(spec: TransformerSpec, config: RLConfig, layout: Layout, seq_len: int
 
 def _best_trainers(spec, config, workload, device, devices, rates, keep=2):
     seq = workload.prompt_len + workload.max_response_len
+    per_step = max(1, workload.responses // max(1, config.minibatches))
     fitting, refused = trainer_layouts(spec, config, device, devices, seq, 2 * seq,
-                                       rates.memory_fraction)
+                                       rates.memory_fraction, max_dp=per_step)
     fabric = Cluster(device, devices).fabric(rates) if devices > 1 else None
     scored = []
     for lay in fitting:

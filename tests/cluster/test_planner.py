@@ -397,3 +397,18 @@ def test_a_device_without_links_is_never_told_to_use_more_of_it():
     # the search stops at what the links join (1), so no count is offered
     assert "no count up to 1 fits" in message and caught.value.search.fits is None
     assert message.endswith("Use a device with more memory or shorter sequences."), message
+
+
+def test_a_trainer_never_has_more_data_parallel_ranks_than_sequences_per_step():
+    spec, grpo = get_spec("llama-3-70b"), algorithm("grpo", minibatches=16)
+    free, _ = trainer_layouts(spec, grpo, H100, 1024, 4096, 8192)
+    capped, _ = trainer_layouts(spec, grpo, H100, 1024, 4096, 8192, max_dp=32)
+    assert max(lay.dp for lay in free) > 32 and capped
+    assert all(lay.dp <= 32 for lay in capped)
+    assert {lay.describe() for lay in capped} == {lay.describe() for lay in free if lay.dp <= 32}
+    # 10,000 = 2^4 x 625: tp x pp divides it at most 16 ways, so every layout has 625+ ranks
+    none, refused = trainer_layouts(spec, grpo, H100, 10_000, 4096, 8192, max_dp=512)
+    assert none == [] and refused[-1].startswith(
+        "trainer: every layout of 10,000 devices has at least 625 data-parallel ranks")
+    with pytest.raises(ValueError, match="max_dp=0"):
+        trainer_layouts(spec, grpo, H100, 8, 4096, 8192, max_dp=0)
