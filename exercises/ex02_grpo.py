@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.rl.advantages import check_groups, constant_groups
+from rlm_course.rl.kl import exp_safe_limit
 
 __all__ = ['group_advantages', 'clipped_objective', 'kl_k3']
 
@@ -79,7 +80,9 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     ``exp(x) - 1 - x`` written as is subtracts numbers that agree in almost every bit, and in
     float32 ``x = -1e-6`` gives -6e-8 instead of 5e-13. ``expm1(x) - x`` has no such cancellation
     in ``exp(x) - 1``; for ``|x| < 0.1`` the Taylor series ``x^2/2 + x^3/6 + x^4/24 + x^5/120``
-    (relative error below 3e-7) replaces the remaining subtraction.
+    (relative error below 3e-7) replaces the remaining subtraction. ``x`` is clamped to
+    ``+-exp_safe_limit(dtype)`` first (:func:`exp_safe_limit`), so that where ``exp`` would
+    overflow the estimate stays finite and its gradient is not NaN.
 
     Args:
         log_probs, ref_log_probs: ``(batch, R)``.
@@ -87,5 +90,5 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     Returns:
         ``(batch, R)`` non-negative estimates, exactly 0 where the log-probs are equal.
     """
-    # TODO: x = log rho is a difference of log-probs; exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120
-    raise NotImplementedError('not implemented yet: x = log rho is a difference of log-probs; exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120')
+    # TODO: x = log rho is a difference of log-probs, clamped to +-exp_safe_limit(its dtype); exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120
+    raise NotImplementedError('not implemented yet: x = log rho is a difference of log-probs, clamped to +-exp_safe_limit(its dtype); exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120')

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.rl.advantages import check_groups, constant_groups
-from rlm_course.rl.losses import AGGREGATIONS, masked_mean, sequence_mean
+from rlm_course.rl.losses import AGGREGATIONS, LOG_RATIO_CLAMP, masked_mean, sequence_mean
 
 __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
 
@@ -36,11 +36,12 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
 def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tensor) -> Tensor:
     """GSPO's length-normalised sequence ratio (Zheng et al. 2025, arXiv:2507.18071, eq. 7).
 
-    ``s_i = (pi_theta(o_i) / pi_old(o_i)) ** (1/|o_i|) = exp(mean_t (logp - old_logp))``.
+    ``s_i = (pi_theta(o_i) / pi_old(o_i)) ** (1/|o_i|) = exp(mean_t (logp - old_logp))``, the
+    mean clamped to ``+-LOG_RATIO_CLAMP`` before ``exp`` (:data:`rlm_course.rl.kl.LOG_RATIO_CLAMP`).
     Inputs ``(batch, R)``; returns ``(batch,)``.
     """
-    # TODO: average the per-token log-ratios over each response's real tokens, then exponentiate
-    raise NotImplementedError("not implemented yet: average the per-token log-ratios over each response's real tokens, then exponentiate")
+    # TODO: average the per-token log-ratios over each response's real tokens, clamp the mean to +-LOG_RATIO_CLAMP, then exponentiate
+    raise NotImplementedError("not implemented yet: average the per-token log-ratios over each response's real tokens, clamp the mean to +-LOG_RATIO_CLAMP, then exponentiate")
 
 
 def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.rl.advantages import check_groups, constant_groups
-from rlm_course.rl.losses import AGGREGATIONS, masked_mean, sequence_mean
+from rlm_course.rl.losses import AGGREGATIONS, LOG_RATIO_CLAMP, masked_mean, sequence_mean
 
 __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
 
@@ -36,10 +36,12 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
 def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tensor) -> Tensor:
     """GSPO's length-normalised sequence ratio (Zheng et al. 2025, arXiv:2507.18071, eq. 7).
 
-    ``s_i = (pi_theta(o_i) / pi_old(o_i)) ** (1/|o_i|) = exp(mean_t (logp - old_logp))``.
+    ``s_i = (pi_theta(o_i) / pi_old(o_i)) ** (1/|o_i|) = exp(mean_t (logp - old_logp))``, the
+    mean clamped to ``+-LOG_RATIO_CLAMP`` before ``exp`` (:data:`rlm_course.rl.kl.LOG_RATIO_CLAMP`).
     Inputs ``(batch, R)``; returns ``(batch,)``.
     """
-    return torch.exp(masked_mean(log_probs - old_log_probs, response_mask, dim=1))
+    mean = masked_mean(log_probs - old_log_probs, response_mask, dim=1)
+    return torch.exp(mean.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
 def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,

@@ -9,6 +9,8 @@ loss or inside the reward.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -17,6 +19,19 @@ from rlm_course.algorithms import KL_ESTIMATORS
 
 
 KL_CLAMP = 10.0
+#: The policy loss clamps a log-ratio to +-20 before ``exp`` (a ratio of 5e8 either way), as
+#: veRL does (``core_algos.compute_policy_loss``): past about 88.7 nats ``exp`` overflows float32,
+#: and even where the loss then clips or masks the value, the backward pass multiplies a zero
+#: gradient by inf and writes NaN into the weights.
+LOG_RATIO_CLAMP = 20.0
+
+
+def exp_safe_limit(dtype: torch.dtype) -> float:
+    """The largest ``x`` whose ``exp(x)`` (and its derivative) ``dtype`` holds with room to spare:
+    ``log(finfo(dtype).max) - 1``, 87.7 for float32 and bfloat16, 708.8 for float64, 10.1 for
+    float16. :func:`kl_k3` clamps its log-ratio there: exact wherever the estimate is
+    representable, and never inf, whose gradient times a zero would be NaN."""
+    return math.log(torch.finfo(dtype).max) - 1.0
 
 
 def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
@@ -30,7 +45,9 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     ``exp(x) - 1 - x`` written as is subtracts numbers that agree in almost every bit, and in
     float32 ``x = -1e-6`` gives -6e-8 instead of 5e-13. ``expm1(x) - x`` has no such cancellation
     in ``exp(x) - 1``; for ``|x| < 0.1`` the Taylor series ``x^2/2 + x^3/6 + x^4/24 + x^5/120``
-    (relative error below 3e-7) replaces the remaining subtraction.
+    (relative error below 3e-7) replaces the remaining subtraction. ``x`` is clamped to
+    ``+-exp_safe_limit(dtype)`` first (:func:`exp_safe_limit`), so that where ``exp`` would
+    overflow the estimate stays finite and its gradient is not NaN.
 
     Args:
         log_probs, ref_log_probs: ``(batch, R)``.
@@ -38,8 +55,10 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     Returns:
         ``(batch, R)`` non-negative estimates, exactly 0 where the log-probs are equal.
     """
-    # BEGIN SOLUTION: x = log rho is a difference of log-probs; exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120
+    # BEGIN SOLUTION: x = log rho is a difference of log-probs, clamped to +-exp_safe_limit(its dtype); exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120
     x = ref_log_probs - log_probs
+    limit = exp_safe_limit(x.dtype)
+    x = x.clamp(-limit, limit)
     series = x * x * (0.5 + x * (1.0 / 6 + x * (1.0 / 24 + x / 120)))
     return torch.where(x.abs() < 0.1, series, (torch.expm1(x) - x).clamp(min=0.0))
     # END SOLUTION

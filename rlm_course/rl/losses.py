@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlm_course.rl.kl import LOG_RATIO_CLAMP
 from rlm_course.rl.masked import masked_mean
 from rlm_course.algorithms import AGGREGATIONS
 
@@ -25,11 +26,13 @@ from rlm_course.algorithms import AGGREGATIONS
 def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tensor) -> Tensor:
     """GSPO's length-normalised sequence ratio (Zheng et al. 2025, arXiv:2507.18071, eq. 7).
 
-    ``s_i = (pi_theta(o_i) / pi_old(o_i)) ** (1/|o_i|) = exp(mean_t (logp - old_logp))``.
+    ``s_i = (pi_theta(o_i) / pi_old(o_i)) ** (1/|o_i|) = exp(mean_t (logp - old_logp))``, the
+    mean clamped to ``+-LOG_RATIO_CLAMP`` before ``exp`` (:data:`rlm_course.rl.kl.LOG_RATIO_CLAMP`).
     Inputs ``(batch, R)``; returns ``(batch,)``.
     """
-    # BEGIN SOLUTION: average the per-token log-ratios over each response's real tokens, then exponentiate
-    return torch.exp(masked_mean(log_probs - old_log_probs, response_mask, dim=1))
+    # BEGIN SOLUTION: average the per-token log-ratios over each response's real tokens, clamp the mean to +-LOG_RATIO_CLAMP, then exponentiate
+    mean = masked_mean(log_probs - old_log_probs, response_mask, dim=1)
+    return torch.exp(mean.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     # END SOLUTION
 
 
@@ -115,7 +118,8 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
                 weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The clipped policy-gradient loss of the whole family, one option per part.
 
-    * ratio: per token, ``exp(logp - old_logp)`` (PPO, GRPO), or per sequence,
+    * ratio: per token, ``exp(logp - old_logp)`` (PPO, GRPO; the log-ratio clamped to
+      ``+-LOG_RATIO_CLAMP`` first, so that an overflow cannot make a gradient NaN), or per sequence,
       :func:`sequence_ratio` (GSPO; every token of a response then shares its loss);
     * clipping: :func:`clipped_objective` with ``clip_low``/``clip_high``;
     * aggregation: :func:`aggregate_loss` with ``loss_agg``;
@@ -138,7 +142,7 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
     """
     clip_high = clip_low if clip_high is None else clip_high
     if ratio_level == "token":
-        ratio = torch.exp(log_probs - old_log_probs)
+        ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         per_token = clipped_objective(ratio, advantages, clip_low, clip_high)
     elif ratio_level == "sequence":
         if advantages.dim() != 1:

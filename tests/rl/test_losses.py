@@ -123,3 +123,39 @@ def test_policy_loss_sequence_ratio_hand_example():
     assert loss.item() == pytest.approx(2 ** 0.5, rel=1e-5)  # negative advantage: not clipped
     with pytest.raises(ValueError, match="one advantage per response"):
         losses.policy_loss(lp, old, torch.ones(1, 3), mask, "sequence")
+
+
+def test_log_ratios_past_what_exp_holds_give_finite_gradients():
+    # a padding position (masked) and a real token whose log-ratio overflows float32's exp
+    # (e^88.7): the loss was finite but its backward wrote NaN (0 x inf) into the gradient
+    mask = torch.tensor([[True, True, False]])
+    lp = torch.tensor([[-0.5, -1.0, -95.0]], requires_grad=True)
+    ref = torch.tensor([[-0.6, -0.9, -5.0]])
+    value = losses.aggregate_loss(kl.kl_estimate(lp, ref, "k3").clamp(-kl.KL_CLAMP, kl.KL_CLAMP),
+                                  mask, "seq-mean-token-mean")
+    value.backward()
+    assert torch.isfinite(lp.grad).all() and lp.grad[0, 2] == 0
+    # on real tokens the gradient is k3's own, d/dlogp (e^x - x - 1) = 1 - e^x, over B |o| = 2
+    x = ref[0, :2] - lp.detach()[0, :2]
+    assert lp.grad[0, :2].tolist() == pytest.approx(((1 - torch.exp(x)) / 2).tolist(), rel=1e-5)
+    for level in ("token", "sequence"):
+        lp = torch.tensor([[-0.5, -1.0, -0.2]], requires_grad=True)
+        old = torch.tensor([[-0.5, -95.0, -0.2]])  # a ratio of e^94 on token 2
+        loss, clipped = losses.policy_loss(lp, old, torch.tensor([1.0]), mask, level)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(lp.grad).all(), level
+        # a positive advantage clips a ratio above 1 + eps: those tokens get no gradient
+        assert clipped[0, 1] and lp.grad[0, 1] == 0, level
+    # k3 is exact wherever float32 holds it, and stops at e^87.7 instead of inf
+    assert kl.exp_safe_limit(torch.float32) == pytest.approx(math.log(3.4028234663852886e38) - 1)
+    assert kl.kl_k3(torch.tensor([0.0]), torch.tensor([60.0])).item() == pytest.approx(
+        math.expm1(60.0) - 60.0, rel=1e-6)
+    top = kl.exp_safe_limit(torch.float32)
+    assert kl.kl_k3(torch.tensor([0.0]), torch.tensor([95.0])).item() == pytest.approx(
+        math.expm1(top) - top, rel=1e-5)
+    # the policy ratio stops at e^20, as veRL's does
+    # (a negative advantage does not clip a large ratio: the loss is -r A on that token)
+    loss, _ = losses.policy_loss(torch.zeros(1, 3), torch.tensor([[0.0, -95.0, 0.0]]),
+                                 torch.tensor([-1.0]), torch.tensor([[False, True, False]]),
+                                 loss_agg="token-mean")
+    assert loss.item() == pytest.approx(math.exp(kl.LOG_RATIO_CLAMP), rel=1e-6)
