@@ -61,8 +61,9 @@ from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimR
 GB = 1e9
 #: The largest cluster the planner searches (chapter 14 validates the simulator up to here).
 MAX_PLAN_GPUS = 10_000
-#: The most responses per iteration the planner simulates (prompts x group size; published RL
-#: runs use up to about 16,000; a search at this size takes about a minute on 2 cores).
+#: The most responses per iteration the planner simulates (prompts x group size; the published
+#: runs of data/published/rl_systems.json use at most 8,192; a search at 65,536 takes about half
+#: a minute on 2 cores).
 MAX_PLAN_RESPONSES = 65_536
 #: The widest log-normal spread of the response lengths: past it, a few thousand draws of a
 #: log-normal no longer have the mean they are drawn for (:func:`lognormal_lengths`).
