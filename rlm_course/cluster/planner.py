@@ -65,9 +65,6 @@ MAX_PLAN_GPUS = 10_000
 #: runs of data/published/rl_systems.json use at most 8,192; a search at 65,536 takes about half
 #: a minute on 2 cores).
 MAX_PLAN_RESPONSES = 65_536
-#: The widest log-normal spread of the response lengths: past it, a few thousand draws of a
-#: log-normal no longer have the mean they are drawn for (:func:`lognormal_lengths`).
-MAX_SIGMA = LOGNORMAL_MAX_SIGMA
 ROLLOUT_SHARES = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4)
 COLOCATED_MODES = ("sync", "fused")
 DISAGGREGATED_MODES = ("sync", "one-step-off", "async")
@@ -539,8 +536,9 @@ class NoLayoutFits(DoesNotFit):
 def check_settings(settings: dict, name=lambda key: key) -> None:
     """Check a planning request before planning: ``settings`` holds ``gpus, top, prompts,
     group_size, minibatches, prompt_len`` (counts, 1 or more), ``mean_response`` (tokens, at
-    least 1), ``sigma`` (the log-normal spread, 0 to :data:`MAX_SIGMA`) and ``max_response``
-    (tokens, at least the mean); ``gpus`` at most :data:`MAX_PLAN_GPUS`, ``prompts x
+    least 1), ``sigma`` (the log-normal spread, 0 to
+    :data:`~rlm_course.cost.anatomy.LOGNORMAL_MAX_SIGMA`) and ``max_response`` (tokens, at least
+    the mean); ``gpus`` at most :data:`MAX_PLAN_GPUS`, ``prompts x
     group_size`` at most :data:`MAX_PLAN_RESPONSES`, ``minibatches`` at most
     :data:`MAX_MINIBATCHES` (more than the responses run one response per step). Keys that are
     absent are not checked.
@@ -570,9 +568,10 @@ def check_settings(settings: dict, name=lambda key: key) -> None:
         raise ValueError(f"{name('mean_response')} {mean:g}: the mean response length must be at "
                          f"least 1 token, and finite (e.g. {name('mean_response')} 4000).")
     sigma = settings.get("sigma", 0)
-    if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and 0 <= sigma <= MAX_SIGMA):
+    widest = LOGNORMAL_MAX_SIGMA
+    if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and 0 <= sigma <= widest):
         raise ValueError(f"{name('sigma')} {sigma:g}: the spread of the log-normal lengths must "
-                         f"be >= 0 and at most {MAX_SIGMA:g}, and finite (0: every response of the "
+                         f"be >= 0 and at most {widest:g}, and finite (0: every response of the "
                          "mean length; 0.8 is typical; wider, nearly every response is a few "
                          "tokens and the draws miss the mean).")
     budget = settings.get("max_response", math.inf)

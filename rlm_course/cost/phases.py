@@ -272,8 +272,8 @@ class DecodeCost:
 
     def __post_init__(self) -> None:
         s, r, tp = self.spec, self.rates, self.tp
-        self.per_token = 2 * s.matmul_params()            # FLOPs of one token's matmuls
-        self.attention = 4 * s.n_layer * s.n_head * s.head_dim  # FLOPs per key attended
+        # FLOPs of one token's matmuls, and per key it attends over
+        self.per_token, self.attention = s.flop_terms
         # KV bytes of one token on one device: split over the ranks that hold distinct KV heads
         self.kv = s.kv_cache_bytes_per_token(self.workload.kv_bytes) / s.kv_shards(tp)
         self.flop_rate = tp * self.device.peak_flops * r.decode_mfu
@@ -356,8 +356,7 @@ class DecodeCost:
         device's weights read once, their keys and values written); counts their FLOPs."""
         if not contexts:
             return 0.0
-        # teacher_forced_flops(spec, c, n) for each context length c
-        flops = sum(n * c * (self.per_token + self.attention * c) for c, n in contexts.items())
+        flops = sum(teacher_forced_flops(self.spec, c, n) for c, n in contexts.items())
         tokens = sum(c * n for c, n in contexts.items())
         self.flops += flops
         return max(flops / self.prefill_rate,
