@@ -162,9 +162,9 @@ assert ring_bytes[-1] > 6 * ring_bytes[0] and ulysses_bytes[-1] < 2 * ulysses_by
 # ## 4. Seconds at scale
 #
 # The same closed forms over the catalog's links (`rlm_course.cost.comm`): a 128k-token
-# sequence of Llama-3-8B scored or trained with context parallelism over 8 H100s of a node,
-# and the expert all-to-alls of an MoE layer (DeepSeek-V3's 256 experts, 8 per token) inside a
-# node and across nodes.
+# sequence of Llama-3.1-8B (Llama 3's 8B architecture with a 131,072-token window) scored or
+# trained with context parallelism over 8 H100s of a node, and the expert all-to-alls of an MoE
+# layer (DeepSeek-V3's 256 experts, 8 per token) inside a node and across nodes.
 
 # %%
 from rlm_course.cost.architectures import get_spec
@@ -173,12 +173,12 @@ from rlm_course.cost import comm
 
 h100 = get_device("H100-SXM-80GB")
 fabric = comm.Fabric.of(h100)
-spec8, moe = get_spec("llama-3-8b"), get_spec("deepseek-v3")
+spec8, moe = get_spec("llama-3.1-8b"), get_spec("deepseek-v3")
 rows = []
 for name, cost in (("ring attention, cp 8", comm.context_parallel_comm(spec8, 8, 131072,
                                                                          fabric.link(8))),
                    ("Ulysses, sp 8", comm.ulysses_comm(spec8, 8, 131072, fabric.link(8)))):
-    rows.append([name, "llama-3-8b, 128k tokens", f"{cost.bytes / 1e9:.2f}",
+    rows.append([name, "llama-3.1-8b, 128k tokens", f"{cost.bytes / 1e9:.2f}",
                  f"{cost.seconds * 1e3:.1f}"])
 for ep, link in ((8, fabric.link(8)), (64, fabric.link(64))):
     cost = comm.expert_parallel_comm(moe, ep, 8192, link)

@@ -309,7 +309,7 @@ moe = sync_cost(SPECS["qwen3-30b-a3b"], h100, generation_tp=4, replicas=16,
 assert moe.software > moe.transfer  # for an MoE, the per-tensor work outweighs the wire
 workload = Workload.long_tailed(prompts=64, group_size=16, prompt_len=512, mean_len=4000,
                                 sigma=1.0, max_len=16384, seed=0)
-report = iteration_report(SPECS["llama-3-70b"], preset("grpo"), workload, h100, devices=64,
+report = iteration_report(SPECS["llama-3.1-70b"], preset("grpo"), workload, h100, devices=64,
                           generation_tp=8, weight_sync="disaggregated")
 shares = {k: f"{v:.1%}" for k, v in report["time_shares"].items()}
 print("time shares of a 70B GRPO iteration on 64 H100s (roofline, long-tailed lengths):", shares)

@@ -51,9 +51,11 @@ print(torch.__version__)
 # %% [markdown]
 # ## 1. One RL iteration, simulated
 #
-# A GRPO iteration of Llama-3-70B on 256 H100s (32 nodes): 256 prompts x 16 responses, whose
+# A GRPO iteration of Llama-3.1-70B on 256 H100s (32 nodes): 256 prompts x 16 responses, whose
 # lengths follow a long-tailed log-normal (mean 4,000 tokens, sigma 0.8, at most 16,384; chapter
-# 05's `Workload.long_tailed`). Colocated, as verl's hybrid engine runs by default: every device
+# 05's `Workload.long_tailed`). Llama 3.1 is Llama 3's architecture with a 131,072-token context
+# window; Llama 3's own 8,192 tokens cannot hold these responses, and the simulator and planner
+# refuse a budget past a model's window (`TransformerSpec.check_context`). Colocated, as verl's hybrid engine runs by default: every device
 # generates (replicas of `tp = 8`), then every device scores and trains (TP 8 x PP 2 x DP 16,
 # ZeRO-1), then the weights are resharded for the next rollout.
 #
@@ -80,7 +82,7 @@ from rlm_course.tools.plots import plot_timelines
 
 h100 = get_device("H100-SXM-80GB")
 rates = calibrated_rates(h100)  # NeMo-RL's family: vLLM and Megatron-Core
-spec70 = get_spec("llama-3-70b")
+spec70 = get_spec("llama-3.1-70b")
 workload = Workload.long_tailed(256, 16, 512, 4000, 0.8, 16384, seed=0, group_share=0.5)
 grpo = algorithm("grpo", minibatches=16)
 trainer = Layout(dp=16, tp=8, pp=2, zero=1, recompute=True, micro_batch_tokens=32768,
@@ -99,7 +101,7 @@ print("memory per device (GB):", {role: round(sum(parts.values()) / 1e9, 1)
 assert abs(sync.step_seconds - sum(sync.stages.values())) < 1e-6 * sync.step_seconds
 
 # %%
-plot_timelines({"Llama-3-70B, 256 H100s, colocated, synchronous": sync.events()},
+plot_timelines({"Llama-3.1-70B, 256 H100s, colocated, synchronous": sync.events()},
                title="trainer, rollout pool and four of its 32 replicas", show_versions=False);
 
 # %% [markdown]
@@ -329,7 +331,7 @@ assert hfu["verl-fa-7b-fullyasync-16-16"] > 1.5 * hfu["verl-fa-7b-colocate-32"]
 # by default: vLLM and Megatron-Core) and prices **staleness**: an asynchronous plan's step counts
 # `1 + penalty x staleness` times (by default 0.1 extra steps per version of staleness, an
 # assumption you can change; chapter 13 measured what staleness costs the toy). The same search
-# runs from a shell: `python -m rlm_course plan --model llama-3-70b --gpus 256 --prompts 512`.
+# runs from a shell: `python -m rlm_course plan --model llama-3.1-70b --gpus 256 --prompts 512`.
 # The first table shows each plan's choices (a disaggregated plan's rollout + training GPUs;
 # every trainer layout recomputes activations, and those with tensor or pipeline parallelism keep
 # fp32 main gradients, so the table leaves both words out), the second its numbers.
@@ -340,7 +342,7 @@ from rlm_course.cluster.planner import format_plan, mode_key, plan
 
 rates = calibrated_rates(h100)
 r1_workload = Workload.long_tailed(512, 16, 512, 4000, 0.8, 16384, seed=0)
-runs = {("llama-3-70b", g): None for g in (64, 256)}
+runs = {("llama-3.1-70b", g): None for g in (64, 256)}
 runs.update({("deepseek-v3", g): None for g in (256, 1024)})
 for model, gpus in runs:
     runs[(model, gpus)] = plan(get_spec(model), grpo, r1_workload, h100, gpus, rates=rates,
@@ -379,9 +381,9 @@ assert max(len(line) for line in text.splitlines()) <= 100  # wrapped at spaces,
 
 # %%
 best_dsv3 = runs[("deepseek-v3", 1024)].best.scenario
-best_70b = runs[("llama-3-70b", 256)].best.scenario
+best_70b = runs[("llama-3.1-70b", 256)].best.scenario
 print(f"DeepSeek-V3 on 1,024 H100s: generation TP {best_dsv3.generation_tp}, trainer "
-      f"{best_dsv3.trainer_layout.describe()}\nLlama-3-70B on 256: generation TP "
+      f"{best_dsv3.trainer_layout.describe()}\nLlama-3.1-70B on 256: generation TP "
       f"{best_70b.generation_tp}, trainer {best_70b.trainer_layout.describe()}")
 assert best_dsv3.generation_tp >= 16  # 1.4 TB of bf16 weights: many devices per replica
 assert best_dsv3.trainer_layout.pp * best_dsv3.trainer_layout.ep > 1
@@ -397,7 +399,7 @@ assert best_dsv3.trainer_layout.pp * best_dsv3.trainer_layout.ep > 1
 from rlm_course.cluster.planner import sensitivity
 
 rows_s = sensitivity(spec70, grpo, r1_workload, h100, 256, rates=rates, length_buckets=32,
-                     base=runs[("llama-3-70b", 256)],
+                     base=runs[("llama-3.1-70b", 256)],
                      variations={"decode_step_latency": (0.0, 0.03), "train_hfu": (0.3,),
                                  "sync_fixed_seconds": (60.0,), "staleness_penalty": (0.5,)})
 print(format_table([[r["rate"], f"{r['value']:g}", r["best"], f"{r['step']:,.0f}",
@@ -443,7 +445,7 @@ fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True, layout="constraine
 y_none = 1.05 * max(v for r in runs.values() for keep in choices.values()
                  if not math.isnan(v := slowdown(r, keep)))
 missing = []
-for ax, model in zip(axes, ("llama-3-70b", "deepseek-v3")):
+for ax, model in zip(axes, ("llama-3.1-70b", "deepseek-v3")):
     sizes = [g for m, g in runs if m == model]
     for color, style, (label, keep) in zip(("C0", "C1", "C2"), ("o-", "s--", "^:"),
                                            choices.items()):
@@ -465,7 +467,7 @@ assert missing == [("deepseek-v3", "other generation tp", [256, 1024])]
 # %%
 slowdowns = {(model, g, label): (restricted(runs[(model, g)], keep) if keep else math.nan)
              for (model, g) in runs for label, keep in choices.items()}
-for model in ("llama-3-70b", "deepseek-v3"):
+for model in ("llama-3.1-70b", "deepseek-v3"):
     worst = max(((v, g, label) for (m, g, label), v in slowdowns.items()
                  if m == model and not math.isnan(v)), default=None)
     share = {g: runs[(m, g)].best.result.generation_share for (m, g) in runs if m == model}
@@ -485,7 +487,7 @@ for model in ("llama-3-70b", "deepseek-v3"):
 #
 # The same planner with controls: choose a model, a device, a cluster size, an algorithm and a
 # workload, press **Plan**, and read the best plans and why the others lose (the text `python -m
-# rlm_course plan` prints). The cell below plans once with the controls' defaults (Llama-3-70B on
+# rlm_course plan` prints). The cell below plans once with the controls' defaults (Llama-3.1-70B on
 # 64 H100s) so that an answer is on screen. Change a control and the answer greys out under
 # "settings changed: press Plan to update" until you press Plan again. A setting that makes no
 # sense gets the planner's error instead of a silently corrected value: try 0 GPUs, or

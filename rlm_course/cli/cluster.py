@@ -44,6 +44,7 @@ def _plan(args) -> int:
     check_settings({k: getattr(args, k) for k in ("gpus", "top", "prompts", "group_size",
                                                   "minibatches", "prompt_len", "mean_response",
                                                   "sigma", "max_response")}, _plan_flag)
+    spec.check_context(args.prompt_len, args.max_response, _plan_flag)
     if not (math.isfinite(args.staleness_penalty) and args.staleness_penalty >= 0):
         raise ValueError(f"--staleness-penalty {args.staleness_penalty:g}: give a number >= 0 "
                          "(extra steps per version of staleness; 0 prices staleness at nothing).")

@@ -632,12 +632,15 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             (:func:`smallest_fitting_gpus`, its ``search`` attribute), the nearest miss and what
             to change: more devices, a larger device, shorter sequences.
         ValueError: for an argument of the wrong kind (e.g. a model's name for ``spec``: pass
-            ``get_spec(name)``), an unknown placement or mode, ``gpus < 1``, more devices than the
+            ``get_spec(name)``), a prompt and response budget longer than the model's context
+            window (:meth:`~rlm_course.cost.architectures.TransformerSpec.check_context`), an
+            unknown placement or mode, ``gpus < 1``, more devices than the
             device's links can join (:func:`linked_gpus`), modes that none of the placements
             runs (fused needs colocated, streaming modes disaggregated), or a
             disaggregated-only search on one device, or a negative staleness penalty.
     """
     _check_types(spec, config, workload, device, rates)
+    spec.check_context(workload.prompt_len, workload.response_len)
     if isinstance(gpus, numbers.Integral) and not isinstance(gpus, bool):
         gpus = int(gpus)  # numpy's integers too
     if placements is None:

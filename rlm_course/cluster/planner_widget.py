@@ -55,7 +55,7 @@ class PlannerWidget:
 
         accelerators = [d for d in load_catalog() if d != "this-machine"]
         self.controls = {
-            "model": dropdown(list(SPECS), "llama-3-70b", "model"),
+            "model": dropdown(list(SPECS), "llama-3.1-70b", "model"),
             "device": dropdown(accelerators, "H100-SXM-80GB", "device"),
             "gpus": number(64, "GPUs"),
             "algorithm": dropdown(list(PRESETS), "grpo", "algorithm"),
@@ -97,6 +97,8 @@ class PlannerWidget:
         labels = {k: c.description for k, c in self.controls.items()}
         try:
             check_settings(v, lambda key: labels[key])
+            get_spec(v["model"]).check_context(v["prompt_len"], v["max_response"],
+                                               lambda key: labels[key])
             workload = Workload.long_tailed(v["prompts"], v["group_size"], v["prompt_len"],
                                             v["mean_response"], v["sigma"], v["max_response"])
             result = plan(get_spec(v["model"]),

@@ -149,7 +149,8 @@ class Scenario:
 
     Raises:
         ValueError: for an unknown placement, pools that do not add up, a ``generation_tp`` that
-            does not divide the rollout pool, or a mode the placement cannot run.
+            does not divide the rollout pool, a mode the placement cannot run, or a prompt and
+            response budget longer than the model's context window.
     """
 
     spec: TransformerSpec
@@ -171,6 +172,7 @@ class Scenario:
             raise ValueError(f"mode={self.mode!r}: give a Mode, e.g. MODES[{self.mode!r}] "
                              f"(named modes: {', '.join(MODES)}).")
         g = self.cluster.gpus
+        self.spec.check_context(self.workload.prompt_len, self.workload.response_len)
         if not (self.oversample >= 1 and math.isfinite(self.oversample)):
             raise ValueError(f"oversample={self.oversample} must be >= 1 (prompts generated per "
                              "prompt trained).")

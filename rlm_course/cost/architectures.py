@@ -18,6 +18,7 @@ appendix B; causal kernels such as FlashAttention skip the masked half); embeddi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -61,6 +62,9 @@ class TransformerSpec:
             head (multi-head latent attention, DeepSeek-V2/V3, arXiv:2405.04434 section 2.1), given
             as ``n_kv_head x d_head`` values of the same bytes; tensor parallelism cannot split it,
             so every TP rank holds and reads it whole (:meth:`kv_shards`).
+        max_context: the released model's context window, tokens (``max_position_embeddings``
+            of its config.json): the longest prompt plus response it runs; ``None``: no limit
+            (:meth:`check_context`).
         source: where the configuration comes from.
 
     Raises:
@@ -87,6 +91,7 @@ class TransformerSpec:
     experts_per_token: int = 1
     n_shared_experts: int = 0
     kv_latent: bool = False
+    max_context: int | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -95,7 +100,7 @@ class TransformerSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{self.name}: {name}={value!r} must be a positive integer.")
-        for name in ("n_kv_head", "d_head"):
+        for name in ("n_kv_head", "d_head", "max_context"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value <= 0):
@@ -114,6 +119,31 @@ class TransformerSpec:
                              f"n_experts={self.n_experts}.")
         if self.n_shared_experts < 0 or self.learned_positions < 0:
             raise ValueError(f"{self.name}: n_shared_experts and learned_positions must be >= 0.")
+
+    def check_context(self, prompt_len: int, response_len: int, name=None) -> None:
+        """Check that a ``prompt_len``-token prompt and a ``response_len``-token response budget
+        fit the model's context window (:attr:`max_context`; tokens): a released model does not
+        run past it (positions beyond the trained ones). ``name(key)`` is how the caller's user
+        knows ``"prompt_len"`` and ``"max_response"`` (the CLI: ``--max-response``).
+
+        Raises:
+            ValueError: naming the tokens, the window and the fix.
+        """
+        if self.max_context is None or prompt_len + response_len <= self.max_context:
+            return
+        name = name or {"prompt_len": "the prompts", "max_response": "the response budget"}.get
+        room, tokens = self.max_context - prompt_len, prompt_len + response_len
+        fix = (f"lower {name('max_response')} to at most {room:,} tokens" if room > 0
+               else f"shorten {name('prompt_len')} below {self.max_context:,} tokens")
+        longer = [s for s in SPECS.values() if s.max_context and s.max_context >= tokens]
+        if longer:  # the one nearest in size
+            near = min(longer, key=lambda s: abs(math.log(s.params() / self.params())))
+            fix += (f", or choose a model with a longer window (e.g. {near.name}, "
+                    f"{near.max_context:,} tokens)")
+        raise ValueError(
+            f"{self.name} reads at most {self.max_context:,} tokens (its context window), but a "
+            f"prompt of {prompt_len:,} plus a response budget of {response_len:,} is "
+            f"{tokens:,}: {fix}.")
 
     # ---------------------------------------------------------------- shape helpers
     @property
@@ -246,54 +276,62 @@ _LLAMA3 = "Meta Llama 3 model card and config.json (Hugging Face meta-llama/Meta
 
 SPECS: dict[str, TransformerSpec] = {
     "llama-3-8b": TransformerSpec("llama-3-8b", n_layer=32, d_model=4096, n_head=32, n_kv_head=8,
-                                  d_ff=14336, vocab_size=128256, source=_LLAMA3.format("8B")),
+                                  d_ff=14336, vocab_size=128256, max_context=8192,
+                                  source=_LLAMA3.format("8B")),
     "llama-3-70b": TransformerSpec("llama-3-70b", n_layer=80, d_model=8192, n_head=64, n_kv_head=8,
-                                   d_ff=28672, vocab_size=128256, source=_LLAMA3.format("70B")),
+                                   d_ff=28672, vocab_size=128256, max_context=8192,
+                                   source=_LLAMA3.format("70B")),
     "qwen2.5-7b": TransformerSpec("qwen2.5-7b", n_layer=28, d_model=3584, n_head=28, n_kv_head=4,
-                                  d_ff=18944, vocab_size=152064, qkv_bias=True,
+                                  d_ff=18944, vocab_size=152064, qkv_bias=True, max_context=131072,
                                   source="Qwen2.5 technical report, arXiv:2412.15115, Table 1; "
                                          "config.json of Qwen/Qwen2.5-7B"),
     "mixtral-8x7b": TransformerSpec("mixtral-8x7b", n_layer=32, d_model=4096, n_head=32,
                                     n_kv_head=8, d_ff=14336, vocab_size=32000, n_experts=8,
-                                    experts_per_token=2,
+                                    experts_per_token=2, max_context=32768,
                                     source="Mixtral of Experts, Jiang et al. 2024, arXiv:2401.04088, "
                                            "Table 1; config.json of mistralai/Mixtral-8x7B-v0.1"),
     # the models of the published RL runs that chapter 14 plans and validates against
     "r1-distill-qwen-1.5b": TransformerSpec(
         "r1-distill-qwen-1.5b", n_layer=28, d_model=1536, n_head=12, n_kv_head=2, d_ff=8960,
-        vocab_size=151936, qkv_bias=True,
+        vocab_size=151936, qkv_bias=True, max_context=131072,
         source="config.json of deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B (Qwen2.5-Math-1.5B "
                "architecture, untied output head): 1.78B parameters"),
     "llama-3.1-8b": TransformerSpec(
         "llama-3.1-8b", n_layer=32, d_model=4096, n_head=32, n_kv_head=8, d_ff=14336,
-        vocab_size=128256,
+        vocab_size=128256, max_context=131072,
         source="config.json of meta-llama/Llama-3.1-8B-Instruct (Llama 3's 8B architecture, "
                "longer RoPE context): 8.0B parameters"),
+    "llama-3.1-70b": TransformerSpec(
+        "llama-3.1-70b", n_layer=80, d_model=8192, n_head=64, n_kv_head=8, d_ff=28672,
+        vocab_size=128256, max_context=131072,
+        source="config.json of meta-llama/Llama-3.1-70B (Llama 3's 70B architecture, RoPE "
+               "scaled to a 131,072-token context): 70.6B parameters"),
     "qwen3-32b": TransformerSpec(
         "qwen3-32b", n_layer=64, d_model=5120, n_head=64, n_kv_head=8, d_head=128, d_ff=25600,
-        vocab_size=151936, norm_params_per_layer=2 * 5120 + 2 * 128,
+        vocab_size=151936, norm_params_per_layer=2 * 5120 + 2 * 128, max_context=40960,
         source="config.json of Qwen/Qwen3-32B (64 layers, 64 query heads and 8 KV heads of 128, "
                "SwiGLU 25,600, QK-norm, untied head): 32.8B parameters"),
     "qwen2.5-32b": TransformerSpec(
         "qwen2.5-32b", n_layer=64, d_model=5120, n_head=40, n_kv_head=8, d_ff=27648,
-        vocab_size=152064, qkv_bias=True,
+        vocab_size=152064, qkv_bias=True, max_context=131072,
         source="config.json of Qwen/Qwen2.5-32B (64 layers, 40 query and 8 KV heads, SwiGLU "
                "27,648, untied head): 32.8B parameters"),
     "qwen3-30b-a3b": TransformerSpec(
         "qwen3-30b-a3b", n_layer=48, d_model=2048, n_head=32, n_kv_head=4, d_head=128, d_ff=768,
-        vocab_size=151936, n_experts=128, experts_per_token=8,
+        vocab_size=151936, n_experts=128, experts_per_token=8, max_context=40960,
         norm_params_per_layer=2 * 2048 + 2 * 128,  # two RMSNorms plus QK-norm
         source="config.json of Qwen/Qwen3-30B-A3B (48 layers, 128 experts of 768, 8 active, "
                "QK-norm): 30.5B parameters, 3.3B active"),
     "qwen3-235b-a22b": TransformerSpec(
         "qwen3-235b-a22b", n_layer=94, d_model=4096, n_head=64, n_kv_head=4, d_head=128,
-        d_ff=1536, vocab_size=151936, n_experts=128, experts_per_token=8,
+        d_ff=1536, vocab_size=151936, n_experts=128, experts_per_token=8, max_context=40960,
         norm_params_per_layer=2 * 4096 + 2 * 128,
         source="config.json of Qwen/Qwen3-235B-A22B (94 layers, 128 experts of 1536, 8 active, "
                "QK-norm): 235B parameters, 22B active"),
     "deepseek-v3": TransformerSpec(
         "deepseek-v3", n_layer=61, d_model=7168, n_head=128, n_kv_head=2, d_head=144, d_ff=2048,
         vocab_size=129280, n_experts=256, experts_per_token=8, n_shared_experts=1, kv_latent=True,
+        max_context=163840,
         source="DeepSeek-V3 technical report, arXiv:2412.19437, and config.json of "
                "deepseek-ai/DeepSeek-V3 (61 layers, width 7168, 256 routed experts of 2048 + 1 "
                "shared, 8 active; 671B parameters, 37B active), as a uniform spec: every layer "

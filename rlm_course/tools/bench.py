@@ -613,10 +613,10 @@ def bench_simulator(repeats: int = 5) -> dict:
     h100 = get_device("H100-SXM-80GB")
     sizes = {  # gpus: (model, prompts, generation tp, trainer layout)
         64: ("qwen2.5-7b", 256, 1, Layout(dp=64, zero=3, recompute=True, micro_batch_tokens=32768)),
-        1024: ("llama-3-70b", 1024, 8, Layout(dp=64, tp=8, pp=2, zero=1, recompute=True,
-                                               micro_batch_tokens=32768)),
-        10000: ("llama-3-70b", 4096, 8, Layout(dp=250, tp=8, pp=5, zero=1, recompute=True,
-                                                micro_batch_tokens=32768)),
+        1024: ("llama-3.1-70b", 1024, 8, Layout(dp=64, tp=8, pp=2, zero=1, recompute=True,
+                                                 micro_batch_tokens=32768)),
+        10000: ("llama-3.1-70b", 4096, 8, Layout(dp=250, tp=8, pp=5, zero=1, recompute=True,
+                                                  micro_batch_tokens=32768)),
     }
     rows, result = [], {"bench": "simulator", "sizes": {}}
     for gpus, (model, prompts, tp, layout) in sizes.items():
@@ -661,10 +661,10 @@ def bench_planner(repeats: int = 5) -> dict:
     best, result = float("inf"), None
     for _ in range(max(1, min(repeats, 2))):
         start = time.perf_counter()
-        result = plan(get_spec("llama-3-70b"), algorithm("grpo", minibatches=16), workload,
+        result = plan(get_spec("llama-3.1-70b"), algorithm("grpo", minibatches=16), workload,
                       get_device("H100-SXM-80GB"), 10_000)
         best = min(best, time.perf_counter() - start)
-    print(f"planner search, llama-3-70b GRPO on 10,000 H100s: {best:.2f} s of wall time "
+    print(f"planner search, llama-3.1-70b GRPO on 10,000 H100s: {best:.2f} s of wall time "
           f"({len(result.ranked)} plans simulated, {len(result.refused)} refused; "
           f"{'under' if best < 10 else 'OVER'} the 10 s target); best: {result.best.name}")
     return {"seconds": best, "simulated": len(result.ranked), "refused": len(result.refused),

@@ -56,8 +56,13 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
     assert "unknown architecture 'gpt-9'" in capsys.readouterr().err
     assert main(["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"]) == 2
     assert "unknown device 'TPU9'" in capsys.readouterr().err
-    assert main(["plan", "--model", "llama-3-70b", "--gpus", "1"]) == 2
-    assert "no layout of llama-3-70b fits 1 x H100-SXM-80GB" in capsys.readouterr().err
+    assert main(["plan", "--model", "llama-3.1-70b", "--gpus", "1"]) == 2
+    assert "no layout of llama-3.1-70b fits 1 x H100-SXM-80GB" in capsys.readouterr().err
+    # Llama 3 reads 8,192 tokens: the default 512 + 16,384 does not fit its window
+    assert main(["plan", "--model", "llama-3-70b", "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "llama-3-70b reads at most 8,192 tokens" in err and "16,896" in err
+    assert "lower --max-response to at most 7,680 tokens" in err and "llama-3.1-70b" in err
 
 
 def test_the_widget_answers_like_the_planner_and_shows_errors():
@@ -70,6 +75,9 @@ def test_the_widget_answers_like_the_planner_and_shows_errors():
     w.controls["model"].value = "llama-3-70b"
     w.controls["gpus"].value = 1
     assert w.run() is None and "no layout of llama-3-70b fits" in w.html.value
+    w.controls["max_response"].value = 16384  # past Llama 3's 8,192-token window
+    assert w.run() is None and "lower max response to at most 7,680 tokens" in w.message
+    w.controls["max_response"].value = 2048
     w.controls["mean_response"].value = 5000.0  # longer than its budget
     assert w.run() is None and w.message.startswith("max response 2048 is below mean response "
                                                     "5000: the budget caps the lengths")

@@ -126,6 +126,9 @@ def test_scenarios_that_make_no_sense_are_refused():
     with pytest.raises(DoesNotFit, match="trainer layout dp16 of llama-3-70b needs"):
         simulate(Scenario(get_spec("llama-3-70b"), preset("grpo"), Workload(32, 8, 256, 1024),
                           Cluster(H100, 16)))
+    with pytest.raises(ValueError, match="llama-3-70b reads at most 8,192 tokens"):
+        Scenario(get_spec("llama-3-70b"), preset("grpo"), Workload(32, 8, 256, 16384),
+                 Cluster(H100, 16))
 
 
 def test_colocated_generation_memory_contention_and_offload():
@@ -162,10 +165,11 @@ def test_a_scenario_names_which_pool_is_which():
 
 
 def test_length_buckets_follow_the_longest_response_not_the_budget():
-    # the same responses under a budget 600x larger: the buckets, and so the step, are the same
-    # (levels of the budget would round every response of this batch to one level)
+    # the same responses under a budget 30x larger (near qwen2.5-7b's 131,072-token window):
+    # the buckets, and so the step, are the same (levels of the budget, 1,920 tokens apart, would
+    # round this batch's responses to a few levels)
     drawn = Workload.long_tailed(64, 8, 256, 1000, 0.8, 4096, seed=0)
-    vast = Workload(64, 8, 256, 4096 * 600, response_lengths=drawn.lengths)
+    vast = Workload(64, 8, 256, 4096 * 30, response_lengths=drawn.lengths)
     steps = [simulate(_scenario(workload=w, trainer=Layout(dp=16, zero=3)),
                       length_buckets=64).step_seconds
              for w in (drawn, vast)]

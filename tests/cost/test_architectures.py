@@ -66,6 +66,7 @@ def test_gqa_and_mqa_shrink_only_the_kv_cache_and_kv_projections():
     (dict(n_kv_head=3), "n_kv_head=3 must divide n_head=8"),
     (dict(n_experts=4, experts_per_token=5), "experts_per_token=5 exceeds n_experts=4"),
     (dict(n_layer=0), "n_layer=0"),
+    (dict(max_context=0), "max_context=0"),
 ])
 def test_inconsistent_specs_raise(kw, match):
     base = dict(name="x", n_layer=2, d_model=64, n_head=8, d_ff=128, vocab_size=10)
@@ -74,3 +75,24 @@ def test_inconsistent_specs_raise(kw, match):
     with pytest.raises(ValueError, match="unknown architecture"):
         get_spec("gpt-5")
     assert all(s.source for s in SPECS.values())
+
+
+def test_a_budget_past_the_context_window_is_refused_with_the_room_left():
+    llama3, llama31 = get_spec("llama-3-70b"), get_spec("llama-3.1-70b")
+    # the same architecture: Llama 3.1 only reads further (config.json max_position_embeddings)
+    assert llama3.params() == llama31.params() and llama3.flop_terms == llama31.flop_terms
+    assert (llama3.max_context, llama31.max_context) == (8192, 131072)
+    llama3.check_context(512, 8192 - 512)  # exactly the window: fine
+    with pytest.raises(ValueError, match=r"llama-3-70b reads at most 8,192 tokens .* 512 plus a "
+                                         r"response budget of 16,384 is 16,896: lower the "
+                                         r"response budget to at most 7,680 tokens, or choose .*"
+                                         r"llama-3.1-70b, 131,072 tokens"):
+        llama3.check_context(512, 16384)
+    with pytest.raises(ValueError, match=r"shorten --prompt-len below 8,192 tokens"):
+        llama3.check_context(9000, 100, lambda key: "--" + key.replace("_", "-"))
+    # no catalog model reads 200k tokens: only the budget to lower
+    with pytest.raises(ValueError, match=r"at most 163,328 tokens\.$"):
+        get_spec("deepseek-v3").check_context(512, 200_000)
+    # a spec without a window (a custom one) is not limited
+    TransformerSpec("x", n_layer=2, d_model=64, n_head=8, d_ff=128,
+                    vocab_size=10).check_context(10**6, 10**6)
