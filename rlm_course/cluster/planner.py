@@ -655,6 +655,9 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
                          "(extra steps per version of staleness; 0 prices staleness at nothing).")
     if not (isinstance(gpus, int) and gpus >= 1):
         raise ValueError(f"gpus={gpus!r} must be a positive integer.")
+    if gpus > MAX_PLAN_GPUS or workload.responses > MAX_PLAN_RESPONSES:
+        check_settings({"gpus": gpus, "prompts": workload.prompts,
+                        "group_size": workload.group_size})
     if gpus > linked_gpus(device, rates):
         raise ValueError(f"gpus={gpus}: {device.name} has no link between devices "
                          f"({_missing_link(device, rates)}), so a plan holds at most "

@@ -387,6 +387,13 @@ def test_the_api_names_an_argument_of_the_wrong_kind_and_how_to_make_it():
         format_plan(Plan(), top=True)
     with pytest.raises(ValueError, match="minibatches=2000: give 1 to 1,024"):
         algorithm("grpo", minibatches=2000)
+    # the API holds the CLI's limits: 10,000 devices, 65,536 responses an iteration
+    with pytest.raises(ValueError, match="gpus 10001: the planner searches clusters of up to "
+                                         "10,000 devices"):
+        plan(spec, grpo, WORKLOAD, H100, 10_001)
+    with pytest.raises(ValueError, match="70,000 responses per iteration: the planner simulates "
+                                         "at most 65,536"):
+        plan(spec, grpo, Workload(70_000, 1, 256, 1024), H100, 8)
 
 
 def test_a_device_without_links_is_never_told_to_use_more_of_it():
