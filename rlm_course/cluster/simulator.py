@@ -827,9 +827,12 @@ class _Sim:
 def simulate(scenario: Scenario, iterations: int | None = None, warmup: int | None = None,
              length_buckets: int | None = None) -> SimResult:
     """Simulate ``iterations`` RL iterations of ``scenario`` and measure the steady state after
-    ``warmup`` of them (defaults: ``warmup + 2`` and ``1 + min(ceil(eta), 3)``: an eta-deep
-    pipeline fills within that many iterations, or never needs to when generation is the slower
-    side). ``length_buckets`` rounds the response lengths to that many
+    ``warmup`` of them (defaults: ``warmup + 2`` and ``1 + ceil(eta)``: an eta-deep pipeline
+    fills within that many iterations, or never needs to when generation is the slower side; a
+    pipeline deeper than 3, which starts with eta + 1 batches admitted at once and swings for
+    about two such bursts, warms up ``2 (eta + 1)`` iterations and measures ``2 eta``: within 5%
+    of a 40-iteration warm-up measuring 40 on NeMo-RL's 8-step-off run, where 4 and 2 measured
+    a transient up to 40% off). ``length_buckets`` rounds the response lengths to that many
     levels up to the longest one (fewer events, for large clusters; the default keeps every
     length).
 
@@ -838,8 +841,11 @@ def simulate(scenario: Scenario, iterations: int | None = None, warmup: int | No
         ValueError: for inconsistent settings, or ``length_buckets`` below 2.
     """
     eta = math.ceil(scenario.mode.staleness)
-    warmup = 1 + min(eta, 3) if warmup is None else warmup
-    iterations = warmup + 2 if iterations is None else iterations
+    deep = eta > 3
+    if warmup is None:
+        warmup = 2 * (eta + 1) if deep else 1 + eta
+    if iterations is None:
+        iterations = warmup + (2 * eta if deep else 2)
     if not (isinstance(iterations, int) and isinstance(warmup, int) and 0 <= warmup < iterations):
         raise ValueError(f"iterations={iterations!r} must exceed warmup={warmup!r} >= 0.")
     if length_buckets is not None and not (isinstance(length_buckets, int) and length_buckets >= 2):
