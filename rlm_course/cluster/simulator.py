@@ -48,6 +48,12 @@ the rates (:class:`~rlm_course.cost.phases.Rates`).
   interruptible rollouts, which re-prefill the context, ``recompute_kv``; verl keeps it);
   colocated, it ends a generation phase as soon as a batch of groups is done and carries the
   unfinished ones over;
+* ``in_order``: the trainer trains on the groups in the order their prompts were admitted, so
+  step k waits for every group of batch k, its longest sample included, however many later
+  groups are done (NeMo-RL's replay buffer samples only the trajectories targeted at the current
+  training step, ``nemo_rl/algorithms/async_utils/replay_buffer.py``); without it the trainer
+  takes the groups in the order they finish, so with partial rollouts a later batch's short
+  groups stand in for an earlier batch's stragglers (verl's fully-async message queue);
 * ``stage_fusion`` (colocated): when a fraction ``fusion_threshold`` of the batch's groups is
   done, the tail migrates to a few replicas (``fusion_tail`` of the devices) and the others start
   scoring the finished groups (RLHFuse's inter-stage fusion, arXiv:2409.13221).
@@ -96,6 +102,7 @@ class Mode:
     streaming: bool = False
     partial_rollout: bool = False
     recompute_kv: bool = True
+    in_order: bool = False
     stage_fusion: bool = False
     fusion_threshold: float = 0.9
     fusion_tail: float = 0.125
@@ -106,16 +113,18 @@ class Mode:
                              "synchronous, 1: one step off-policy).")
         if not 0 < self.fusion_threshold < 1 or not 0 < self.fusion_tail < 1:
             raise ValueError("Mode.fusion_threshold and fusion_tail must be fractions in (0, 1).")
-        if self.stage_fusion and (self.streaming or self.partial_rollout or self.staleness):
+        if self.stage_fusion and (self.streaming or self.partial_rollout or self.staleness
+                                  or self.in_order):
             raise ValueError("Mode: stage fusion reorders one synchronous colocated iteration; it "
-                             "does not combine with staleness, streaming or partial rollouts.")
+                             "does not combine with staleness, streaming, partial rollouts or "
+                             "in-order consumption.")
 
     @property
     def name(self) -> str:
         base = ("sync" if self.staleness == 0 else "one-step-off" if self.staleness == 1
                 else f"async eta={self.staleness:g}")
         flags = [f for f, on in (("streaming", self.streaming), ("partial", self.partial_rollout),
-                                 ("fused", self.stage_fusion)) if on]
+                                 ("in order", self.in_order), ("fused", self.stage_fusion)) if on]
         return " + ".join([base] + flags)
 
 
@@ -548,6 +557,8 @@ class _Sim:
         self.version = 0
         self.groups: dict[int, list] = {}     # group -> [remaining samples, admit version]
         self.buffer: deque = deque()           # finished groups: (group, admit version)
+        self.done_early: dict[int, int] = {}   # in order: finished past a pending group
+        self.next_in_order = 0                 # in order: the next group the buffer takes
         self.finished: list[int] = []           # lengths of the samples finished (this phase)
         self.changed = self.env.event()
         self.idle_count = 0
@@ -589,8 +600,15 @@ class _Sim:
         entry = self.groups[group]
         entry[0] -= 1
         if entry[0] == 0:
-            self.buffer.append((group, entry[1]))
             del self.groups[group]
+            if not self.s.mode.in_order:
+                self.buffer.append((group, entry[1]))
+            else:  # the buffer takes groups in admission order; a group done early waits
+                self.done_early[group] = entry[1]
+                while self.next_in_order in self.done_early:
+                    self.buffer.append((self.next_in_order,
+                                        self.done_early.pop(self.next_in_order)))
+                    self.next_in_order += 1
         if not self.changed.triggered:
             self.changed.succeed()
 

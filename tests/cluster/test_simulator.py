@@ -113,6 +113,36 @@ def test_partial_rollouts_and_staleness_bound():
     assert sync.step_seconds > off.step_seconds and sync.generation_share > off.generation_share
 
 
+def test_in_order_training_waits_for_each_batchs_longest_group():
+    # the first group of every batch is 16x longer than the other 31
+    lengths = tuple([4096] * 8 + [256] * 8 * 31)
+    kw = dict(workload=Workload(32, 8, 256, 4096, response_lengths=lengths),
+              placement="disaggregated", rollout_gpus=8, trainer=Layout(dp=8, zero=3))
+    mode = Mode(staleness=1, partial_rollout=True, recompute_kv=False)
+    fifo = simulate(_scenario(mode=mode, **kw))
+    order = simulate(_scenario(mode=Mode(staleness=1, partial_rollout=True, recompute_kv=False,
+                                         in_order=True), **kw))
+    # a long group holds one replica for 4,095 decode steps of at least its own 8 samples
+    s = _scenario(**kw)
+    latency = DecodeCost(SPEC, H100, 1, s.rates, None, s.workload).seconds(4095, 8, 8 * 257)
+    train = order.stages["scoring"] + order.stages["policy update"]
+    # in order, batch k + 2 is admitted when step k publishes and trained in step k + 2: two
+    # steps hold its long group and its training
+    assert 2 * order.step_seconds >= latency + train
+    # in the order groups finish, later batches' short groups stand in for the long ones
+    assert 2 * fifo.step_seconds < latency and fifo.staleness < 1
+    assert order.staleness == pytest.approx(1.0)  # every batch exactly one version behind
+    # without a tail the two orders train the same groups at the same times
+    even = dict(kw, workload=Workload(32, 8, 256, 1024))
+    assert simulate(_scenario(mode=mode, **even)).step_seconds == pytest.approx(
+        simulate(_scenario(mode=Mode(staleness=1, partial_rollout=True, recompute_kv=False,
+                                     in_order=True), **even)).step_seconds, rel=1e-12)
+    assert Mode(staleness=1, partial_rollout=True, in_order=True).name == (
+        "one-step-off + partial + in order")
+    with pytest.raises(ValueError, match="in-order consumption"):
+        Mode(stage_fusion=True, in_order=True)
+
+
 def test_a_deep_pipeline_is_measured_past_its_first_bursts():
     # 8 versions of staleness: 9 batches admitted at once; the default measurement warms up 18
     # iterations and measures 16, within 2% of a 40-iteration warm-up measuring 40, where 4 and
