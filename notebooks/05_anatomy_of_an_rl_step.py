@@ -607,7 +607,9 @@ print("model states, reference weights and the KV cache are totals for the whole
 # ## 7. The calculator
 #
 # Every number above, for any model, algorithm, workload and cluster. Change the controls (or set
-# them from code, e.g. `calc.controls["response_len"].value = 16384`).
+# them from code, as below). A budget past the model's context window is refused with the room
+# left: Llama 3 reads 8,192 tokens, so 8k-token responses after 512-token prompts need Llama 3.1
+# (the same architecture, `llama-3.1-8b`, 131,072 tokens).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -618,6 +620,8 @@ calc.widget
 
 # %%
 calc.controls["response_len"].value = 8192
+assert "llama-3-8b reads at most 8,192 tokens" in calc.message
+calc.controls["model"].value = "llama-3.1-8b"
 print(f"8k-token responses: {calc.result['seconds']:.0f} s per iteration (roofline bound), "
       f"decode {calc.result['time_shares']['decode']:.0%} of it")
 assert calc.message == ""

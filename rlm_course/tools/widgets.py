@@ -115,6 +115,8 @@ class RLStepCalculator:
         if spec.learned_positions and workload.seq_len > spec.learned_positions:
             raise ValueError(f"the {spec.name} model has {spec.learned_positions} positions; "
                              f"prompt + response = {workload.seq_len} tokens do not fit.")
+        labels = {"prompt_len": "prompt tokens", "max_response": "response tokens"}
+        spec.check_context(s["prompt_len"], s["response_len"], labels.get)
         return iteration_report(spec, config, workload, get_device(s["device"]), s["devices"],
                                 s["generation_tp"])
 

@@ -76,6 +76,11 @@ def test_inconsistent_custom_model_and_moe():
     assert "141 GB of weights" in calc.message
     calc.controls["generation_tp"].value = 4
     assert calc.message == "" and calc.result["decode_waves"] > 1 and "waves" in calc.status.value
+    calc.controls["response_len"].value = 16384  # past Llama 3's 8,192-token window
+    assert calc.result is None and ("llama-3-70b reads at most 8,192 tokens" in calc.message
+                                    and "lower response tokens to at most 7,680" in calc.message)
+    calc.controls["model"].value = "llama-3.1-70b"  # the same architecture, 131,072 tokens
+    assert calc.message == ""
 
 
 def test_architecture_boxes_show_the_selected_model_and_only_custom_edits_them():
