@@ -325,6 +325,7 @@ calc = RLStepCalculator()
 calc.widget
 
 # %%
+calc.controls["model"].value = "llama-3.1-8b"  # Llama 3's architecture, a 131,072-token window
 calc.controls["response_len"].value = 8192
 deep, work = calc.result["generation_depth"], calc.result["generation_work"]
 calc.controls["group_size"].value = 64
