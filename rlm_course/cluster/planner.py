@@ -576,9 +576,10 @@ def check_settings(settings: dict, name=lambda key: key) -> None:
                          "tokens and the draws miss the mean).")
     budget = settings.get("max_response", math.inf)
     if "mean_response" in settings and budget < mean:
+        suggest = max(16384, int(min(4 * mean, 2**31)))  # 4x the mean, kept a finite integer
         raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
                          f"{mean:g}: the budget caps the lengths, so raise it (e.g. "
-                         f"{name('max_response')} {max(16384, int(4 * mean))}) or lower the mean.")
+                         f"{name('max_response')} {suggest}) or lower the mean.")
     if settings.get("gpus", 1) > MAX_PLAN_GPUS:
         raise ValueError(f"{name('gpus')} {settings['gpus']}: the planner searches clusters of up "
                          f"to {MAX_PLAN_GPUS:,} devices (the largest size bench simulator runs); "

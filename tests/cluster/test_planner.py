@@ -125,7 +125,8 @@ def test_stage_fusion_needs_two_replicas():
     ("--sigma", "50", "--sigma 50: the spread of the log-normal lengths must be >= 0 and at "
                       "most 3, and finite"),
     ("--mean-response", "inf", "--mean-response inf: the mean response length must be at least "
-                               "1 token, and finite")])
+                               "1 token, and finite"),
+    ("--mean-response", "1e308", "--max-response 16384 is below --mean-response 1e+308")])
 def test_cli_plan_names_the_flag_that_is_wrong(capsys, flag, value, message):
     args = {"--model": "qwen2.5-7b", "--gpus": "8"}
     args[flag] = value
