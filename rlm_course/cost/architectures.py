@@ -127,19 +127,26 @@ class TransformerSpec:
         knows ``"prompt_len"`` and ``"max_response"`` (the CLI: ``--max-response``).
 
         Raises:
-            ValueError: naming the tokens, the window and the fix.
+            ValueError: naming the tokens, the window and the fix; for a length that is not a
+                whole number of tokens >= 0.
         """
+        for label, value in (("prompt_len", prompt_len), ("response_len", response_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{self.name}: {label}={value!r} must be a whole number of "
+                                 "tokens >= 0.")
         if self.max_context is None or prompt_len + response_len <= self.max_context:
             return
         name = name or {"prompt_len": "the prompts", "max_response": "the response budget"}.get
         room, tokens = self.max_context - prompt_len, prompt_len + response_len
         fix = (f"lower {name('max_response')} to at most {room:,} tokens" if room > 0
-               else f"shorten {name('prompt_len')} below {self.max_context:,} tokens")
-        longer = [s for s in SPECS.values() if s.max_context and s.max_context >= tokens]
-        if longer:  # the one nearest in size
+               else f"shorten {name('prompt_len')} to leave room for the responses within "
+                    f"{self.max_context:,} tokens")
+        longer = [s for s in SPECS.values() if s.max_context and s.max_context >= tokens
+                  and abs(math.log(s.params() / self.params())) <= math.log(4)]
+        if longer:  # the one nearest in size, within 4x of this model's parameters
             near = min(longer, key=lambda s: abs(math.log(s.params() / self.params())))
-            fix += (f", or choose a model with a longer window (e.g. {near.name}, "
-                    f"{near.max_context:,} tokens)")
+            fix += (f", or choose a model of similar size with a longer window (e.g. "
+                    f"{near.name}, {near.max_context:,} tokens)")
         raise ValueError(
             f"{self.name} reads at most {self.max_context:,} tokens (its context window), but a "
             f"prompt of {prompt_len:,} plus a response budget of {response_len:,} is "

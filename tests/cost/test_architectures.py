@@ -88,8 +88,16 @@ def test_a_budget_past_the_context_window_is_refused_with_the_room_left():
                                          r"response budget to at most 7,680 tokens, or choose .*"
                                          r"llama-3.1-70b, 131,072 tokens"):
         llama3.check_context(512, 16384)
-    with pytest.raises(ValueError, match=r"shorten --prompt-len below 8,192 tokens"):
+    with pytest.raises(ValueError, match=r"shorten --prompt-len to leave room for the "
+                                         r"responses within 8,192 tokens"):
         llama3.check_context(9000, 100, lambda key: "--" + key.replace("_", "-"))
+    # a longer-window model is suggested only within 4x of the parameters: none for a 7.6B model
+    # past 131,072 tokens (deepseek-v3 reads further, 90x larger)
+    with pytest.raises(ValueError, match=r"at most 130,816 tokens\.$"):
+        get_spec("qwen2.5-7b").check_context(256, 130_817)
+    for bad in ((512, -5), (-5, 8000), (512, 1.5), (512, True), (512, "8")):
+        with pytest.raises(ValueError, match="must be a whole number of tokens >= 0"):
+            llama3.check_context(*bad)
     # no catalog model reads 200k tokens: only the budget to lower
     with pytest.raises(ValueError, match=r"at most 163,328 tokens\.$"):
         get_spec("deepseek-v3").check_context(512, 200_000)
