@@ -155,6 +155,14 @@ def test_a_deep_pipeline_is_measured_past_its_first_bursts():
     assert default.step_seconds == pytest.approx(long.step_seconds, rel=0.02)
     short = simulate(s, iterations=6, warmup=4)
     assert short.step_seconds < 0.9 * long.step_seconds
+    # in order, the steps repeat every eta + 1 iterations: the default measures whole cycles
+    w = Workload.long_tailed(32, 8, 256, 1500, 1.0, 8192, seed=1)
+    for eta in (2, 3, 8):
+        s = _scenario(workload=w, placement="disaggregated", rollout_gpus=8,
+                      trainer=Layout(dp=8, zero=3),
+                      mode=Mode(staleness=eta, partial_rollout=True, in_order=True))
+        assert simulate(s).step_seconds == pytest.approx(
+            simulate(s, iterations=80, warmup=40).step_seconds, rel=0.025)
 
 
 def test_scenarios_that_make_no_sense_are_refused():
