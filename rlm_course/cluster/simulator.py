@@ -89,6 +89,11 @@ from rlm_course.cost.phases import (Cluster, DecodeCost, Rates, TrainerCost, off
 
 
 
+#: The deepest staleness a Mode takes (versions): a pipeline that deep already holds 65 batches;
+#: the simulation warms up over 2 (eta + 1) iterations.
+MAX_STALENESS = 64
+
+
 @dataclass(frozen=True)
 class Mode:
     """How generation and training are ordered (see the module docstring).
@@ -108,9 +113,14 @@ class Mode:
     fusion_tail: float = 0.125
 
     def __post_init__(self) -> None:
-        if not (self.staleness >= 0 and math.isfinite(self.staleness)):
-            raise ValueError(f"Mode.staleness={self.staleness} must be a finite number >= 0 (0: "
-                             "synchronous, 1: one step off-policy).")
+        if (isinstance(self.staleness, bool) or not isinstance(self.staleness, (int, float))
+                or not 0 <= self.staleness <= MAX_STALENESS):
+            raise ValueError(f"Mode.staleness={self.staleness!r} must be a number from 0 to "
+                             f"{MAX_STALENESS} (0: synchronous, 1: one step off-policy; "
+                             "published asynchronous runs use 1 to 8).")
+        for flag in ("streaming", "partial_rollout", "recompute_kv", "in_order", "stage_fusion"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"Mode.{flag}={getattr(self, flag)!r} must be True or False.")
         if not 0 < self.fusion_threshold < 1 or not 0 < self.fusion_tail < 1:
             raise ValueError("Mode.fusion_threshold and fusion_tail must be fractions in (0, 1).")
         if self.stage_fusion and (self.streaming or self.partial_rollout or self.staleness
@@ -177,6 +187,12 @@ class Scenario:
     oversample: float = 1.0
 
     def __post_init__(self) -> None:
+        for name, kind, make in (("spec", TransformerSpec, "get_spec('qwen2.5-7b')"),
+                                 ("workload", Workload, "Workload.long_tailed(...)"),
+                                 ("cluster", Cluster, "Cluster(get_device('H100-SXM-80GB'), 16)")):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"Scenario.{name}={getattr(self, name)!r} must be a "
+                                 f"{kind.__name__}; pass e.g. {make}.")
         if not isinstance(self.mode, Mode):
             raise ValueError(f"mode={self.mode!r}: give a Mode, e.g. MODES[{self.mode!r}] "
                              f"(named modes: {', '.join(MODES)}).")

@@ -209,6 +209,19 @@ def test_nonsense_rates_and_modes_are_refused():
         Scenario(get_spec("qwen2.5-7b"), preset("grpo"),
                  Workload.long_tailed(8, 4, 64, 100, 0.5, 400),
                  Cluster(get_device("H100-SXM-80GB"), 8), mode="async")
+    for staleness in (-1, math.nan, math.inf, 65, 1e9, "1", None, True):
+        with pytest.raises(ValueError, match="must be a number from 0 to 64"):
+            Mode(staleness=staleness)
+    for flag in ("in_order", "partial_rollout", "streaming"):
+        with pytest.raises(ValueError, match=f"Mode.{flag}='yes' must be True or False"):
+            Mode(**{flag: "yes"})
+    with pytest.raises(ValueError, match=r"Scenario.spec='qwen2.5-7b' must be a "
+                                         r"TransformerSpec; pass e.g. get_spec"):
+        Scenario("qwen2.5-7b", preset("grpo"), Workload(8, 4, 64, 100),
+                 Cluster(get_device("H100-SXM-80GB"), 8))
+    with pytest.raises(ValueError, match="Scenario.workload=None must be a Workload"):
+        Scenario(get_spec("qwen2.5-7b"), preset("grpo"), None,
+                 Cluster(get_device("H100-SXM-80GB"), 8))
 
 
 def test_a_scenario_names_which_pool_is_which():
