@@ -488,7 +488,7 @@ def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Wor
     Raises:
         ValueError: if ``gpus`` is not a positive integer or ``limit`` is below it.
     """
-    if not (isinstance(gpus, int) and gpus >= 1):
+    if isinstance(gpus, bool) or not (isinstance(gpus, int) and gpus >= 1):
         raise ValueError(f"gpus={gpus!r} must be a positive integer.")
     if not (isinstance(limit, int) and limit >= gpus):
         raise ValueError(f"limit={limit!r} must be an integer >= gpus={gpus}.")
@@ -654,7 +654,7 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             and staleness_penalty >= 0 and math.isfinite(staleness_penalty)):
         raise ValueError(f"staleness_penalty={staleness_penalty!r} must be a finite number >= 0 "
                          "(extra steps per version of staleness; 0 prices staleness at nothing).")
-    if not (isinstance(gpus, int) and gpus >= 1):
+    if isinstance(gpus, bool) or not (isinstance(gpus, int) and gpus >= 1):
         raise ValueError(f"gpus={gpus!r} must be a positive integer.")
     if gpus > MAX_PLAN_GPUS or workload.responses > MAX_PLAN_RESPONSES:
         check_settings({"gpus": gpus, "prompts": workload.prompts,

@@ -389,6 +389,8 @@ def test_the_api_names_an_argument_of_the_wrong_kind_and_how_to_make_it():
     with pytest.raises(ValueError, match="minibatches=2000: give 1 to 1,024"):
         algorithm("grpo", minibatches=2000)
     # the API holds the CLI's limits: 10,000 devices, 65,536 responses an iteration
+    with pytest.raises(ValueError, match="gpus=True must be a positive integer"):
+        plan(spec, grpo, WORKLOAD, H100, True)
     with pytest.raises(ValueError, match="gpus 10001: the planner searches clusters of up to "
                                          "10,000 devices"):
         plan(spec, grpo, WORKLOAD, H100, 10_001)
