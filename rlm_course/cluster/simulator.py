@@ -36,11 +36,14 @@ the rates (:class:`~rlm_course.cost.phases.Rates`).
 
 * ``staleness`` eta: prompts are admitted while ``admitted <= (version + 1 + eta) x prompts``
   (:func:`rlm_course.systems.async_rl.rollout_capacity`, the gate chapter 13 runs on real
-  processes), so a sample is generated at most eta versions behind the weights that train on it
-  (AReaL's
+  processes), so the batches in flight are at most eta versions ahead of the trainer (AReaL's
   ``max_head_offpolicyness``, arXiv:2505.24298; verl's ``staleness_threshold``, fractional).
+  Trained in order (``in_order``), a sample is then at most eta versions behind the weights that
+  train on it; trained in the order groups finish with partial rollouts, a straggler paused across
+  updates can train later than that (``SimResult.staleness_max``).
   eta = 0 is synchronous (generate, then train), eta = 1 one step off-policy (generation of batch
-  k + 1 overlaps training on batch k; verl's one-step-off recipe, NeMo-RL's ``max_trajectory_age_steps``);
+  k + 1 overlaps training on batch k; verl's one-step-off recipe, NeMo-RL's
+  ``max_trajectory_age_steps``);
 * ``streaming``: the trainer takes mini-batches as soon as their groups finish (verl's
   fully-async streaming, StreamRL arXiv:2504.15930) instead of a whole batch;
 * ``partial_rollout``: a weight update pauses in-flight sequences and resumes them with the new
