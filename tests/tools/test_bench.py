@@ -10,8 +10,14 @@ def test_the_train_bench_runs_on_an_explicit_device_with_its_floors():
     result = bench.bench_train(1, device="cpu", peak_sizes=(256,))
     assert result["bf16"] is False and result["device"] == "cpu"
     assert result["step_seconds"] > 0 and 0 < result["fraction_of_matmul_peak"]
-    # the step runs more than its own matmuls and attention, and more than its arithmetic
-    assert result["step_over_kernel_floor"] > 1 and result["step_seconds"] > result["flop_floor_seconds"]
+    # the floors are reported beside the step and its ratios are theirs (how the step compares
+    # with them is a measurement the benchmark prints, not a property a busy machine keeps)
+    t, kernels = result["step_seconds"], result["kernel_floor_seconds"]
+    assert kernels > 0 and result["step_over_kernel_floor"] == pytest.approx(t / kernels)
+    assert result["flop_floor_seconds"] == pytest.approx(
+        result["flops_per_step"] / result["matmul_peak_flops_per_s"])
+    assert result["fraction_of_matmul_peak"] == pytest.approx(
+        result["achieved_flops_per_s"] / result["matmul_peak_flops_per_s"])
     assert "mfu" not in result  # a CPU has no datasheet peak in the catalog
 
 
