@@ -158,6 +158,21 @@ class StageTimer:
         return out
 
 
+def check_kinds(checks, owner: str = "") -> None:
+    """A clear error for an argument of the wrong kind (e.g. a model's name where its spec
+    belongs): ``checks`` holds ``(name, value, kind, example)``, ``example`` the code that makes
+    one.
+
+    Raises:
+        ValueError: ``"{owner}{name}={value!r} must be a {kind}; pass e.g. {example}."`` for the
+            first value that is not an instance of its kind.
+    """
+    for name, value, kind, example in checks:
+        if not isinstance(value, kind):
+            raise ValueError(f"{owner}{name}={value!r} must be a {kind.__name__}; pass e.g. "
+                             f"{example}.")
+
+
 def format_table(rows: list[list], header: list[str]) -> str:
     """A plain-text table: columns padded to their widest cell, numbers right-aligned."""
     cells = [header] + [[str(c) for c in row] for row in rows]

@@ -55,6 +55,7 @@ from rlm_course.cost.hardware import Device
 from rlm_course.algorithms import RLConfig
 from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
+from rlm_course.utils import check_kinds
 from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimResult, memory_plan,
                                           simulate)
 
@@ -605,13 +606,11 @@ def _missing_link(device: Device, rates: Rates | None) -> str:
 
 def _check_types(spec, config, workload, device, rates) -> None:
     """A clear error for an argument of the wrong kind (a name where an object is expected)."""
-    for value, kind, name, fix in (
-            (spec, TransformerSpec, "spec", "rlm_course.cost.architectures.get_spec('llama-3-8b')"),
-            (config, RLConfig, "config", "rlm_course.cluster.simulator.algorithm('grpo')"),
-            (workload, Workload, "workload", "rlm_course.cost.anatomy.Workload.long_tailed(...)"),
-            (device, Device, "device", "rlm_course.cost.hardware.get_device('H100-SXM-80GB')")):
-        if not isinstance(value, kind):
-            raise ValueError(f"{name}={value!r} must be a {kind.__name__}; pass e.g. {fix}.")
+    check_kinds([
+        ("spec", spec, TransformerSpec, "rlm_course.cost.architectures.get_spec('llama-3-8b')"),
+        ("config", config, RLConfig, "rlm_course.cluster.simulator.algorithm('grpo')"),
+        ("workload", workload, Workload, "rlm_course.cost.anatomy.Workload.long_tailed(...)"),
+        ("device", device, Device, "rlm_course.cost.hardware.get_device('H100-SXM-80GB')")])
     if rates is not None and not isinstance(rates, Rates):
         raise ValueError(f"rates={rates!r} must be a Rates or None (the device's calibrated "
                          "rates); pass e.g. "
@@ -656,9 +655,7 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
                          "(extra steps per version of staleness; 0 prices staleness at nothing).")
     if isinstance(gpus, bool) or not (isinstance(gpus, int) and gpus >= 1):
         raise ValueError(f"gpus={gpus!r} must be a positive integer.")
-    if gpus > MAX_PLAN_GPUS or workload.responses > MAX_PLAN_RESPONSES:
-        check_settings({"gpus": gpus, "prompts": workload.prompts,
-                        "group_size": workload.group_size})
+    check_settings({"gpus": gpus, "prompts": workload.prompts, "group_size": workload.group_size})
     if gpus > linked_gpus(device, rates):
         raise ValueError(f"gpus={gpus}: {device.name} has no link between devices "
                          f"({_missing_link(device, rates)}), so a plan holds at most "

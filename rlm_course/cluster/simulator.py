@@ -84,6 +84,7 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.algorithms import RLConfig, preset
 from rlm_course.systems.async_rl import rollout_capacity
+from rlm_course.utils import check_kinds
 from rlm_course.vocabulary import PLACEMENTS
 from rlm_course.cost.layouts import (Layout, check_training, generation_memory, kv_slots,
                                     training_memory, usable)
@@ -190,12 +191,10 @@ class Scenario:
     oversample: float = 1.0
 
     def __post_init__(self) -> None:
-        for name, kind, make in (("spec", TransformerSpec, "get_spec('qwen2.5-7b')"),
-                                 ("workload", Workload, "Workload.long_tailed(...)"),
-                                 ("cluster", Cluster, "Cluster(get_device('H100-SXM-80GB'), 16)")):
-            if not isinstance(getattr(self, name), kind):
-                raise ValueError(f"Scenario.{name}={getattr(self, name)!r} must be a "
-                                 f"{kind.__name__}; pass e.g. {make}.")
+        h100 = "Cluster(get_device('H100-SXM-80GB'), 16)"
+        check_kinds([("spec", self.spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
+                     ("workload", self.workload, Workload, "Workload.long_tailed(...)"),
+                     ("cluster", self.cluster, Cluster, h100)], "Scenario.")
         if not isinstance(self.mode, Mode):
             raise ValueError(f"mode={self.mode!r}: give a Mode, e.g. MODES[{self.mode!r}] "
                              f"(named modes: {', '.join(MODES)}).")
