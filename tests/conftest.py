@@ -11,6 +11,19 @@ def pytest_collectstart(collector):
         collector.skip_compare += ("stderr",)
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    # A command run in-process (`main([...])`) sets torch's thread count for its job, from the
+    # load average (1 on a busy 2-core machine): restored after each test, or every later test
+    # in the session ran on one thread (the learning runs at about half their speed).
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     # a notebook's cells are items of one .ipynb: mark them so `-m "not notebook"` skips them
     for item in items:
