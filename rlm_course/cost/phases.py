@@ -52,6 +52,7 @@ what the hardware ran (Chowdhery et al. 2022, PaLM, appendix B; Korthikanti et a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 import random
@@ -395,6 +396,15 @@ def pass_flops(spec: TransformerSpec, config: RLConfig, prompt_len: int, lengths
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _sequence_flops_memo(spec: TransformerSpec, passes: tuple, prompt_len: int,
+                         engine_log_probs: bool) -> dict[tuple[int, bool], dict[str, float]]:
+    """``{(length, recompute): pass_flops}``, one memo shared by every :class:`TrainerCost` of the
+    same model, passes (:func:`predict_passes`, as a tuple) and prompt: a planner's search prices
+    hundreds of layouts on the same lengths, and :func:`pass_flops` depends on nothing else."""
+    return {}
+
+
 @dataclass
 class TrainerCost:
     """Seconds of the trainer's stages on ``layout`` (the policy's; a critic and a reference use
@@ -416,7 +426,11 @@ class TrainerCost:
         strides = axis_strides(self.layout)
         self.links = {axis: (self.fabric.link(size, stride) if size > 1 else None)
                       for axis, (size, stride) in strides.items()}
-        self._flops: dict[tuple[int, bool], dict[str, float]] = {}
+        passes = predict_passes(self.config)
+        shape = tuple((stage, model, c["forward"], c["backward"])
+                      for stage, models in passes.items() for model, c in models.items())
+        self._flops = _sequence_flops_memo(self.spec, shape, self.prompt_len,
+                                           self.engine_log_probs)
 
     def sequence_flops(self, length: int, recompute: bool | None = None) -> dict[str, float]:
         """:func:`pass_flops` of one sequence of ``length`` response tokens (hardware FLOPs with
