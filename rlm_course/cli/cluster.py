@@ -19,6 +19,10 @@ def _systems(args) -> int:
                          runs_dir=args.runs_dir)
 
 
+#: ``plan``'s response budget when ``--max-response`` is not given (tokens).
+DEFAULT_MAX_RESPONSE = 16384
+
+
 def _plan_flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
@@ -41,9 +45,14 @@ def _plan(args) -> int:
         raise ValueError(f"--device {args.device}: unknown device {args.device!r}; choose one of "
                          f"{', '.join(catalog)}{hint}.")
     spec, device = get_spec(args.model), get_device(args.device)
+    if args.max_response is None:  # 16,384, or what the model's window leaves after the prompt
+        room = (DEFAULT_MAX_RESPONSE if spec.max_context is None
+                else spec.max_context - args.prompt_len)
+        args.max_response = min(DEFAULT_MAX_RESPONSE, room) if room > 0 else DEFAULT_MAX_RESPONSE
     check_settings({k: getattr(args, k) for k in ("gpus", "top", "prompts", "group_size",
                                                   "minibatches", "prompt_len", "mean_response",
-                                                  "sigma", "max_response")}, _plan_flag)
+                                                  "sigma", "max_response")}, _plan_flag,
+                   spec.max_context)
     spec.check_context(args.prompt_len, args.max_response, _plan_flag)
     if not (math.isfinite(args.staleness_penalty) and args.staleness_penalty >= 0):
         raise ValueError(f"--staleness-penalty {args.staleness_penalty:g}: give a number >= 0 "
@@ -152,7 +161,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens")
     p.add_argument("--mean-response", type=float, default=4000, help="mean response tokens")
     p.add_argument("--sigma", type=float, default=0.8, help="log-normal tail of the lengths")
-    p.add_argument("--max-response", type=int, default=16384, help="response budget")
+    p.add_argument("--max-response", type=int, default=None,
+                   help=f"response budget (default {DEFAULT_MAX_RESPONSE:,}, or what the model's "
+                        "context window leaves after the prompt if less)")
     p.add_argument("--placement", choices=["any", "colocated", "disaggregated"], default="any")
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
                    help="execution modes to try (default: all that the placement runs)")

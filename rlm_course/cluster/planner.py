@@ -534,7 +534,7 @@ class NoLayoutFits(DoesNotFit):
         self.search = search
 
 
-def check_settings(settings: dict, name=lambda key: key) -> None:
+def check_settings(settings: dict, name=lambda key: key, max_context: int | None = None) -> None:
     """Check a planning request before planning: ``settings`` holds ``gpus, top, prompts,
     group_size, minibatches, prompt_len`` (counts, 1 or more), ``mean_response`` (tokens, at
     least 1), ``sigma`` (the log-normal spread, 0 to
@@ -544,7 +544,8 @@ def check_settings(settings: dict, name=lambda key: key) -> None:
     :data:`MAX_MINIBATCHES` (more than the responses run one response per step). Keys that are
     absent are not checked.
     ``name(key)`` is how the caller's user knows a setting (the CLI: ``--group-size``; the
-    widget: its control's label), so that the message names what to change.
+    widget: its control's label), so that the message names what to change. ``max_context``: the
+    model's context window (tokens), so that a suggested budget fits it.
 
     Raises:
         ValueError: one line naming the setting, its value and the fix.
@@ -578,6 +579,16 @@ def check_settings(settings: dict, name=lambda key: key) -> None:
     budget = settings.get("max_response", math.inf)
     if "mean_response" in settings and budget < mean:
         suggest = max(16384, int(min(4 * mean, 2**31)))  # 4x the mean, kept a finite integer
+        room = None if max_context is None else max_context - settings.get("prompt_len", 0)
+        if room is not None and room < mean:
+            raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
+                             f"{mean:g}, and the model reads at most {max_context:,} tokens (its "
+                             f"context window), so a prompt of {settings.get('prompt_len', 0):,} "
+                             f"leaves at most {max(room, 0):,} for a response: lower "
+                             f"{name('mean_response')} to at most {max(room, 0):,}, or choose a "
+                             "model with a longer window.")
+        if room is not None:
+            suggest = min(suggest, room)
         raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
                          f"{mean:g}: the budget caps the lengths, so raise it (e.g. "
                          f"{name('max_response')} {suggest}) or lower the mean.")

@@ -96,7 +96,7 @@ class PlannerWidget:
         v = {k: c.value for k, c in self.controls.items()}
         labels = {k: c.description for k, c in self.controls.items()}
         try:
-            check_settings(v, lambda key: labels[key])
+            check_settings(v, lambda key: labels[key], get_spec(v["model"]).max_context)
             get_spec(v["model"]).check_context(v["prompt_len"], v["max_response"],
                                                lambda key: labels[key])
             workload = Workload.long_tailed(v["prompts"], v["group_size"], v["prompt_len"],

@@ -58,11 +58,24 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
     assert "unknown device 'TPU9'" in capsys.readouterr().err
     assert main(["plan", "--model", "llama-3.1-70b", "--gpus", "1"]) == 2
     assert "no layout of llama-3.1-70b fits 1 x H100-SXM-80GB" in capsys.readouterr().err
-    # Llama 3 reads 8,192 tokens: the default 512 + 16,384 does not fit its window
-    assert main(["plan", "--model", "llama-3-70b", "--gpus", "8"]) == 2
+    # Llama 3 reads 8,192 tokens: a budget of 512 + 16,384 does not fit its window
+    assert main(["plan", "--model", "llama-3-70b", "--gpus", "8", "--max-response", "16384"]) == 2
     err = capsys.readouterr().err
     assert "llama-3-70b reads at most 8,192 tokens" in err and "16,896" in err
     assert "lower --max-response to at most 7,680 tokens" in err and "llama-3.1-70b" in err
+    # without --max-response the budget is 16,384 or what the window leaves: 8,192 - 512
+    assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--prompts", "32",
+                 "--group-size", "8", "--mean-response", "500", "--placement", "colocated",
+                 "--top", "1"]) == 0
+    assert "(mean 500, sigma 0.8, at most 7680)" in capsys.readouterr().out
+    # a budget hint fits the window, and a mean the window cannot hold says so
+    assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--max-response", "100"]) == 2
+    assert "raise it (e.g. --max-response 7680)" in capsys.readouterr().err
+    assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--mean-response", "9000"]) == 2
+    assert ("--max-response 7680 is below --mean-response 9000, and the model reads at most "
+            "8,192 tokens (its context window), so a prompt of 512 leaves at most 7,680 for a "
+            "response: lower --mean-response to at most 7,680, or choose a model with a longer "
+            "window.") in capsys.readouterr().err
 
 
 def test_the_widget_answers_like_the_planner_and_shows_errors():
@@ -81,6 +94,7 @@ def test_the_widget_answers_like_the_planner_and_shows_errors():
     w.controls["mean_response"].value = 5000.0  # longer than its budget
     assert w.run() is None and w.message.startswith("max response 2048 is below mean response "
                                                     "5000: the budget caps the lengths")
+    assert "(e.g. max response 7680)" in w.message  # within the model's window
 
 
 def test_modes_a_placement_cannot_run_are_refused_before_the_search(capsys):
