@@ -655,11 +655,14 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
     trainer rank, one receiver per generation device) and a sync node to the work-depth DAG.
 
     Raises:
-        ValueError: for an inconsistent setting (from the functions it calls).
+        ValueError: for a prompt and response budget past the model's context window
+            (:meth:`~rlm_course.cost.architectures.TransformerSpec.check_context`), or an
+            inconsistent setting (from the functions it calls).
     """
     from rlm_course.cost import workdepth as wd  # the DAG is only built when asked for
     from rlm_course.cost.weight_sync import sync_cost
 
+    spec.check_context(workload.prompt_len, workload.response_len)
     costs = stage_costs(spec, config, workload)
     seconds = stage_seconds(costs, device, devices, generation_tp)
     n_params = spec.params()

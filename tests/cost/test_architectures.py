@@ -104,3 +104,19 @@ def test_a_budget_past_the_context_window_is_refused_with_the_room_left():
     # a spec without a window (a custom one) is not limited
     TransformerSpec("x", n_layer=2, d_model=64, n_head=8, d_ff=128,
                     vocab_size=10).check_context(10**6, 10**6)
+
+
+def test_the_iteration_report_refuses_a_budget_past_the_window():
+    from rlm_course.algorithms import preset
+    from rlm_course.cost.anatomy import Workload, iteration_report
+    from rlm_course.cost.hardware import get_device
+
+    h100 = get_device("H100-SXM-80GB")
+    with pytest.raises(ValueError, match=r"llama-3-8b reads at most 8,192 tokens .* 16,896"):
+        iteration_report(get_spec("llama-3-8b"), preset("grpo"), Workload(8, 4, 512, 16384), h100)
+    # within the window it reports, and Llama 3.1 differs from Llama 3 only by its window
+    fits = Workload(8, 4, 512, 8192 - 512)
+    report = iteration_report(get_spec("llama-3-8b"), preset("grpo"), fits, h100)
+    assert report["stages"] == iteration_report(get_spec("llama-3.1-8b"), preset("grpo"), fits,
+                                                h100)["stages"]
+    assert report["stages"]["decode"]["seconds"] > 0 and report["seconds"] > 0
