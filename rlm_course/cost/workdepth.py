@@ -538,16 +538,19 @@ def weight_sync(n_params: int, receivers: int, messages: int = 1) -> Computation
     receivers`` moves; each of the ``messages`` buckets is one step per tree round
     (``ceil(log2(receivers + 1))`` rounds), the buckets one after another: depth
     ``messages x rounds``. Colocated (``receivers = 0``): one in-memory copy, ``n_params`` moves,
-    depth 1 (every element at once).
+    depth 1 (every element at once); ``messages`` is not used (nothing crosses a link, and a
+    colocated :class:`~rlm_course.cost.weight_sync.SyncCost` counts 0 messages).
 
     Raises:
-        ValueError: for non-positive ``n_params`` or ``messages``, or negative ``receivers``.
+        ValueError: for non-positive ``n_params``, negative ``receivers``, or non-positive
+            ``messages`` with ``receivers >= 1``.
     """
-    _positive(n_params=n_params, messages=messages)
+    _positive(n_params=n_params)
     if not (isinstance(receivers, int) and receivers >= 0):
         raise ValueError(f"receivers={receivers!r} must be an integer >= 0 (0: colocated).")
     if receivers == 0:
         return Computation("weight sync (in place)", n_params, 1, "sync")
+    _positive(messages=messages)
     rounds = log2_depth(receivers + 1)
     return Computation("weight sync (broadcast)", n_params * receivers, messages * rounds, "sync")
 

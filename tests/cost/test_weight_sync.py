@@ -40,3 +40,13 @@ def test_stage_four_in_the_anatomy_and_the_dag():
     assert (node.work, node.depth) == (3000, 5 * 2)
     assert synced["work"] == plain["work"] + 2 * spec.params()  # two replicas receive
     assert (wd.weight_sync(1000, 0).work, wd.weight_sync(1000, 0).depth) == (1000, 1)
+    # colocated: a copy in place, no message on a link (it raised "messages=0" before)
+    in_place = iteration_report(spec, preset("grpo"), w, h100, devices=16, generation_tp=8,
+                                weight_sync="colocated")
+    expected = sync_cost(spec, h100, "colocated", generation_tp=8, replicas=2).seconds
+    assert in_place["stages"]["weight sync"]["seconds"] == pytest.approx(expected)
+    assert in_place["seconds"] == pytest.approx(plain["seconds"] + expected)
+    assert in_place["stages"]["weight sync"]["network_bytes"] == 0
+    assert in_place["work"] == plain["work"] + spec.params()  # one copy of every parameter
+    with pytest.raises(ValueError, match="messages=0"):
+        wd.weight_sync(1000, receivers=2, messages=0)
