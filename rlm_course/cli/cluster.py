@@ -81,9 +81,13 @@ def _plan(args) -> int:
     placements = ("colocated", "disaggregated") if args.placement == "any" else (args.placement,)
     result = plan(spec, config, workload, device, args.gpus, rates=rates, placements=placements,
                   modes=args.modes, staleness_penalty=args.staleness_penalty)
+    # the budget cuts the tail: the lengths simulated average less than the mean drawn
+    capped = workload.mean_response_len
+    mean = (f"mean {args.mean_response:g}" if capped >= 0.99 * args.mean_response else
+            f"mean {args.mean_response:g} before the cap, {capped:,.0f} after")
     print(f"{spec.name}, {args.algorithm}, {args.gpus} x {device.name}: {args.prompts} prompts x "
-          f"{args.group_size}, prompts of {args.prompt_len} tokens, responses log-normal (mean "
-          f"{args.mean_response:g}, sigma {args.sigma:g}, at most {args.max_response}); rates "
+          f"{args.group_size}, prompts of {args.prompt_len} tokens, responses log-normal ({mean}, "
+          f"sigma {args.sigma:g}, at most {args.max_response}); rates "
           f"calibrated on {args.rates}'s published runs (decode step latency "
           f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}); "
           f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
@@ -159,7 +163,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", type=int, default=512, help="prompts per iteration")
     p.add_argument("--group-size", type=int, default=16, help="responses per prompt")
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens")
-    p.add_argument("--mean-response", type=float, default=4000, help="mean response tokens")
+    p.add_argument("--mean-response", type=float, default=4000,
+                   help="mean response tokens of the log-normal draw, before the budget caps its "
+                        "tail (the header prints the mean after the cap)")
     p.add_argument("--sigma", type=float, default=0.8, help="log-normal tail of the lengths")
     p.add_argument("--max-response", type=int, default=None,
                    help=f"response budget (default {DEFAULT_MAX_RESPONSE:,}, or what the model's "

@@ -290,11 +290,16 @@ def _extra(spec: TransformerSpec, config: RLConfig, layout: Layout, seq_len: int
     return extra
 
 
+def _sequences_per_step(workload: Workload, config: RLConfig) -> int:
+    """The sequences of one gradient step: a trainer's data-parallel degree is at most this."""
+    return max(1, workload.responses // max(1, config.minibatches))
+
+
 def _best_trainers(spec, config, workload, device, devices, rates, keep=2):
     seq = workload.prompt_len + workload.max_response_len
-    per_step = max(1, workload.responses // max(1, config.minibatches))
     fitting, refused = trainer_layouts(spec, config, device, devices, seq, 2 * seq,
-                                       rates.memory_fraction, max_dp=per_step)
+                                       rates.memory_fraction,
+                                       max_dp=_sequences_per_step(workload, config))
     fabric = Cluster(device, devices).fabric(rates) if devices > 1 else None
     scored = []
     for lay in fitting:
@@ -401,9 +406,10 @@ def fits_memory(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
                 gpus: int, rates: Rates, placements=("colocated", "disaggregated")
                 ) -> tuple[bool, str]:
     """Whether some plan of ``gpus`` devices fits memory (the planner's memory checks alone,
-    nothing simulated): a trainer layout and a generation replica that fit the colocated pool
-    (the trainer offloaded during generation, as the planner does), or both pools of one of the
-    disaggregated splits the planner tries.
+    nothing simulated): a trainer layout (with at most as many data-parallel ranks as a
+    gradient step has sequences, as :func:`plan` allows) and a generation replica that fit the
+    colocated pool (the trainer offloaded during generation, as the planner does), or both pools
+    of one of the disaggregated splits the planner tries.
 
     Returns:
         ``(fits, nearest miss)``: the miss (a refusal with its fixes) is ``""`` when it fits.
@@ -415,7 +421,8 @@ def fits_memory(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
         if "disaggregated" in placements and gpus >= 2 else [])
     for rollout, trainer in pools:
         fitting, refused = trainer_layouts(spec, config, device, trainer, seq, 2 * seq,
-                                           rates.memory_fraction, first_fit=True)
+                                           rates.memory_fraction, first_fit=True,
+                                           max_dp=_sequences_per_step(workload, config))
         if not fitting:
             misses.append(_closest(refused))
             continue
@@ -424,6 +431,9 @@ def fits_memory(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
             return True, ""
         misses.append(_closest(refused))
     return False, _closest(misses)
+
+
+BELOW_TRIES = 8  # counts under the one asked that smallest_fitting_gpus checks
 
 
 def _counts_to_try(device: Device, above: int, up_to: int) -> list[int]:
@@ -447,6 +457,10 @@ class GpuSearch:
             refusal in full.
         limit: the largest count searched.
         checked: the counts checked, in order.
+        fits_below: the largest count under ``asked`` that fits memory, among the few one
+            would provision just below it (None: none of them; not searched when ``asked``
+            fits): a count that factors badly (e.g. 1,000 or 10,000 devices for a model whose
+            layouts need powers of two) can miss where a slightly smaller one fits.
     """
 
     asked: int
@@ -456,6 +470,7 @@ class GpuSearch:
     reason: str
     limit: int
     checked: list[int] = field(default_factory=list)
+    fits_below: int | None = None
 
     def describe(self) -> str:
         """One clause: ``the smallest count that fits is 128 (120 miss by 3.1 GB)``."""
@@ -464,9 +479,12 @@ class GpuSearch:
                     "runs on it")
         miss = (f"{self.below:,} miss by {self.miss_gb:,.1f} GB" if math.isfinite(self.miss_gb)
                 else f"{self.below:,} miss")
+        smaller = (f"; {self.fits_below:,}, below it, fits" if self.fits_below is not None
+                   else "")
         if self.fits is None:
-            return f"no count up to {self.limit:,} fits ({miss})"
-        return f"the smallest count that fits is {self.fits:,} ({miss})"
+            return f"no count up to {self.limit:,} fits ({miss}){smaller}"
+        above = "" if self.fits_below is None else f" above {self.asked:,}"
+        return f"the smallest count{above} that fits is {self.fits:,} ({miss}){smaller}"
 
 
 def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Workload,
@@ -522,7 +540,10 @@ def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Wor
                 break
     below = max(c for c in misses if found is None or c < found)
     reason = misses[below]
-    return GpuSearch(gpus, found, below, shortfall_gb(reason), reason, limit, checked)
+    # a few counts just below the one asked: the largest that fits, if any
+    fits_below = next((c for c in _counts_to_try(device, 0, gpus - 1)[::-1][:BELOW_TRIES]
+                       if check(c)), None)
+    return GpuSearch(gpus, found, below, shortfall_gb(reason), reason, limit, checked, fits_below)
 
 
 class NoLayoutFits(DoesNotFit):
@@ -581,11 +602,17 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
         suggest = max(16384, int(min(4 * mean, 2**31)))  # 4x the mean, kept a finite integer
         room = None if max_context is None else max_context - settings.get("prompt_len", 0)
         if room is not None and room < mean:
+            # the mean must fit the budget as well as the window: name the budget when it is
+            # the tighter limit, and what raising it would allow
+            most = max(min(budget, room), 0)
+            within = (f"{most:,} (its budget, {name('max_response')} {budget}), or raise "
+                      f"{name('max_response')} to at most {room:,} and the mean with it"
+                      if budget < room else f"{most:,}")
             raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
                              f"{mean:g}, and the model reads at most {max_context:,} tokens (its "
                              f"context window), so a prompt of {settings.get('prompt_len', 0):,} "
                              f"leaves at most {max(room, 0):,} for a response: lower "
-                             f"{name('mean_response')} to at most {max(room, 0):,}, or choose a "
+                             f"{name('mean_response')} to at most {within}, or choose a "
                              "model with a longer window.")
         if room is not None:
             suggest = min(suggest, room)
@@ -790,10 +817,15 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         most = min(MAX_PLAN_GPUS, linked_gpus(device, rates))
         found = smallest_fitting_gpus(spec, config, workload, device, gpus, rates, placements,
                                       max(gpus, int(most)))
-        fix = (f"Use {found.fits:,} or more devices" if found.fits and found.fits > gpus else
-               "Use more devices") + ", a device with more memory, or shorter sequences."
-        if found.fits is None:
-            fix = "Use a device with more memory or shorter sequences."
+        if found.fits is not None and found.fits > gpus:
+            fix = f"Use {found.fits:,} or more devices" + (
+                f" (or {found.fits_below:,})" if found.fits_below is not None else "")
+        elif found.fits_below is not None:
+            fix = f"Use {found.fits_below:,} devices"
+        else:
+            fix = "Use more devices" if found.fits == gpus else ""
+        fix = (f"{fix}, a device with more memory, or shorter sequences." if fix else
+               "Use a device with more memory or shorter sequences.")
         raise NoLayoutFits(f"no layout of {spec.name} fits {gpus} x {device.name} for this "
                            f"workload; {found.describe()}. The nearest miss on {gpus}: "
                            f"{closest}. {fix}", found)
@@ -828,6 +860,12 @@ def why(candidate: Candidate, best: Candidate) -> str:
     reason = {"generation": "waits for generation", "policy update": "training-bound",
               "critic update": "training-bound", "scoring": "scoring-bound",
               "weight sync": "weight sync", "offload": "offloading"}.get(top, top)
+    # the two pay different prices for staleness: the cost ratio is not the steps' ratio
+    if abs(candidate.cost / candidate.step - best.cost / best.step) > 0.005:
+        return (f"{slower:.2f}x the cost ({r.step_seconds:,.0f} s per step, "
+                f"{candidate.step / best.step:.2f}x the best's step, at a mean staleness of "
+                f"{r.staleness:.2f} versions against {best.result.staleness:.2f}): {reason} "
+                f"({seconds / r.step_seconds:.0%} of its step)")
     return (f"{slower:.2f}x slower ({r.step_seconds:,.0f} s): {reason} "
             f"({seconds / r.step_seconds:.0%} of its step)")
 

@@ -24,6 +24,17 @@ def test_the_plan_is_the_cheapest_simulated_candidate_and_says_why_others_lose()
     text = format_plan(result, top=2)
     assert text.startswith("1. ") and "why the others lose:" in text
     assert "memory per device" in text and "HFU" in text and "staleness" in text
+    # why a plan loses: the cost ratio, and the steps' ratio where staleness prices differ
+    from rlm_course.cluster.planner import why
+
+    best = result.best
+    for c in result.ranked[1:]:
+        said = why(c, best)
+        assert said.startswith(f"{c.cost / best.cost:.2f}x ")
+        if abs(c.result.staleness - best.result.staleness) > 0.05 and c.step > best.step:
+            assert f"{c.step / best.step:.2f}x the best's step" in said, said
+        elif c.step > best.step:
+            assert f"x slower ({c.step:,.0f} s)" in said, said
 
 
 def test_layouts_that_do_not_fit_are_refused_with_their_reason():
@@ -76,6 +87,20 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
             "8,192 tokens (its context window), so a prompt of 512 leaves at most 7,680 for a "
             "response: lower --mean-response to at most 7,680, or choose a model with a longer "
             "window.") in capsys.readouterr().err
+    # a mean past a long window and past the budget: the hint names the budget, and following
+    # it plans
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpus", "8", "--mean-response",
+                 "1e12"]) == 2
+    assert ("lower --mean-response to at most 16,384 (its budget, --max-response 16384), or "
+            "raise --max-response to at most 130,560 and the mean with it") in (
+        capsys.readouterr().err)
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpus", "8", "--mean-response", "16384",
+                 "--placement", "colocated", "--top", "1"]) == 0
+    # the budget cuts the tail, and the header says by how much (the drawn lengths' mean)
+    capped = Workload.long_tailed(512, 16, 512, 16384, 0.8, 16384, 0).mean_response_len
+    assert 0.6 * 16384 < capped < 0.75 * 16384
+    assert (f"(mean 16384 before the cap, {capped:,.0f} after, sigma 0.8, at most 16384)"
+            in capsys.readouterr().out)
 
 
 def test_the_widget_answers_like_the_planner_and_shows_errors():
@@ -212,8 +237,10 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     spec, grpo, rates = get_spec("deepseek-v3"), algorithm("grpo", minibatches=16), \
         calibrated_rates(H100)
     search = smallest_fitting_gpus(spec, grpo, R1, H100, 16, rates)
-    # doubling: 16, 32, 64 miss, 128 fits; then the whole nodes in between, 72..120, all miss
-    assert search.checked == [16, 32, 64, 128, 72, 80, 88, 96, 104, 112, 120]
+    # doubling: 16, 32, 64 miss, 128 fits; then the whole nodes in between, 72..120, all miss;
+    # then the counts just below 16 (a node, then powers of two), none of which fits
+    assert search.checked == [16, 32, 64, 128, 72, 80, 88, 96, 104, 112, 120, 8, 4, 2, 1]
+    assert search.fits_below is None
     assert (search.fits, search.below) == (128, 120)
     # at 120 the nearest layout is dp120 fsdp offloaded: 82.5 GB per device of 72.0 usable
     assert search.miss_gb == pytest.approx(10.5) and "dp120 fsdp" in search.reason
@@ -222,8 +249,8 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
         plan(spec, grpo, R1, H100, 16, rates=rates, length_buckets=16)
     message = str(caught.value)
     assert message.startswith("no layout of deepseek-v3 fits 16 x H100-SXM-80GB for this "
-                              "workload; the smallest count that fits is 128 (120 miss by 10.5 GB)"
-                              ". The nearest miss on 16: ")
+                              "workload; the smallest count that fits is 128 (120 miss by "
+                              "10.5 GB). The nearest miss on 16: ")
     assert message.endswith("Use 128 or more devices, a device with more memory, or shorter "
                             "sequences.") and "\n" not in message
     assert caught.value.search.fits == 128
@@ -231,8 +258,17 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     assert plan(spec, grpo, R1, H100, 128, rates=rates, length_buckets=16).best.step > 0
     # a limit below the answer: none fits up to it, and the largest miss is the limit
     capped = smallest_fitting_gpus(spec, grpo, R1, H100, 16, rates, limit=64)
-    assert (capped.fits, capped.below, capped.checked) == (None, 64, [16, 32, 64])
+    assert (capped.fits, capped.below, capped.checked) == (None, 64, [16, 32, 64, 8, 4, 2, 1])
     assert capped.describe() == "no count up to 64 fits (64 miss by 22.5 GB)"
+    # a count that factors badly misses where whole nodes just below and above it fit, and each
+    # count the message names plans (the planner's data-parallel limit applies to the search:
+    # 512 x 16 responses in 16 gradient steps allow at most 512 data-parallel ranks)
+    odd = smallest_fitting_gpus(spec, grpo, R1, H100, 1000, rates)
+    assert (odd.fits_below, odd.fits) == (984, 1016)
+    assert odd.describe() == ("the smallest count above 1,000 that fits is 1,016 (1,008 miss by "
+                              "16.9 GB); 984, below it, fits")
+    for count in (984, 1016):
+        assert plan(spec, grpo, R1, H100, count, rates=rates, length_buckets=16).best.step > 0
     with pytest.raises(ValueError, match="gpus=0"):
         smallest_fitting_gpus(spec, grpo, R1, H100, 0, rates)
 
