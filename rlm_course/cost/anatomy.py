@@ -59,6 +59,7 @@ from rlm_course.vocabulary import COST_STAGES
 
 STAGES = COST_STAGES  # what this module prices (rlm_course.vocabulary)
 ADAM_STATE_BYTES = 16  # bf16 weight + bf16 gradient + fp32 master weight, momentum, variance
+MAX_RESPONSES = 10**7  # responses per iteration a Workload may hold (each length is kept)
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,8 @@ class Workload:
             e.g. from :func:`lognormal_lengths`.
 
     Raises:
-        ValueError: for non-positive sizes, or response lengths of the wrong count or outside
-            ``1..response_len``.
+        ValueError: for non-positive sizes, more than :data:`MAX_RESPONSES` responses, or
+            response lengths of the wrong count or outside ``1..response_len``.
     """
 
     prompts: int
@@ -99,6 +100,12 @@ class Workload:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Workload.{name}={value!r} must be a positive integer.")
+        if self.responses > MAX_RESPONSES:
+            raise ValueError(f"Workload: prompts x group_size = {self.prompts:,} x "
+                             f"{self.group_size:,} = {self.responses:,} responses; the cost model "
+                             f"prices at most {MAX_RESPONSES:,} per iteration (published RL "
+                             "batches hold thousands to tens of thousands): lower prompts or "
+                             "group_size.")
         if self.response_lengths is not None:
             lengths = tuple(self.response_lengths)
             if len(lengths) != self.responses:
@@ -655,13 +662,25 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
     trainer rank, one receiver per generation device) and a sync node to the work-depth DAG.
 
     Raises:
-        ValueError: for a prompt and response budget past the model's context window
+        ValueError: for an argument of the wrong kind (e.g. a model's name for ``spec``), an
+            unknown ``weight_sync``, a prompt and response budget past the model's context window
             (:meth:`~rlm_course.cost.architectures.TransformerSpec.check_context`), or an
             inconsistent setting (from the functions it calls).
     """
     from rlm_course.cost import workdepth as wd  # the DAG is only built when asked for
     from rlm_course.cost.weight_sync import sync_cost
+    from rlm_course.utils import check_kinds
 
+    check_kinds([
+        ("spec", spec, TransformerSpec, "rlm_course.cost.architectures.get_spec('llama-3-8b')"),
+        ("config", config, RLConfig, "rlm_course.algorithms.preset('grpo')"),
+        ("workload", workload, Workload, "Workload(prompts=8, group_size=4, prompt_len=512, "
+                                         "response_len=1024)"),
+        ("device", device, Device, "rlm_course.cost.hardware.get_device('H100-SXM-80GB')")],
+        "iteration_report: ")
+    if weight_sync not in (None, "colocated", "disaggregated"):
+        raise ValueError(f"iteration_report: weight_sync={weight_sync!r}; choose None (stages 1-3), "
+                         "'colocated' or 'disaggregated'.")
     spec.check_context(workload.prompt_len, workload.response_len)
     costs = stage_costs(spec, config, workload)
     seconds = stage_seconds(costs, device, devices, generation_tp)

@@ -120,3 +120,26 @@ def test_the_iteration_report_refuses_a_budget_past_the_window():
     assert report["stages"] == iteration_report(get_spec("llama-3.1-8b"), preset("grpo"), fits,
                                                 h100)["stages"]
     assert report["stages"]["decode"]["seconds"] > 0 and report["seconds"] > 0
+
+
+def test_the_iteration_report_names_an_argument_of_the_wrong_kind():
+    from rlm_course.algorithms import preset
+    from rlm_course.cost.anatomy import Workload, iteration_report
+    from rlm_course.cost.hardware import get_device
+
+    spec, grpo, w = get_spec("llama-3-8b"), preset("grpo"), Workload(8, 4, 512, 1024)
+    h100 = get_device("H100-SXM-80GB")
+    with pytest.raises(ValueError, match=r"iteration_report: spec='llama-3-8b' must be a "
+                                         r"TransformerSpec; pass e\.g\. .*get_spec"):
+        iteration_report("llama-3-8b", grpo, w, h100)
+    with pytest.raises(ValueError, match=r"device='H100-SXM-80GB' must be a Device"):
+        iteration_report(spec, grpo, w, "H100-SXM-80GB")
+    with pytest.raises(ValueError, match=r"weight_sync='foo'; choose None"):
+        iteration_report(spec, grpo, w, h100, weight_sync="foo")
+    # a batch no memory can hold is refused before anything is built (it raised MemoryError)
+    from rlm_course.cost.anatomy import MAX_RESPONSES
+
+    with pytest.raises(ValueError, match=r"1,000,000,000 x 4 = 4,000,000,000 responses; .* at "
+                                         r"most 10,000,000 .* lower prompts or group_size"):
+        Workload(10**9, 4, 512, 1024)
+    assert Workload(MAX_RESPONSES // 4, 4, 512, 1024).responses == MAX_RESPONSES
