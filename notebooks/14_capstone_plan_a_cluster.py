@@ -399,7 +399,7 @@ assert best_dsv3.trainer_layout.pp * best_dsv3.trainer_layout.ep > 1
 from rlm_course.cluster.planner import sensitivity
 
 rows_s = sensitivity(spec70, grpo, r1_workload, h100, 256, rates=rates, length_buckets=32,
-                     base=runs[("llama-3.1-70b", 256)],
+                     base=runs[("llama-3.1-70b", 256)], progress=True,
                      variations={"decode_step_latency": (0.0, 0.03), "train_hfu": (0.3,),
                                  "sync_fixed_seconds": (60.0,), "staleness_penalty": (0.5,)})
 print(format_table([[r["rate"], f"{r['value']:g}", r["best"], f"{r['step']:,.0f}",

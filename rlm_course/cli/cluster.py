@@ -75,6 +75,12 @@ def _plan(args) -> int:
                              "stage fusion (fused) runs on colocated devices, the streaming modes "
                              "(async, async-eta2) on disaggregated pools; give --placement "
                              f"{other} or any, or other --modes.")
+        dropped = ([m for m in args.modes if m not in runs[args.placement]]
+                   if args.placement != "any" else [])
+        if dropped:
+            print(f"note: --modes {' '.join(dropped)} do not run on the {args.placement} "
+                  "placement (fused needs colocated devices, async and async-eta2 disaggregated "
+                  f"pools); planning {' '.join(runs[args.placement])} only.", file=sys.stderr)
     workload = Workload.long_tailed(args.prompts, args.group_size, args.prompt_len,
                                     args.mean_response, args.sigma, args.max_response, args.seed)
     config = algorithm(args.algorithm, minibatches=args.minibatches)
@@ -99,7 +105,7 @@ def _plan(args) -> int:
 
         rows = sensitivity(spec, config, workload, device, args.gpus, rates=rates, base=result,
                            staleness_penalty=args.staleness_penalty, placements=placements,
-                           modes=args.modes)
+                           modes=args.modes, progress=True)
         print("which rates decide the plan (planned again with one rate moved):")
         print(format_table([[r["rate"], f"{r['value']:g}", r["best"], f"{r['step']:,.0f}",
                              "yes" if r["flips"] else ""] for r in rows],

@@ -929,12 +929,13 @@ SENSITIVITY = {"decode_step_latency": (0.0, 0.01, 0.03), "train_hfu": (0.2, 0.3,
 def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device,
                 gpus: int, rates: Rates | None = None, variations: dict | None = None,
                 staleness_penalty: float = STALENESS_PENALTY, base: Plan | None = None,
-                **options) -> list[dict]:
+                progress: bool = False, **options) -> list[dict]:
     """Plan again with one rate (or the staleness penalty) changed at a time, the others held at
     ``rates`` (default: the calibrated ones): which plan wins at each value, and whether that
     flips the ranking. ``variations``: ``{rate or "staleness_penalty": values}`` (default
     :data:`SENSITIVITY`); ``base``: the plan at ``rates`` when already made (else it is made);
-    ``options`` go to :func:`plan`.
+    ``progress``: a progress bar over the plans (each takes seconds); ``options`` go to
+    :func:`plan`.
 
     Returns:
         one row per (rate, value): ``rate, value, best (its name), step, cost, flips`` (the best
@@ -944,6 +945,8 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
         ValueError: for an unknown rate or a value :class:`~rlm_course.cost.phases.Rates` refuses.
     """
     from dataclasses import fields, replace
+
+    from tqdm.auto import tqdm
 
     if rates is None:
         from rlm_course.cluster.calibration import calibrated_rates
@@ -960,16 +963,17 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
                     staleness_penalty=staleness_penalty, **options)
     base = base.best
     rows = []
-    for name, values in variations.items():
-        for value in values:
-            if name == "staleness_penalty":
-                result = plan(spec, config, workload, device, gpus, rates=rates,
-                              staleness_penalty=value, **options)
-            else:
-                result = plan(spec, config, workload, device, gpus,
-                              rates=replace(rates, **{name: value}),
-                              staleness_penalty=staleness_penalty, **options)
-            best = result.best
-            rows.append({"rate": name, "value": value, "best": best.name, "step": best.step,
-                         "cost": best.cost, "flips": best.name != base.name})
+    todo = [(name, value) for name, values in variations.items() for value in values]
+    for name, value in tqdm(todo, desc="sensitivity: planning again", disable=not progress,
+                            unit="plan"):
+        if name == "staleness_penalty":
+            result = plan(spec, config, workload, device, gpus, rates=rates,
+                          staleness_penalty=value, **options)
+        else:
+            result = plan(spec, config, workload, device, gpus,
+                          rates=replace(rates, **{name: value}),
+                          staleness_penalty=staleness_penalty, **options)
+        best = result.best
+        rows.append({"rate": name, "value": value, "best": best.name, "step": best.step,
+                     "cost": best.cost, "flips": best.name != base.name})
     return rows

@@ -177,3 +177,14 @@ def test_plan_runs_on_the_measured_machine_that_the_device_list_offers(capsys):
     assert "r1-distill-qwen-1.5b, grpo, 1 x this-machine" in out
     assert "1. colocated, generation tp1, trainer dp1 recompute" in out
     assert max(len(line) for line in out.splitlines()[1:]) <= 100
+
+
+def test_plan_says_which_modes_the_placement_does_not_run(capsys):
+    assert main(["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--placement", "colocated",
+                 "--modes", "sync", "async", "--prompts", "32", "--group-size", "8",
+                 "--mean-response", "500", "--max-response", "2048", "--top", "1"]) == 0
+    captured = capsys.readouterr()
+    assert ("note: --modes async do not run on the colocated placement (fused needs colocated "
+            "devices, async and async-eta2 disaggregated pools); planning sync only."
+            ) in captured.err
+    assert ", sync\n" in captured.out and ", async" not in captured.out
