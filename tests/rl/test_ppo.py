@@ -46,7 +46,8 @@ def test_bad_ppo_config(kw, match):
 
 @pytest.mark.slow
 def test_short_ppo_run_raises_held_out_accuracy(tmp_path):
-    summary = run_rl(TASK, PPOConfig(steps=40, eval_every=20), out_dir=tmp_path, progress=False,
+    # 30 steps: PPO gains about 25 points here (0.23 -> 0.48), well above the 5 asked
+    summary = run_rl(TASK, PPOConfig(steps=30, eval_every=15), out_dir=tmp_path, progress=False,
                      log=lambda *a: None)
     assert summary["algorithm"] == "ppo"
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.05
