@@ -304,13 +304,22 @@ class StageCost:
         """
         if not self.sequences:
             return 1
-        copies = tp / min(tp, self.kv_split)
-        capacity = tp * device.memory_bytes - self.weights
-        per_sequence = self.kv_per_sequence * copies
+        def room(t: int) -> tuple[float, float]:  # (bytes beside the weights, one sequence's KV)
+            return t * device.memory_bytes - self.weights, self.kv_per_sequence * t / min(
+                t, self.kv_split)
+
+        capacity, per_sequence = room(tp)
         if capacity <= per_sequence:
+            # the smallest degree that holds them: a divisor of the devices, so replicas are whole
+            fits = next((t for t in range(tp + 1, devices + 1)
+                         if devices % t == 0 and room(t)[0] > room(t)[1]), None)
+            fix = (f"raise the generation TP degree to {fits} (the smallest that divides the "
+                   f"{devices} devices and holds them)" if fits else
+                   f"no TP degree up to the {devices} devices holds them: use more devices or a "
+                   "device with more memory")
             raise ValueError(f"{self.weights / 1e9:.0f} GB of weights plus one sequence's KV cache "
                              f"do not fit in tp={tp} x {device.memory_bytes / 1e9:.0f} GB "
-                             f"({device.name}); raise the generation TP degree.")
+                             f"({device.name}); {fix}.")
         per_replica = -(-self.sequences // (devices // tp))
         fit = int(capacity // per_sequence)
         return -(-per_replica // fit)

@@ -143,3 +143,22 @@ def test_the_iteration_report_names_an_argument_of_the_wrong_kind():
                                          r"most 10,000,000 .* lower prompts or group_size"):
         Workload(10**9, 4, 512, 1024)
     assert Workload(MAX_RESPONSES // 4, 4, 512, 1024).responses == MAX_RESPONSES
+
+
+def test_a_generation_tp_too_small_names_the_degree_that_holds_the_weights():
+    from rlm_course.algorithms import preset
+    from rlm_course.cost.anatomy import Workload, iteration_report
+    from rlm_course.cost.hardware import get_device
+
+    h100, w = get_device("H100-SXM-80GB"), Workload(8, 4, 512, 1024)
+    spec = get_spec("deepseek-v3")  # 1,418 GB of bf16 weights: 18 H100s' worth, so TP 32 of 64
+    for tp in (2, 16):
+        with pytest.raises(ValueError, match=r"do not fit in tp=\d+ x 80 GB .*; raise the "
+                                             r"generation TP degree to 32 \(the smallest that "
+                                             r"divides the 64 devices"):
+            iteration_report(spec, preset("grpo"), w, h100, devices=64, generation_tp=tp)
+    assert iteration_report(spec, preset("grpo"), w, h100, devices=64,
+                            generation_tp=32)["seconds"] > 0
+    with pytest.raises(ValueError, match="no TP degree up to the 8 devices holds them: use more "
+                                         "devices or a device with more memory"):
+        iteration_report(spec, preset("grpo"), w, h100, devices=8, generation_tp=2)
