@@ -598,9 +598,17 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
                          "mean length; 0.8 is typical; wider, nearly every response is a few "
                          "tokens and the draws miss the mean).")
     budget = settings.get("max_response", math.inf)
+    room = None if max_context is None else max_context - settings.get("prompt_len", 0)
+    if "mean_response" in settings and budget >= mean and room is not None and room < mean:
+        # a budget past the window fails next too: say both in one message
+        raise ValueError(f"{name('mean_response')} {mean:g} and {name('max_response')} {budget}: "
+                         f"the model reads at most {max_context:,} tokens (its context window), "
+                         f"so a prompt of {settings.get('prompt_len', 0):,} leaves at most "
+                         f"{max(room, 0):,} for a response: lower {name('mean_response')} and "
+                         f"{name('max_response')} to at most {max(room, 0):,}, or choose a model "
+                         "with a longer window.")
     if "mean_response" in settings and budget < mean:
         suggest = max(16384, int(min(4 * mean, 2**31)))  # 4x the mean, kept a finite integer
-        room = None if max_context is None else max_context - settings.get("prompt_len", 0)
         if room is not None and room < mean:
             # the mean must fit the budget as well as the window: name the budget when it is
             # the tighter limit, and what raising it would allow

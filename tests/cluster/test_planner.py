@@ -101,6 +101,13 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
     assert 0.6 * 16384 < capped < 0.75 * 16384
     assert (f"(mean 16384 before the cap, {capped:,.0f} after, sigma 0.8, at most 16384)"
             in capsys.readouterr().out)
+    # a mean and a budget both past the window: one message names both, and following it plans
+    assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--mean-response", "10000",
+                 "--max-response", "20000"]) == 2
+    assert ("lower --mean-response and --max-response to at most 7,680, or choose a model with a "
+            "longer window.") in capsys.readouterr().err
+    assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--mean-response", "7680",
+                 "--max-response", "7680", "--placement", "colocated", "--top", "1"]) == 0
 
 
 def test_the_widget_answers_like_the_planner_and_shows_errors():
