@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parsers(sub)
     cluster.add_parsers(sub)
     tools.add_parsers(sub)
+    for listed in sub._choices_actions:  # a command's --help opens with what the list says of it
+        command = sub.choices[listed.dest]
+        if command.description is None:
+            command.description = listed.help
     return parser
 
 
@@ -48,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     With ``--debug`` (or ``RLM_COURSE_DEBUG=1``) errors are raised with their traceback instead:
     what to look at when a message looks like a bug of the course rather than of the input.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # an unknown option of a command: its own usage, not the top-level one
+        commands = next(a for a in parser._actions
+                        if isinstance(a, argparse._SubParsersAction)).choices
+        commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if args.debug or os.environ.get("RLM_COURSE_DEBUG", "") not in ("", "0"):
         return args.func(args)
     try:

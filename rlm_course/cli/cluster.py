@@ -153,7 +153,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "notebooks read (default: write to --runs-dir)")
     p.add_argument("--runs-dir", default="runs/systems",
                    help="folder of the results when not --store (default runs/systems)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_systems)
 
     from rlm_course.cluster.simulator import MODES
@@ -197,5 +197,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="refit the rates on the calibration figures first and rewrite "
                         "data/published/rates.json (a few minutes)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_validate)

@@ -91,8 +91,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_gpu_check)
 
     p = sub.add_parser("distributed", help="run a worker of rlm_course.distributed under torchrun "
-                                           "on this machine (hello, strategies, collectives, grpo)")
-    p.add_argument("worker", help="hello, strategies, collectives or grpo")
+                                           "on this machine (hello, strategies, collectives, grpo, faulty)")
+    p.add_argument("worker", help="hello, strategies, collectives, grpo or faulty")
     p.add_argument("--nproc", type=int, default=2, help="processes (torchrun --nproc-per-node)")
     p.add_argument("rest", nargs=argparse.REMAINDER,
                    help="launcher options (--port --device --threads --timeout --debug), then "

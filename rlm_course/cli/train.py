@@ -152,7 +152,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs-dir", default="runs/sft",
                    help="where a new warm start goes when data/checkpoints/ has one (default "
                         "runs/sft)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: the free cores; 1 when other work is running)")
     add_device_arg(p)
@@ -179,5 +179,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs-dir", default="runs/family",
                    help="folder of the runs (default runs/family; runs of the same variant and "
                         "seed there are replaced)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_family)

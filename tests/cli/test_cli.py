@@ -188,3 +188,28 @@ def test_plan_says_which_modes_the_placement_does_not_run(capsys):
             "devices, async and async-eta2 disaggregated pools); planning sync only."
             ) in captured.err
     assert ", sync\n" in captured.out and ", async" not in captured.out
+
+
+def test_an_unknown_option_shows_the_commands_own_usage(capsys):
+    for argv, command in ((["validate", "--bogus"], "validate"),
+                          (["plan", "--model", "llama-3-8b", "--gpus", "8", "--bogus"], "plan"),
+                          (["hardware", "extra"], "hardware")):
+        with pytest.raises(SystemExit) as caught:
+            main(argv)
+        assert caught.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"usage: python -m rlm_course {command} ")
+        assert err.rstrip().endswith(f"python -m rlm_course {command}: error: unrecognized "
+                                     f"arguments: {argv[-1]}")
+
+
+def test_every_command_help_opens_with_what_the_command_list_says(capsys):
+    from rlm_course.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for listed in sub._choices_actions:
+        assert sub.choices[listed.dest].description, listed.dest
+    with pytest.raises(SystemExit):
+        main(["make-eval-sets", "--help"])
+    assert "rewrite data/eval/*.jsonl (fixed seeds)" in capsys.readouterr().out
