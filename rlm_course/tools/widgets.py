@@ -22,6 +22,7 @@ from rlm_course.cost.hardware import get_device, load_catalog
 from rlm_course.algorithms import PRESETS, preset
 
 CUSTOM = "custom"
+MAX_DEVICES = 100_000  # the calculator's largest cluster
 #: The architecture boxes: a TransformerSpec's sizes, editable for a custom model only.
 ARCHITECTURE_BOXES = ("n_layer", "d_model", "n_head", "n_kv_head", "d_ff")
 
@@ -103,8 +104,23 @@ class RLStepCalculator:
                                vocab_size=128256)
 
     def compute(self) -> dict:
-        """The report for the current settings (raises ValueError for a bad one)."""
+        """The report for the current settings (raises ValueError for a bad one, naming the
+        control by its label)."""
         s = self.settings()
+        for name in ("prompts", "group_size", "minibatches", "prompt_len", "response_len",
+                     "devices", "generation_tp"):
+            if s[name] < 1:
+                raise ValueError(f"{self.controls[name].description} {s[name]}: give 1 or more.")
+        if s["devices"] > MAX_DEVICES:
+            raise ValueError(f"devices {s['devices']:,}: the calculator prices clusters of up to "
+                             f"{MAX_DEVICES:,} devices (the largest built hold about that many).")
+        if s["devices"] % s["generation_tp"]:
+            near = max(t for t in range(1, s["generation_tp"]) if s["devices"] % t == 0)
+            raise ValueError(f"generation TP {s['generation_tp']} must divide devices "
+                             f"{s['devices']} (whole replicas): e.g. generation TP {near}.")
+        if s["minibatches"] > s["prompts"] * s["group_size"]:
+            raise ValueError(f"gradient steps {s['minibatches']:,}: at most one per response, so at "
+                             f"most prompts x group size = {s['prompts'] * s['group_size']:,}.")
         group, steps = s["group_size"], s["minibatches"]
         # the algorithm's parts and gradient steps; the sizes live in the workload (no laptop
         # batch limit here; the work-depth model checks that the steps divide the batch)
@@ -114,7 +130,9 @@ class RLStepCalculator:
         spec = self.spec()
         if spec.learned_positions and workload.seq_len > spec.learned_positions:
             raise ValueError(f"the {spec.name} model has {spec.learned_positions} positions; "
-                             f"prompt + response = {workload.seq_len} tokens do not fit.")
+                             f"prompt + response = {workload.seq_len} tokens do not fit: keep "
+                             f"prompt tokens + response tokens at most {spec.learned_positions} "
+                             "(e.g. 8 and 16, the course's addition task).")
         labels = {"prompt_len": "prompt tokens", "max_response": "response tokens"}
         spec.check_context(s["prompt_len"], s["response_len"], labels.get)
         return iteration_report(spec, config, workload, get_device(s["device"]), s["devices"],

@@ -1,6 +1,8 @@
 """The calculator responds to a programmatic change of every control, and shows bad settings as
 messages."""
 
+import html
+
 import pytest
 
 from rlm_course.cost.anatomy import Workload, iteration_report
@@ -43,18 +45,24 @@ def test_the_widget_shows_the_pure_functions_result():
 
 
 @pytest.mark.parametrize("name,value,message", [
-    ("devices", 0, "devices=0"),
-    ("generation_tp", 3, "tp=3 must be a positive divisor of devices=64"),
-    ("response_len", -5, "response_len=-5"),
+    ("devices", 0, "devices 0: give 1 or more."),
+    ("devices", 10**12, "devices 1,000,000,000,000: the calculator prices clusters of up to "
+                        "100,000 devices"),
+    ("generation_tp", 3, "generation TP 3 must divide devices 64 (whole replicas): e.g. "
+                         "generation TP 2."),
+    ("response_len", -5, "response tokens -5: give 1 or more."),
     ("group_size", 1, "group_size=1 with advantage='group'"),
     ("minibatches", 3, "minibatches=3 does not divide the batch of 8192"),
-    ("model", "tiny", "the tiny model has 32 positions"),
+    ("minibatches", 10**6, "gradient steps 1,000,000: at most one per response, so at most "
+                           "prompts x group size = 8,192."),
+    ("model", "tiny", "the tiny model has 32 positions; prompt + response = 2560 tokens do not "
+                      "fit: keep prompt tokens + response tokens at most 32"),
 ])
 def test_bad_settings_show_a_message(name, value, message):
     calc = RLStepCalculator()
     calc.controls[name].value = value
     assert calc.result is None and message in calc.message
-    assert message.split("=")[0] in calc.status.value and calc.table.value == ""
+    assert html.escape(message.split("=")[0]) in calc.status.value and calc.table.value == ""
 
 
 def test_inconsistent_custom_model_and_moe():
