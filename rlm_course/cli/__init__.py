@@ -30,6 +30,11 @@ class ExactArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """``{command: its parser}`` of :func:`build_parser`'s parser."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command (whole option names only: :class:`ExactArgumentParser`)."""
     parser = ExactArgumentParser(prog="python -m rlm_course", description=DESCRIPTION)
@@ -55,9 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # an unknown option of a command: its own usage, not the top-level one
-        commands = next(a for a in parser._actions
-                        if isinstance(a, argparse._SubParsersAction)).choices
-        commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        commands(parser)[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if args.debug or os.environ.get("RLM_COURSE_DEBUG", "") not in ("", "0"):
         return args.func(args)
     try:

@@ -90,9 +90,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                          "line")
     p.set_defaults(func=_gpu_check)
 
+    from rlm_course.distributed.__main__ import WORKERS  # names only: nothing heavy
+
     p = sub.add_parser("distributed", help="run a worker of rlm_course.distributed under torchrun "
-                                           "on this machine (hello, strategies, collectives, grpo, faulty)")
-    p.add_argument("worker", help="hello, strategies, collectives, grpo or faulty")
+                                           f"on this machine ({', '.join(WORKERS)})")
+    p.add_argument("worker", help=f"{', '.join(WORKERS[:-1])} or {WORKERS[-1]}")
     p.add_argument("--nproc", type=int, default=2, help="processes (torchrun --nproc-per-node)")
     p.add_argument("rest", nargs=argparse.REMAINDER,
                    help="launcher options (--port --device --threads --timeout --debug), then "

@@ -419,10 +419,10 @@ def fits_memory(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
     pools = ([(gpus, gpus)] if "colocated" in placements else []) + (
         [(r, gpus - r) for r in _splits(gpus, device.devices_per_node)]
         if "disaggregated" in placements and gpus >= 2 else [])
+    max_dp = _sequences_per_step(workload, config)
     for rollout, trainer in pools:
         fitting, refused = trainer_layouts(spec, config, device, trainer, seq, 2 * seq,
-                                           rates.memory_fraction, first_fit=True,
-                                           max_dp=_sequences_per_step(workload, config))
+                                           rates.memory_fraction, first_fit=True, max_dp=max_dp)
         if not fitting:
             misses.append(_closest(refused))
             continue
@@ -599,14 +599,15 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
                          "tokens and the draws miss the mean).")
     budget = settings.get("max_response", math.inf)
     room = None if max_context is None else max_context - settings.get("prompt_len", 0)
+    window = ("" if room is None else
+              f"the model reads at most {max_context:,} tokens (its context window), so a prompt "
+              f"of {settings.get('prompt_len', 0):,} leaves at most {max(room, 0):,} for a "
+              "response")
     if "mean_response" in settings and budget >= mean and room is not None and room < mean:
         # a budget past the window fails next too: say both in one message
         raise ValueError(f"{name('mean_response')} {mean:g} and {name('max_response')} {budget}: "
-                         f"the model reads at most {max_context:,} tokens (its context window), "
-                         f"so a prompt of {settings.get('prompt_len', 0):,} leaves at most "
-                         f"{max(room, 0):,} for a response: lower {name('mean_response')} and "
-                         f"{name('max_response')} to at most {max(room, 0):,}, or choose a model "
-                         "with a longer window.")
+                         f"{window}: lower {name('mean_response')} and {name('max_response')} to "
+                         f"at most {max(room, 0):,}, or choose a model with a longer window.")
     if "mean_response" in settings and budget < mean:
         suggest = max(16384, int(min(4 * mean, 2**31)))  # 4x the mean, kept a finite integer
         if room is not None and room < mean:
@@ -617,11 +618,8 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
                       f"{name('max_response')} to at most {room:,} and the mean with it"
                       if budget < room else f"{most:,}")
             raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
-                             f"{mean:g}, and the model reads at most {max_context:,} tokens (its "
-                             f"context window), so a prompt of {settings.get('prompt_len', 0):,} "
-                             f"leaves at most {max(room, 0):,} for a response: lower "
-                             f"{name('mean_response')} to at most {within}, or choose a "
-                             "model with a longer window.")
+                             f"{mean:g}, and {window}: lower {name('mean_response')} to at most "
+                             f"{within}, or choose a model with a longer window.")
         if room is not None:
             suggest = min(suggest, room)
         raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
@@ -868,14 +866,13 @@ def why(candidate: Candidate, best: Candidate) -> str:
     reason = {"generation": "waits for generation", "policy update": "training-bound",
               "critic update": "training-bound", "scoring": "scoring-bound",
               "weight sync": "weight sync", "offload": "offloading"}.get(top, top)
+    where = f"{reason} ({seconds / r.step_seconds:.0%} of its step)"
     # the two pay different prices for staleness: the cost ratio is not the steps' ratio
     if abs(candidate.cost / candidate.step - best.cost / best.step) > 0.005:
         return (f"{slower:.2f}x the cost ({r.step_seconds:,.0f} s per step, "
                 f"{candidate.step / best.step:.2f}x the best's step, at a mean staleness of "
-                f"{r.staleness:.2f} versions against {best.result.staleness:.2f}): {reason} "
-                f"({seconds / r.step_seconds:.0%} of its step)")
-    return (f"{slower:.2f}x slower ({r.step_seconds:,.0f} s): {reason} "
-            f"({seconds / r.step_seconds:.0%} of its step)")
+                f"{r.staleness:.2f} versions against {best.result.staleness:.2f}): {where}")
+    return f"{slower:.2f}x slower ({r.step_seconds:,.0f} s): {where}"
 
 
 def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:

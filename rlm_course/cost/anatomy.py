@@ -308,11 +308,15 @@ class StageCost:
             return t * device.memory_bytes - self.weights, self.kv_per_sequence * t / min(
                 t, self.kv_split)
 
+        def holds(t: int) -> bool:
+            capacity, per_sequence = room(t)
+            return capacity > per_sequence
+
         capacity, per_sequence = room(tp)
         if capacity <= per_sequence:
             # the smallest degree that holds them: a divisor of the devices, so replicas are whole
-            fits = next((t for t in range(tp + 1, devices + 1)
-                         if devices % t == 0 and room(t)[0] > room(t)[1]), None)
+            fits = next((t for t in range(tp + 1, devices + 1) if devices % t == 0 and holds(t)),
+                        None)
             fix = (f"raise the generation TP degree to {fits} (the smallest that divides the "
                    f"{devices} devices and holds them)" if fits else
                    f"no TP degree up to the {devices} devices holds them: use more devices or a "
