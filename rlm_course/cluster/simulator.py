@@ -57,6 +57,12 @@ the rates (:class:`~rlm_course.cost.phases.Rates`).
   training step, ``nemo_rl/algorithms/async_utils/replay_buffer.py``); without it the trainer
   takes the groups in the order they finish, so with partial rollouts a later batch's short
   groups stand in for an earlier batch's stragglers (verl's fully-async message queue);
+* ``inflight_batches`` k: at most ``k x prompts`` groups are generating at once, a new one
+  admitted as one finishes (NeMo-RL's trajectory collector runs each prompt's group as one
+  request under a semaphore of ``num_prompts_per_step x max_trajectory_age_steps``,
+  ``nemo_rl/algorithms/async_utils.py``): one step off, the next batch's groups take the places
+  of the current batch's finished ones instead of decoding beside all of them; 0, no limit but the
+  staleness bound (AReaL's rule);
 * ``stage_fusion`` (colocated): when a fraction ``fusion_threshold`` of the batch's groups is
   done, the tail migrates to a few replicas (``fusion_tail`` of the devices) and the others start
   scoring the finished groups (RLHFuse's inter-stage fusion, arXiv:2409.13221).
@@ -115,6 +121,7 @@ class Mode:
     stage_fusion: bool = False
     fusion_threshold: float = 0.9
     fusion_tail: float = 0.125
+    inflight_batches: float = 0.0
 
     def __post_init__(self) -> None:
         if (isinstance(self.staleness, bool) or not isinstance(self.staleness, (int, float))
@@ -125,6 +132,12 @@ class Mode:
         for flag in ("streaming", "partial_rollout", "recompute_kv", "in_order", "stage_fusion"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"Mode.{flag}={getattr(self, flag)!r} must be True or False.")
+        if (isinstance(self.inflight_batches, bool)
+                or not isinstance(self.inflight_batches, (int, float))
+                or not 0 <= self.inflight_batches <= MAX_STALENESS + 1):
+            raise ValueError(f"Mode.inflight_batches={self.inflight_batches!r} must be a number "
+                             f"from 0 to {MAX_STALENESS + 1} (batches of prompts generating at "
+                             "once; 0: no limit but the staleness bound).")
         if not 0 < self.fusion_threshold < 1 or not 0 < self.fusion_tail < 1:
             raise ValueError("Mode.fusion_threshold and fusion_tail must be fractions in (0, 1).")
         if self.stage_fusion and (self.streaming or self.partial_rollout or self.staleness
@@ -627,6 +640,8 @@ class _Sim:
                     self.buffer.append((self.next_in_order,
                                         self.done_early.pop(self.next_in_order)))
                     self.next_in_order += 1
+            if self.s.mode.inflight_batches:  # its place goes to the next admissible group
+                self.admit()
         if not self.changed.triggered:
             self.changed.succeed()
 
@@ -639,6 +654,9 @@ class _Sim:
         horizon = math.ceil((self.iterations + math.ceil(s.mode.staleness) + 1) * per_version)
         touched = set()
         target = min(self.admitted + allowed, horizon)
+        if s.mode.inflight_batches:  # a semaphore on the groups generating at once
+            cap = max(1, math.floor(s.mode.inflight_batches * per_version + 1e-9))
+            target = min(target, self.admitted + max(0, cap - len(self.groups)))
         while self.admitted < target:
             prompt = self.admitted % s.workload.prompts
             group = self.admitted

@@ -143,6 +143,34 @@ def test_in_order_training_waits_for_each_batchs_longest_group():
         Mode(stage_fusion=True, in_order=True)
 
 
+def test_a_semaphore_on_groups_in_flight_keeps_one_batch_generating():
+    # generation-bound one step off (4 rollout GPUs, 4,096-token responses): without a limit
+    # the next batch decodes beside the current one, a larger decode batch per replica; with
+    # NeMo-RL's semaphore of one batch of groups, the next batch's groups start only as the
+    # current ones finish (equal lengths: all at once), so in the steady state each step is
+    # one batch's generation alone plus the weight sync that pauses it
+    kw = dict(placement="disaggregated", rollout_gpus=4, trainer=Layout(dp=12, zero=3),
+              workload=Workload(32, 8, 256, 4096))
+    alone = simulate(_scenario(**kw), iterations=3, warmup=1).stages
+
+    def step(cap):
+        mode = Mode(staleness=1, partial_rollout=True, recompute_kv=False, in_order=True,
+                    inflight_batches=cap)
+        return simulate(_scenario(mode=mode, **kw), iterations=10, warmup=4).step_seconds
+
+    assert alone["generation"] > alone["scoring"] + alone["policy update"]  # generation-bound
+    # (the pause for the sync lands inside a decode step, which is lost: at most one step of 64
+    # sequences more)
+    s = _scenario(**kw)
+    one_step = DecodeCost(SPEC, H100, 1, s.rates, None, s.workload).seconds(1, 64, 64 * 4353)
+    expected = alone["generation"] + alone["weight sync"]
+    assert expected <= step(1) <= expected + one_step
+    assert step(0) < 0.92 * step(1)
+    for bad in (-1, 66, True, "1", float("nan")):
+        with pytest.raises(ValueError, match="Mode.inflight_batches=.* must be a number from 0"):
+            Mode(staleness=1, inflight_batches=bad)
+
+
 def test_a_deep_pipeline_is_measured_past_its_first_bursts():
     # 8 versions of staleness: 9 batches admitted at once; the default measurement warms up 18
     # iterations and measures 16, within 2% of a 40-iteration warm-up measuring 40, where 4 and
