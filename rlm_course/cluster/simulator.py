@@ -320,7 +320,10 @@ def memory_plan(s: Scenario) -> dict:
         resident = sum(v for k, v in trainer.items() if k not in ("activations", "logits"))
     fraction = r.memory_fraction
     if r.rollout_memory_fraction is not None:  # the engine takes its share, the trainer the rest
-        fraction, resident = r.rollout_memory_fraction, 0.0
+        # vLLM's gpu_memory_utilization is a share of the total CUDA reports (79.11 GiB on an
+        # H100 "80 GB"), expressed here as a share of the catalog's memory_bytes
+        fraction = r.rollout_memory_fraction * dev.engine_memory_bytes / dev.memory_bytes
+        resident = 0.0
     per_sequence = w.prompt_len + w.mean_response_len
     slots = kv_slots(spec, s.generation_tp, dev, per_sequence, fraction, resident,
                      r.max_batch, w.weight_bytes, w.kv_bytes)

@@ -40,6 +40,10 @@ class Device:
             intra_node_latency / inter_node_latency: seconds per message step on those links;
             host_bandwidth: bytes/s per direction between the device and host memory (offloading
             optimizer states, a rollout engine's sleep and wake; 0: unknown);
+            reported_memory_bytes: the total CUDA reports for the device (``torch.cuda``'s total
+            capacity), of which an inference engine's memory share (vLLM's
+            ``gpu_memory_utilization``) is taken; a datasheet's "80 GB" is 80 GiB of HBM, of
+            which an H100 reports 79.11 GiB, 84.9e9 bytes, not 80e9 (0: ``memory_bytes``);
             source: where the figures come from.
     """
 
@@ -54,6 +58,13 @@ class Device:
     intra_node_latency: float = 0.0
     inter_node_latency: float = 0.0
     host_bandwidth: float = 0.0
+    reported_memory_bytes: float = 0.0
+
+    @property
+    def engine_memory_bytes(self) -> float:
+        """Bytes an engine's memory share applies to: :attr:`reported_memory_bytes`, or
+        :attr:`memory_bytes` where the catalog has no reported total."""
+        return self.reported_memory_bytes or self.memory_bytes
 
     @property
     def ridge_point(self) -> float:
@@ -100,7 +111,9 @@ def load_catalog() -> dict[str, Device]:
                                    source=str(entry["source"]),
                                    intra_node_latency=float(entry.get("intra_node_latency", 0.0)),
                                    inter_node_latency=float(entry.get("inter_node_latency", 0.0)),
-                                   host_bandwidth=float(entry.get("host_bandwidth", 0.0)))
+                                   host_bandwidth=float(entry.get("host_bandwidth", 0.0)),
+                                   reported_memory_bytes=float(
+                                       entry.get("reported_memory_bytes", 0.0)))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"hardware catalog entry {name!r} is incomplete ({err}).") from None
         d = devices[name]

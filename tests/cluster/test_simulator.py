@@ -11,7 +11,7 @@ from rlm_course.rl.algorithms import preset
 from rlm_course.cost import comm
 from rlm_course.cost.layouts import (DoesNotFit, Layout)
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost, pass_flops
-from rlm_course.cluster.simulator import MODES, Mode, Scenario, simulate
+from rlm_course.cluster.simulator import MODES, Mode, Scenario, memory_plan, simulate
 
 H100 = get_device("H100-SXM-80GB")
 SPEC = get_spec("qwen2.5-7b")
@@ -209,6 +209,25 @@ def test_scenarios_that_make_no_sense_are_refused():
     with pytest.raises(ValueError, match="llama-3-70b reads at most 8,192 tokens"):
         Scenario(get_spec("llama-3-70b"), preset("grpo"), Workload(32, 8, 256, 16384),
                  Cluster(H100, 16))
+
+
+def test_an_engine_memory_share_is_of_the_memory_cuda_reports():
+    # NeMo-RL's Qwen3-235B one step off: vLLM at TP 8 with gpu_memory_utilization 0.8 on H100s,
+    # whose "80 GB" CUDA reports as 79.11 GiB (84.94e9 bytes). 470 GB of bf16 weights over 8
+    # ranks; 4 KV heads over 8 ranks, so each rank holds one: 94 layers x 2 x 128 x 2 bytes =
+    # 48,128 bytes per token, 5,831 tokens a sequence
+    spec = get_spec("qwen3-235b-a22b")
+    s = Scenario(spec, preset("grpo"), Workload(16, 32, 110, 5721), Cluster(H100, 256),
+                 placement="disaggregated", rollout_gpus=128, generation_tp=8,
+                 trainer=Layout(tp=4, pp=8, ep=16, dp=4, zero=1, recompute=True),
+                 rates=Rates(rollout_memory_fraction=0.8))
+    per_sequence = 94 * 2 * 128 * 2 * (110 + 5721)
+    weights = spec.params() * 2 / 8
+    assert H100.engine_memory_bytes == 84.94e9 and H100.memory_bytes == 80e9
+    assert memory_plan(s)["slots"] == int((0.8 * 84.94e9 - weights) // per_sequence) == 32
+    assert int((0.8 * 80e9 - weights) // per_sequence) == 18  # the datasheet's GB: two waves
+    # a device without a reported total takes the datasheet's
+    assert get_device("H200-SXM-141GB").engine_memory_bytes == 141e9
 
 
 def test_colocated_generation_memory_contention_and_offload():
