@@ -65,9 +65,8 @@ def _rows(path):
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo", "grpo --variant dapo"])
 def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_path, algorithm):
     cli = functools.partial(_cli, algorithm=algorithm)
+    # the uninterrupted run and the one to interrupt run side by side (one thread each)
     full = cli(["--steps", "30", "--out", str(tmp_path), "--name", "full", *SMALL])
-    assert full.wait(timeout=300) == 0, full.stdout.read()
-
     part = cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", *SMALL])
     metrics = tmp_path / "cut" / "metrics.jsonl"
     deadline = time.time() + 120
@@ -81,6 +80,8 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     assert 4 <= len(stopped) < 30
     assert (tmp_path / "cut" / "checkpoint.pt").exists()
     assert not (tmp_path / "cut" / "summary.json").exists()
+    out = full.communicate(timeout=300)[0]
+    assert full.returncode == 0, out
 
     resumed = cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", "--resume", *SMALL])
     out = resumed.communicate(timeout=300)[0]
