@@ -151,7 +151,10 @@ class Mode:
         base = ("sync" if self.staleness == 0 else "one-step-off" if self.staleness == 1
                 else f"async eta={self.staleness:g}")
         flags = [f for f, on in (("streaming", self.streaming), ("partial", self.partial_rollout),
-                                 ("in order", self.in_order), ("fused", self.stage_fusion)) if on]
+                                 ("in order", self.in_order), ("fused", self.stage_fusion),
+                                 (f"{self.inflight_batches:g} batch{'' if self.inflight_batches == 1 else 'es'} "
+                                  "in flight", self.inflight_batches))
+                 if on]
         return " + ".join([base] + flags)
 
 

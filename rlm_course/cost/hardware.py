@@ -120,6 +120,10 @@ def load_catalog() -> dict[str, Device]:
         if min(d.peak_flops, d.memory_bytes, d.memory_bandwidth) <= 0:
             raise ValueError(f"hardware catalog entry {name!r}: peak, memory and bandwidth must be "
                              "positive.")
+        if not 0 <= d.reported_memory_bytes <= 2 * d.memory_bytes:
+            raise ValueError(f"hardware catalog entry {name!r}: reported_memory_bytes="
+                             f"{d.reported_memory_bytes:g} must be the total CUDA reports, near "
+                             f"memory_bytes={d.memory_bytes:g} (or left out).")
     return devices
 
 

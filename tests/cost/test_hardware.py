@@ -61,3 +61,23 @@ def test_a_corrupt_local_measurement_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("RLM_COURSE_DATA", str(data))
     with pytest.raises(ValueError, match="this-machine.json is unreadable"):
         load_catalog()
+
+
+def test_a_reported_memory_far_from_the_datasheet_is_refused(tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    from rlm_course.cost.hardware import catalog_dir
+
+    data = tmp_path / "data"
+    shutil.copytree(catalog_dir(), data / "hardware")
+    (data / "hardware" / "this-machine.json").unlink(missing_ok=True)
+    path = data / "hardware" / "accelerators.json"
+    doc = json.loads(path.read_text())
+    monkeypatch.setenv("RLM_COURSE_DATA", str(data))
+    for bad in (-1.0, 85e12):
+        doc["devices"]["H100-SXM-80GB"]["reported_memory_bytes"] = bad
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match="'H100-SXM-80GB': reported_memory_bytes=.* must be "
+                                             "the total CUDA reports"):
+            load_catalog()
