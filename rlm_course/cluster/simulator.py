@@ -150,11 +150,10 @@ class Mode:
     def name(self) -> str:
         base = ("sync" if self.staleness == 0 else "one-step-off" if self.staleness == 1
                 else f"async eta={self.staleness:g}")
+        k = self.inflight_batches
         flags = [f for f, on in (("streaming", self.streaming), ("partial", self.partial_rollout),
                                  ("in order", self.in_order), ("fused", self.stage_fusion),
-                                 (f"{self.inflight_batches:g} batch{'' if self.inflight_batches == 1 else 'es'} "
-                                  "in flight", self.inflight_batches))
-                 if on]
+                                 (f"{k:g} batch{'' if k == 1 else 'es'} in flight", k)) if on]
         return " + ".join([base] + flags)
 
 
@@ -588,6 +587,10 @@ class _Sim:
         self.prompt_lengths = [lengths[i:i + g] for i in range(0, len(lengths), g)]
         self.replicas = [_Replica(self, i) for i in range(s.replicas)]
         self.tail_replicas = min(s.replicas - 1, max(1, round(s.mode.fusion_tail * s.replicas)))
+        # groups allowed to generate at once (Mode.inflight_batches); 0: no such limit
+        self.inflight_cap = (max(1, math.floor(s.mode.inflight_batches * s.workload.prompts
+                                               * s.oversample + 1e-9))
+                             if s.mode.inflight_batches else 0)
         self.cursor = 0
         self.admitted = 0
         self.dropped = 0.0
@@ -646,7 +649,7 @@ class _Sim:
                     self.buffer.append((self.next_in_order,
                                         self.done_early.pop(self.next_in_order)))
                     self.next_in_order += 1
-            if self.s.mode.inflight_batches:  # its place goes to the next admissible group
+            if self.inflight_cap:  # its place goes to the next admissible group
                 self.admit()
         if not self.changed.triggered:
             self.changed.succeed()
@@ -660,9 +663,8 @@ class _Sim:
         horizon = math.ceil((self.iterations + math.ceil(s.mode.staleness) + 1) * per_version)
         touched = set()
         target = min(self.admitted + allowed, horizon)
-        if s.mode.inflight_batches:  # a semaphore on the groups generating at once
-            cap = max(1, math.floor(s.mode.inflight_batches * per_version + 1e-9))
-            target = min(target, self.admitted + max(0, cap - len(self.groups)))
+        if self.inflight_cap:  # a semaphore on the groups generating at once
+            target = min(target, self.admitted + max(0, self.inflight_cap - len(self.groups)))
         while self.admitted < target:
             prompt = self.admitted % s.workload.prompts
             group = self.admitted

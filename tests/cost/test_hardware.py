@@ -50,31 +50,31 @@ def test_measuring_this_machine_gives_plausible_figures():
     assert copy_bandwidth(megabytes=8, repeats=2) > 1e8
 
 
-def test_a_corrupt_local_measurement_is_a_clear_error(tmp_path, monkeypatch):
+def _catalog_copy(tmp_path, monkeypatch):
+    """A copy of the hardware catalog the course reads instead of its own; its folder."""
     import shutil
 
     from rlm_course.cost.hardware import catalog_dir
 
     data = tmp_path / "data"
     shutil.copytree(catalog_dir(), data / "hardware")
-    (data / "hardware" / "this-machine.json").write_text("{not json")
     monkeypatch.setenv("RLM_COURSE_DATA", str(data))
+    return data / "hardware"
+
+
+def test_a_corrupt_local_measurement_is_a_clear_error(tmp_path, monkeypatch):
+    (_catalog_copy(tmp_path, monkeypatch) / "this-machine.json").write_text("{not json")
     with pytest.raises(ValueError, match="this-machine.json is unreadable"):
         load_catalog()
 
 
 def test_a_reported_memory_far_from_the_datasheet_is_refused(tmp_path, monkeypatch):
     import json
-    import shutil
 
-    from rlm_course.cost.hardware import catalog_dir
-
-    data = tmp_path / "data"
-    shutil.copytree(catalog_dir(), data / "hardware")
-    (data / "hardware" / "this-machine.json").unlink(missing_ok=True)
-    path = data / "hardware" / "accelerators.json"
+    catalog = _catalog_copy(tmp_path, monkeypatch)
+    (catalog / "this-machine.json").unlink(missing_ok=True)
+    path = catalog / "accelerators.json"
     doc = json.loads(path.read_text())
-    monkeypatch.setenv("RLM_COURSE_DATA", str(data))
     for bad in (-1.0, 85e12):
         doc["devices"]["H100-SXM-80GB"]["reported_memory_bytes"] = bad
         path.write_text(json.dumps(doc))

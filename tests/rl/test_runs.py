@@ -67,20 +67,23 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     cli = functools.partial(_cli, algorithm=algorithm)
     # the uninterrupted run and the one to interrupt run side by side (one thread each)
     full = cli(["--steps", "30", "--out", str(tmp_path), "--name", "full", *SMALL])
-    part = cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", *SMALL])
-    metrics = tmp_path / "cut" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 4):
-        time.sleep(0.05)
-    part.send_signal(signal.SIGINT)
-    out = part.communicate(timeout=120)[0]
-    assert part.returncode == 130, out
-    assert "same command with --resume" in out
-    stopped = _rows(metrics)
-    assert 4 <= len(stopped) < 30
-    assert (tmp_path / "cut" / "checkpoint.pt").exists()
-    assert not (tmp_path / "cut" / "summary.json").exists()
-    out = full.communicate(timeout=300)[0]
+    try:  # the uninterrupted run is collected even when a check on the other one fails
+        part = cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", *SMALL])
+        metrics = tmp_path / "cut" / "metrics.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline and (not metrics.exists()
+                                          or len(metrics.read_text().splitlines()) < 4):
+            time.sleep(0.05)
+        part.send_signal(signal.SIGINT)
+        out = part.communicate(timeout=120)[0]
+        assert part.returncode == 130, out
+        assert "same command with --resume" in out
+        stopped = _rows(metrics)
+        assert 4 <= len(stopped) < 30
+        assert (tmp_path / "cut" / "checkpoint.pt").exists()
+        assert not (tmp_path / "cut" / "summary.json").exists()
+    finally:
+        out = full.communicate(timeout=300)[0]
     assert full.returncode == 0, out
 
     resumed = cli(["--steps", "30", "--out", str(tmp_path), "--name", "cut", "--resume", *SMALL])
