@@ -114,7 +114,7 @@ def _plan(args) -> int:
 
 
 def _validate(args) -> int:
-    from rlm_course.cluster.calibration import calibrate_all, describe
+    from rlm_course.cluster.calibration import COMMAND, calibrate_all, describe, stale_families
     from rlm_course.cluster.validation import format_validation, summary, validation_table
 
     if args.calibrate:
@@ -122,6 +122,10 @@ def _validate(args) -> int:
                       (lambda line: print(line, file=sys.stderr)))
         print("wrote data/published/rates.json")
     print(describe())
+    for family, (stored, now) in stale_families().items():
+        print(f"warning: {family}'s rates were fitted to another model (rms log error "
+              f"{stored:.4f} stored, {now:.4f} with the model now): the predictions below use "
+              f"rates that are not this model's fit; remake them with `{COMMAND}`.")
     rows = validation_table()
     print(format_validation(rows))
     result = summary(rows)

@@ -10,8 +10,10 @@ which are **fixed** (a stated setting), and marks the family's **calibration** f
 errors of every published seconds value they give (the step and, where published, its stages:
 generation, scoring, update), by coordinate descent with a golden-section search per rate; the
 result goes to ``data/published/rates.json`` with the command that made it
-(``python -m rlm_course validate --calibrate``), the data points and the number of free
-parameters. Nothing else is fitted: every other figure is a prediction
+(``python -m rlm_course validate --calibrate``), the data points, the number of free
+parameters and the rms log error of what it stored; :func:`rms_log_error` recomputes that error
+with the model as it is, so a change to the cost model or to a figure made without fitting again
+shows (:func:`stale_families`; ``validate`` warns, a test fails). Nothing else is fitted: every other figure is a prediction
 (:mod:`rlm_course.cluster.validation`), and the planner plans with these rates
 (:func:`calibrated_rates`).
 """
@@ -233,10 +235,55 @@ def calibrate(family: str, spec: dict, figures: list[dict], sweeps: int = 2,
     final = rates_of(values)
     default = Rates()
     stored = {k: v for k, v in final.to_dict().items() if v != getattr(default, k)}
-    return {"rates": stored, "free": free, "tied": tied,
-            "workload": {k: round(values[k], 1) for k in sorted(workload_names)},
+    workload = {k: round(values[k], 1) for k in sorted(workload_names)}
+    # the error of what is stored (the workload rounded as written), so that the file describes
+    # itself exactly and rms_log_error() can tell when the model has moved since
+    error = _loss(mine, final, family, workload)
+    return {"rates": stored, "free": free, "tied": tied, "workload": workload,
             "calibrated_on": [f["id"] for f in mine], "data_points": points,
-            "rms_log_error": math.sqrt(best / points)}
+            "rms_log_error": math.sqrt(error / points)}
+
+
+def rms_log_error(family: str, calibration: dict | None = None) -> float:
+    """The rms log error that ``family``'s stored rates and fitted workload give **now** on its
+    calibration figures. Equal to the stored ``rms_log_error`` while the cost model, the figures
+    and the rates are those the calibration was made with; a change to any of them (a new term in
+    the simulator, an edited setup) moves it, and the stored rates were then fitted to another
+    model: remake them with ``python -m rlm_course validate --calibrate``.
+
+    Raises:
+        ValueError: for a family the calibration does not hold.
+    """
+    from rlm_course.cluster.published import load_document
+
+    calibration = load_calibration() if calibration is None else calibration
+    if family not in calibration["families"]:
+        raise ValueError(f"no calibrated family {family!r}; known: "
+                         f"{', '.join(calibration['families'])}.")
+    entry = calibration["families"][family]
+    by_id = {f["id"]: f for f in load_document()["figures"]}
+    missing = [i for i in entry["calibrated_on"] if i not in by_id]
+    if missing:
+        raise ValueError(f"calibration figure(s) {', '.join(missing)} of {family} are not in the "
+                         f"figures file any more; remake the rates with `{COMMAND}`.")
+    figures = [by_id[i] for i in entry["calibrated_on"]]
+    points = sum(len(data_points(f)) for f in figures)
+    loss = _loss(figures, family_rates(calibration)[family], family,
+                 fitted_workload(calibration)[family])
+    return math.sqrt(loss / points)
+
+
+def stale_families(calibration: dict | None = None, rel: float = 1e-6) -> dict[str, tuple]:
+    """``{family: (stored, now)}`` for every family whose stored rms log error is not what its
+    rates give now (:func:`rms_log_error`): the model or the figures changed after the rates
+    were fitted."""
+    calibration = load_calibration() if calibration is None else calibration
+    out = {}
+    for name, entry in calibration["families"].items():
+        now, stored = rms_log_error(name, calibration), entry["rms_log_error"]
+        if not math.isclose(now, stored, rel_tol=rel):
+            out[name] = (stored, now)
+    return out
 
 
 def calibrate_all(progress=None) -> dict:

@@ -104,6 +104,34 @@ def test_the_stored_calibration_is_the_declared_one():
         calibration.calibrated_rates("deepspeed-chat")
 
 
+def test_the_stored_rates_are_the_models_fit():
+    # The stored rms log error is what the stored rates give now: the simulator, the figures and
+    # the rates have not moved apart since `python -m rlm_course validate --calibrate` wrote them.
+    # A change to the cost model or to a calibration figure's setup fails here until the rates
+    # are remade; predictions with rates fitted to another model would not be out of sample of
+    # anything.
+    stored = calibration.load_calibration()
+    assert calibration.stale_families(stored) == {}, (
+        "the cost model or the figures changed after the rates were fitted: run "
+        "`python -m rlm_course validate --calibrate` and commit data/published/rates.json")
+    entry = stored["families"]["nemo-rl"]
+    assert calibration.rms_log_error("nemo-rl", stored) == pytest.approx(entry["rms_log_error"],
+                                                                         rel=1e-9)
+    # a rate moved by hand (or a model that moved) is caught, for that family only
+    moved = json.loads(json.dumps(stored))
+    moved["families"]["nemo-rl"]["rates"]["decode_step_latency"] *= 2
+    now = calibration.rms_log_error("nemo-rl", moved)
+    assert now > 1.5 * entry["rms_log_error"]
+    gone = json.loads(json.dumps(stored))
+    gone["families"]["verl"]["calibrated_on"].append("no-such-figure")
+    with pytest.raises(ValueError, match="no-such-figure of verl are not in the figures file any "
+                                         "more; remake the rates with `python -m rlm_course "
+                                         "validate --calibrate`"):
+        calibration.rms_log_error("verl", gone)
+    with pytest.raises(ValueError, match="no calibrated family 'areal'; known: verl, nemo-rl"):
+        calibration.rms_log_error("areal", stored)
+
+
 def test_tolerances_null_models_and_direction_errors():
     seconds = {"what": "step_seconds", "published": 100.0}
     assert published.within(seconds, 129.0) and not published.within(seconds, 131.0)
@@ -144,8 +172,13 @@ def test_the_validate_command_ends_with_its_counts_as_json(capsys, monkeypatch):
     subset = [BY_ID[i] for i in ("verl-ckptengine-qwen3-30b-a3b-16x16-off",
                                  "verl-ckptengine-qwen3-235b-a22b-64x64-off")]
     monkeypatch.setattr(validation, "load_figures", lambda: subset)
+    # (whether the stored rates are the model's fit is test_the_stored_rates_are_the_models_fit's)
+    monkeypatch.setattr(calibration, "stale_families", lambda: {"verl": (0.19, 0.25)})
     assert main(["validate"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
+    assert ("warning: verl's rates were fitted to another model (rms log error 0.1900 stored, "
+            "0.2500 with the model now)") in "\n".join(lines)
+    assert "remake them with `python -m rlm_course validate --calibrate`" in "\n".join(lines)
     result = json.loads(lines[-1])
     assert {"out_of_sample_hits", "out_of_sample_total", "free_parameters",
             "direction_errors"} <= set(result)
