@@ -457,8 +457,8 @@ print(format_table(rows, ["model", "algorithm", "generation FLOP share", "genera
 #    longest response ends (section 5).
 #
 # Chapter 14 measures what these cost on real systems: it fits, once, the seconds a rollout
-# engine adds to every decode step beyond this roofline (and per sequence in the batch), and the
-# fraction of peak a trainer reaches, on a declared handful of published runs of each system,
+# engine adds to every decode step beyond this roofline (and per sequence in the batch, and per
+# all-reduce of an engine that spans nodes), and the fraction of peak a trainer reaches, on a declared handful of published runs of each system,
 # then predicts the others' step times with them (`python -m rlm_course validate`). The fitted
 # values:
 
@@ -468,7 +468,8 @@ from rlm_course.cluster.calibration import calibrated_rates
 for family in ("verl", "nemo-rl"):
     fitted = calibrated_rates(family)
     print(f"{family}: {fitted.decode_step_latency * 1e3:.1f} ms per decode step and "
-          f"{fitted.decode_sequence_latency * 1e6:.1f} us per sequence beyond the roofline; "
+          f"{fitted.decode_sequence_latency * 1e6:.1f} us per sequence beyond the roofline, "
+          f"{fitted.cross_node_all_reduce_seconds * 1e6:.0f} us per all-reduce across nodes; "
           f"training at {fitted.train_hfu:.0%} of peak (HFU; an MoE at {fitted.moe_efficiency:.0%} "
           "of that)")
     assert fitted.train_hfu <= 1 and fitted.decode_step_latency >= 0

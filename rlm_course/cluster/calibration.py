@@ -36,6 +36,7 @@ FITTABLE = {
     "decode_step_latency": (1e-4, 0.2),
     "decode_sequence_latency": (1e-7, 1e-3),
     "eager_layer_seconds": (1e-6, 2e-3),
+    "cross_node_all_reduce_seconds": (1e-6, 1e-3),
     "train_hfu": (0.02, 0.65),
     "forward_mfu": (0.02, 0.65),
     "moe_efficiency": (0.01, 1.0),

@@ -894,8 +894,8 @@ def simulate(scenario: Scenario, iterations: int | None = None, warmup: int | No
     pipeline deeper than 3, which starts with eta + 1 batches admitted at once and swings for
     about two such bursts, warms up ``2 (eta + 1)`` iterations and measures ``2 eta``; in order
     (:attr:`Mode.in_order`), whose steps repeat every eta + 1 iterations, it measures whole
-    cycles of them. On NeMo-RL's 8-step-off run: 43.3 s against 42.0 s after a 40-iteration
-    warm-up measuring 40, where 4 and 2 measured 18.6 s, a transient). ``length_buckets``
+    cycles of them. On NeMo-RL's 8-step-off run: 42.5 s against 41.3 s after a 40-iteration
+    warm-up measuring 40, where 4 and 2 measured 18.3 s, a transient). ``length_buckets``
     rounds the response lengths to that many levels up to the longest one (fewer events, for
     large clusters; the default keeps every length).
 

@@ -22,7 +22,7 @@ calibrated on published runs live in ``data/published/rates.json``
     max(F / (tp x peak x decode_mfu), B / (bandwidth x decode_bandwidth)) + latency + TP comm
 
 (``latency = decode_step_latency + a x decode_sequence_latency``, plus a cost per layer without
-CUDA graphs)
+CUDA graphs, and ``cross_node_all_reduce_seconds`` per all-reduce of a replica that spans nodes)
 
 with ``F = a 2 N + 4 L H d_h C`` (:meth:`forward_flops_per_token` summed over the sequences) and
 ``B`` the device's bytes: its ``1 / tp`` of the weights the ``a`` tokens touch, plus ``C + a``
@@ -97,6 +97,15 @@ class Rates:
         eager_layer_seconds: without CUDA graphs, seconds each layer adds to a decode step by
             launching its kernels one by one from Python (about 10-20 kernels of a few
             microseconds each); default 0.
+        cross_node_all_reduce_seconds: seconds each of a decode step's TP all-reduces adds when
+            the replica spans nodes, beyond NCCL's tuning model
+            (:func:`~rlm_course.cost.comm.node_tree_all_reduce_seconds`): a network collective
+            captured in the step's CUDA graph, paced by NCCL's proxy thread, where inside a node
+            the engine's one-shot all-reduce reads its peers' memory directly. vLLM's guide
+            keeps tensor parallelism inside a node and crosses nodes with pipeline parallelism
+            for this reason ("Distributed Inference and Serving", docs.vllm.ai v0.5.5-v0.8);
+            RL systems still run TP 16-32 engines across nodes (NeMo-RL's DeepSeek-V3 and
+            Qwen3-235B recipes); default 0.
         micro_batch_seconds: seconds added to every micro-batch of a training or scoring pass
             on a device (launches, packing, the pipeline schedule's bookkeeping); default 0.
         optimizer_step_seconds: seconds added to every optimizer step (gradient clipping, the
@@ -145,6 +154,7 @@ class Rates:
     decode_sequence_latency: float = 0.0
     cuda_graphs: bool = True
     eager_layer_seconds: float = 0.0
+    cross_node_all_reduce_seconds: float = 0.0
     micro_batch_seconds: float = 0.0
     optimizer_step_seconds: float = 0.0
     sync_tensor_seconds: float = 0.0
@@ -166,7 +176,7 @@ class Rates:
 
     #: the fields that are seconds (each finite and >= 0)
     SECONDS = ("decode_step_latency", "decode_sequence_latency", "eager_layer_seconds",
-               "micro_batch_seconds",
+               "cross_node_all_reduce_seconds", "micro_batch_seconds",
                "optimizer_step_seconds",
                "sync_tensor_seconds", "colocated_tensor_seconds", "sync_fixed_seconds",
                "reward_seconds",
@@ -294,6 +304,8 @@ class DecodeCost:
                                            in_node=self.in_node, fabric=self.fabric).seconds
                        if self.tp > 1 else 0.0)
             eager = 0.0 if self.rates.cuda_graphs else self.spec.n_layer * self.rates.eager_layer_seconds
+            if self.tp > 1 and not self.in_node:  # two all-reduces per layer over the network
+                tp_comm += 2 * self.spec.n_layer * self.rates.cross_node_all_reduce_seconds
             self._fixed[active] = (self.rates.decode_step_latency + eager + tp_comm
                                    + active * self.rates.decode_sequence_latency)
         return self._fixed[active]
