@@ -55,6 +55,7 @@ import dataclasses
 import functools
 import heapq
 import math
+import numbers
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -142,8 +143,8 @@ class Rates:
             (vLLM's automatic prefix caching, SGLang's radix cache); default True.
 
     Raises:
-        ValueError: for an efficiency outside (0, 1], a negative or infinite time, a
-            non-positive bandwidth or an unknown transport.
+        ValueError: for a value that is not a number, an efficiency outside (0, 1], a negative
+            or infinite time, a non-positive bandwidth or an unknown transport.
     """
 
     train_hfu: float = 0.40
@@ -183,6 +184,16 @@ class Rates:
                "iteration_overhead")
 
     def __post_init__(self) -> None:
+        numbers_ = ("train_hfu", "forward_mfu", "decode_mfu", "decode_bandwidth", "memory_fraction",
+                    "moe_efficiency", "train_flops_factor") + self.SECONDS
+        for name in numbers_ + ("rollout_memory_fraction", "host_bandwidth"):
+            value = getattr(self, name)
+            if value is None and name in numbers_:
+                raise ValueError(f"Rates.{name}=None: give a number (the default is "
+                                 f"{getattr(type(self), name)!r}).")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise ValueError(f"Rates.{name}={value!r} must be a number, not a "
+                                 f"{type(value).__name__}.")
         for name in ("train_hfu", "forward_mfu", "decode_mfu", "decode_bandwidth",
                      "memory_fraction", "moe_efficiency"):
             value = getattr(self, name)

@@ -53,6 +53,21 @@ def test_an_engine_across_nodes_pays_its_all_reduces_over_the_network_per_layer(
         Rates(cross_node_all_reduce_seconds=-1e-5)
 
 
+def test_a_rate_that_is_not_a_number_is_refused_by_name():
+    # a corrupt rates file or a typed-in value: a clear ValueError, not a TypeError from a comparison
+    for field, value, message in (
+            ("cross_node_all_reduce_seconds", "x", "must be a number, not a str"),
+            ("decode_step_latency", True, "must be a number, not a bool"),
+            ("train_hfu", None, r"None: give a number \(the default is 0.4\)"),
+            ("host_bandwidth", "fast", "must be a number, not a str"),
+            ("train_flops_factor", [2], "must be a number, not a list")):
+        with pytest.raises(ValueError, match=f"Rates.{field}=.*{message}"):
+            Rates(**{field: value})
+        with pytest.raises(ValueError, match=f"Rates.{field}="):
+            Rates.from_dict({field: value})
+    assert Rates(decode_step_latency=1, host_bandwidth=None).decode_step_latency == 1
+
+
 def test_pass_flops_follow_the_algorithms_passes():
     grpo, ppo = preset("grpo"), preset("ppo")
     g = pass_flops(SPEC, grpo, 100, [200, 300])
