@@ -144,6 +144,21 @@ def where_time_goes(fn, flops: float, peak_flops: float | None = None, repeats: 
             "peak_flops": peak}
 
 
+def _copy_with_strides(x):
+    """A copy of tensor ``x`` with its strides (anything else as it is): the span of storage it
+    views is copied and viewed the same way. ``clone()`` would make a sliced view dense and an
+    expanded one full, and a kernel replayed on such a copy is not the step's kernel (CUDA's
+    memory-efficient attention refuses a bias whose row stride is not a multiple of 4, which it
+    gets by padding the bias and slicing it back)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    x = x.detach()
+    if x.numel() == 0:
+        return x.clone()
+    span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
+    return x.as_strided((span,), (1,)).clone().as_strided(x.shape, x.stride())
+
+
 class _KernelRecorder(TorchDispatchMode):
     """Records every matmul and attention call that reaches the dispatcher (forward and
     backward), keeping a copy of the inputs of the first call of each signature and the count."""
@@ -162,9 +177,8 @@ class _KernelRecorder(TorchDispatchMode):
             if signature in self.calls:
                 self.calls[signature][3] += 1
             else:
-                def keep(x):
-                    return x.detach().clone() if isinstance(x, torch.Tensor) else x
-                self.calls[signature] = [func, tree_map(keep, args), tree_map(keep, kwargs), 1]
+                self.calls[signature] = [func, tree_map(_copy_with_strides, args),
+                                         tree_map(_copy_with_strides, kwargs), 1]
         return func(*args, **kwargs)
 
 

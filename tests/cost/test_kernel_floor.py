@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlm_course.cost.profiling import kernel_floor
+from rlm_course.cost.profiling import _KernelRecorder, kernel_floor
 from rlm_course.lm.model import ModelConfig, TinyGPT
 
 
@@ -29,6 +29,30 @@ def test_a_forward_pass_records_one_matmul_per_linear_layer_and_one_attention_pe
         floor = kernel_floor(lambda: model(tokens, tokens >= 0), repeats=1, inner=1)
     assert any("scaled_dot_product" in op for op in floor["by_op"])
     assert floor["calls"] == linears + config.n_layer  # the attention: once per block
+
+
+def test_a_call_on_a_sliced_view_is_replayed_with_its_strides():
+    # CUDA's memory-efficient attention pads its bias to an aligned row and slices it back; a
+    # replay on a dense copy (row stride 14) is refused: "attn_bias is not correctly aligned"
+    a, b = torch.randn(8, 16), torch.randn(16, 16)[:, :7]
+    with _KernelRecorder() as recorder:
+        a @ b
+    (func, args, kwargs, count), = recorder.calls.values()
+    assert args[1].stride() == (16, 1) and torch.equal(args[1], b) and count == 1
+    assert args[1].data_ptr() != b.data_ptr()  # a copy, not the caller's tensor
+
+
+def test_an_expanded_mask_is_kept_expanded_and_replayed():
+    q = k = v = torch.randn(2, 4, 6, 8)
+    causal = torch.full((6, 6), float("-inf")).triu(1)  # an additive mask (a bool one is made
+    mask = causal.expand(2, 4, 6, 6)  # dense before dispatch); strides (0, 0, 6, 1)
+    fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with _KernelRecorder() as recorder:
+        fn()
+    kept = [a for func, args, kwargs, n in recorder.calls.values()
+            for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.shape[-1] == 6]
+    assert [a.stride() for a in kept] == [(0, 0, 6, 1)] and torch.equal(kept[0], mask)
+    assert kernel_floor(fn, repeats=1, inner=1)["calls"] == 1
 
 
 def test_a_function_without_matmuls_is_refused():
