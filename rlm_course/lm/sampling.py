@@ -52,8 +52,9 @@ class Rollout:
         return self.response_mask.sum(-1)
 
 
-def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
-    """Log-probabilities are computed in float32 at least (float64 models keep float64)."""
+def log_prob_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of log-probabilities, advantages and losses for a model computing in ``dtype``:
+    float32 at least (bf16 and fp16 models score in float32; float64 models keep float64)."""
     return torch.promote_types(dtype, torch.float32)
 
 
@@ -104,7 +105,7 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
     attention_mask = torch.zeros((batch, total), dtype=torch.bool, device=device)
     attention_mask[:, :prompt_len] = prompt_mask
     dtype = next(model.parameters()).dtype
-    log_probs = torch.zeros((batch, max_new_tokens), dtype=_at_least_fp32(dtype), device=device)
+    log_probs = torch.zeros((batch, max_new_tokens), dtype=log_prob_dtype(dtype), device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     cache = KVCache(model.config, batch, total, dtype=dtype, device=device) if use_cache else None
 
@@ -179,7 +180,7 @@ def response_log_probs(model: TinyGPT, tokens: Tensor, attention_mask: Tensor, p
         raise ValueError(f"response_log_probs: temperature={temperature} must be positive and "
                          "finite (the one the rollout was sampled at).")
     logits = model(tokens, attention_mask)[:, prompt_len - 1:-1]  # (batch, R, vocab)
-    logits = logits.to(_at_least_fp32(logits.dtype))
+    logits = logits.to(log_prob_dtype(logits.dtype))
     if temperature != 1.0:
         logits = logits / temperature
     logp = F.log_softmax(logits, dim=-1)

@@ -39,7 +39,8 @@ from rlm_course.cost.accounting import ActivationMeter, PassCounter, kv_cache_al
 from rlm_course.devices import generator_on, module_device
 from rlm_course.lm.model import TinyGPT
 from rlm_course.lm.precision import rollout_copy, sync_rollout_copy
-from rlm_course.lm.sampling import concat_rollouts, generate, response_log_probs, select_rollouts
+from rlm_course.lm.sampling import (concat_rollouts, generate, log_prob_dtype, response_log_probs,
+                                    select_rollouts)
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.advantages import gae, group_advantages, reinforce_pp_advantages, rloo_advantages
 from rlm_course.rl.batch import Batch
@@ -242,7 +243,8 @@ class RLTrainer:
             return rloo_advantages(rewards, cfg.group_size), None
         # per-token rewards: -beta * KL on every token, the verifier's reward on the last one
         token_rewards = (-cfg.kl_coef * kl * response_mask if penalty else
-                         torch.zeros(response_mask.shape, device=response_mask.device))
+                         torch.zeros(response_mask.shape, dtype=rewards.dtype,
+                                     device=response_mask.device))
         last = response_mask.sum(1) - 1
         token_rewards[torch.arange(len(last), device=last.device), last] += rewards
         if cfg.advantage == "reinforce_pp":
@@ -288,6 +290,9 @@ class RLTrainer:
                     values = self.critic(tokens, attn, plen)
                 if cfg.kl_mode == "reward" and ref_log_probs is not None:
                     kl_reward = kl_estimate(old_log_probs, ref_log_probs, cfg.kl_estimator)
+                # in the log-probs' precision: a float64 run is float64 throughout (float32
+                # advantages differ by a rounding between devices and orders of a group)
+                rewards = rewards.to(log_prob_dtype(next(self.policy.parameters()).dtype))
                 advantages, returns = self.advantages(rewards, rmask, kl_reward, values)
                 weights = None
                 if old_log_probs is not None:

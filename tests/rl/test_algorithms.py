@@ -12,6 +12,7 @@ from rlm_course.lm.sampling import concat_rollouts, generate, response_log_probs
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.numerics import relative_error, reorder_tolerance
 from rlm_course.rl.algorithms import PRESETS, GRPOConfig, PPOConfig, RLConfig, preset
+from rlm_course.rl.advantages import group_advantages
 from rlm_course.rl.rewards import groups_with_signal
 from rlm_course.rl.runs import cost_summary, default_sft_checkpoint, run_rl
 from rlm_course.rl.trainer import RLTrainer
@@ -192,3 +193,21 @@ def test_each_preset_raises_held_out_accuracy_in_a_short_run(tmp_path, name):
                      log=lambda *a: None)
     assert summary["algorithm"] == name
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.05, summary
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_a_float64_run_computes_its_advantages_in_float64(name):
+    # the rewards are float32; their advantages were too, so a float64 update differed between
+    # two devices by a float32 rounding of the advantages (4e-8 on the CPU against CUDA, where the
+    # float64 rounding bound is 7e-9)
+    policy = load_checkpoint(default_sft_checkpoint(TASK))["model"].double()
+    config = preset(name, prompts_per_step=4, minibatches=1, ppo_epochs=1, eval_every=100)
+    trainer = RLTrainer(policy, TASK, TOK, config, [])
+    seen, collect, train = {}, trainer.collect, trainer._train
+    trainer.collect = lambda step: seen.setdefault("batch", collect(step))
+    trainer._train = lambda *a, **k: (seen.setdefault("advantages", a[5]), train(*a, **k))[1]
+    trainer.step()
+    assert seen["batch"].rewards.dtype == torch.float32 and seen["advantages"].dtype == torch.float64
+    if name == "grpo":
+        rewards = seen["batch"].rewards.double()
+        assert torch.equal(seen["advantages"], group_advantages(rewards, config.group_size))
