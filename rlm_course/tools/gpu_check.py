@@ -81,25 +81,37 @@ def check_forward_backward(policy, task, tokenizer, device: str = "cuda") -> dic
 def check_grpo_step(policy, task, tokenizer, device: str = "cuda") -> dict:
     """One GRPO update from the same float64 batch on the CPU and on ``device``."""
     from rlm_course.algorithms import preset
-    from rlm_course.numerics import adam_tolerance
+    from rlm_course.numerics import adam_tolerance, relative_error
     from rlm_course.rl.trainer import RLTrainer
 
     config = preset("grpo", prompts_per_step=8, group_size=4, minibatches=1, ppo_epochs=1,
                     eval_every=10**6)
     base = copy.deepcopy(policy).cpu().double()
     batch = _fixed_batch(base, config, task, tokenizer)
-    params = []
+    params, grads = [], []
     for where in ("cpu", device):
         trainer = RLTrainer(copy.deepcopy(base).to(where), task, tokenizer, config, [])
         trainer.collect = lambda step, batch=batch.to(where): batch
+        step = trainer.optimizer.step
+
+        def keep_grads(*args, step=step, trainer=trainer, **kwargs):
+            grads.append({n: p.grad.detach().cpu() for n, p in trainer.policy.named_parameters()})
+            return step(*args, **kwargs)
+        trainer.optimizer.step = keep_grads
         trainer.step()
-        params.append(torch.cat([p.detach().reshape(-1).cpu()
-                                 for p in trainer.policy.parameters()]))
+        params.append({n: p.detach().cpu() for n, p in trainer.policy.named_parameters()})
     seq = batch.rollout.tokens.shape[1]
     tolerance = adam_tolerance(torch.float64, batch.trained * seq, config.lr_at(1), 1,
                                depth=2 * (6 * base.config.n_layer + 1))
-    error = (params[1] - params[0]).abs().max().item()
-    return {"passed": error <= tolerance, "param_error": error, "tolerance": tolerance}
+    errors = {n: (params[1][n] - params[0][n]).abs().max().item() for n in params[0]}
+    worst = max(errors, key=errors.get)
+    flat = [torch.cat([g[n].reshape(-1) for n in g]) for g in grads]
+    # where a check fails, which parameter and how far its gradients are apart say why: Adam
+    # divides a gradient near 0 by eps (1e-8), so a difference there moves the weight most
+    return {"passed": errors[worst] <= tolerance, "param_error": errors[worst],
+            "tolerance": tolerance, "worst_parameter": worst,
+            "grad_error": relative_error(flat[1], flat[0]),
+            "worst_parameter_grad_difference": (grads[1][worst] - grads[0][worst]).abs().max().item()}
 
 
 def check_demo_learns() -> dict:

@@ -39,6 +39,8 @@ def test_the_forward_backward_check_compares_log_probs_and_gradients(policy):
 def test_the_step_check_compares_one_float64_update(policy):
     result = gpu_check.check_grpo_step(policy, TASK, CharTokenizer(), device="cpu")
     assert result["passed"] and result["param_error"] == 0.0 and 0 < result["tolerance"] < 1e-6
+    assert result["grad_error"] == 0.0 and result["worst_parameter_grad_difference"] == 0.0
+    assert result["worst_parameter"] in dict(policy.named_parameters())
 
 
 def test_the_strategies_check_says_what_it_skips_with_one_gpu(monkeypatch):
