@@ -52,6 +52,7 @@ ratios for TPUs).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from rlm_course.cost.architectures import TransformerSpec
@@ -63,14 +64,20 @@ class Link:
     """Latency ``alpha`` (seconds per message) and bandwidth ``beta`` (bytes/s) of a link.
 
     Raises:
-        ValueError: for a negative latency or a non-positive bandwidth.
+        ValueError: for a value that is not a number, a negative or infinite latency, or a
+            bandwidth that is not positive and finite.
     """
 
     alpha: float = 5e-6
     beta: float = 25e9
 
     def __post_init__(self) -> None:
-        if not (self.alpha >= 0 and self.beta > 0 and math.isfinite(self.beta)):
+        for name in ("alpha", "beta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"Link.{name}={value!r} must be a number, not a "
+                                 f"{type(value).__name__} (alpha in seconds, beta in bytes/s).")
+        if not (0 <= self.alpha < math.inf and self.beta > 0 and math.isfinite(self.beta)):
             raise ValueError(f"Link(alpha={self.alpha}, beta={self.beta}): need alpha >= 0 and a "
                              "positive finite bandwidth.")
 

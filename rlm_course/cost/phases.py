@@ -144,7 +144,9 @@ class Rates:
 
     Raises:
         ValueError: for a value that is not a number, an efficiency outside (0, 1], a negative
-            or infinite time, a non-positive bandwidth or an unknown transport.
+            or infinite time, a non-positive bandwidth, an unknown transport, a flag that is not
+            a bool, a ``max_batch`` that is not a positive integer or a link that is not a
+            :class:`Link` (each names the field).
     """
 
     train_hfu: float = 0.40
@@ -215,8 +217,18 @@ class Rates:
         if self.sync_transport not in TRANSPORTS:
             raise ValueError(f"Rates.sync_transport={self.sync_transport!r}: choose one of "
                              f"{TRANSPORTS}.")
-        if not (isinstance(self.max_batch, int) and self.max_batch >= 1):
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, numbers.Integral) \
+                or self.max_batch < 1:
             raise ValueError(f"Rates.max_batch={self.max_batch!r} must be a positive integer.")
+        for name in ("cuda_graphs", "static_batching", "prefix_caching"):
+            if not isinstance(getattr(self, name), bool):  # "false" in a file would read as true
+                raise ValueError(f"Rates.{name}={getattr(self, name)!r} must be true or false "
+                                 f"(a bool; the default is {getattr(type(self), name)}).")
+        for name in ("intra_link", "inter_link"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), Link):
+                raise ValueError(f"Rates.{name}={getattr(self, name)!r} must be a Link, written "
+                                 "[alpha seconds, beta bytes/s] in a rates file, or None for the "
+                                 "catalog's link.")
 
     def to_dict(self) -> dict:
         """The fields as JSON-ready values (links as ``[alpha, beta]``)."""
@@ -241,6 +253,9 @@ class Rates:
             raise ValueError(f"unknown rate(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
         for key in ("intra_link", "inter_link"):
             if isinstance(values.get(key), (list, tuple)):
+                if len(values[key]) != 2:
+                    raise ValueError(f"Rates.{key}={list(values[key])!r}: a link is [alpha seconds, "
+                                     "beta bytes/s], two numbers (e.g. [5e-6, 25e9]).")
                 values[key] = Link(*values[key])
         return dataclasses.replace(base or cls(), **values)
 

@@ -1,6 +1,7 @@
 """Seconds of the stages (rlm_course.cost.phases) against closed forms: decode, the passes' FLOPs,
 the trainer's pipeline bubble."""
 
+import numpy as np
 import pytest
 
 from rlm_course.cost.architectures import get_spec
@@ -9,6 +10,7 @@ from rlm_course.parallel.pipeline import schedule_table, simulate as simulate_pi
 from rlm_course.rl.algorithms import preset
 from rlm_course.cost import comm
 from rlm_course.cost.layouts import Layout
+from rlm_course.cost.comm import Link
 from rlm_course.cost.phases import DecodeCost, Rates, TrainerCost, pass_flops
 
 H100 = get_device("H100-SXM-80GB")
@@ -66,6 +68,30 @@ def test_a_rate_that_is_not_a_number_is_refused_by_name():
         with pytest.raises(ValueError, match=f"Rates.{field}="):
             Rates.from_dict({field: value})
     assert Rates(decode_step_latency=1, host_bandwidth=None).decode_step_latency == 1
+
+
+def test_a_flag_a_count_or_a_link_of_the_wrong_kind_is_refused_by_name():
+    # "false" in a rates file is a true string, and a link written as text failed deep in a
+    # simulation; numpy's integers are integers
+    for field, value, message in (
+            ("cuda_graphs", "false", "must be true or false"),
+            ("static_batching", 7, "must be true or false"),
+            ("prefix_caching", None, "must be true or false"),
+            ("max_batch", True, "must be a positive integer"),
+            ("max_batch", 1024.0, "must be a positive integer"),
+            ("intra_link", "fast", r"must be a Link, written \[alpha seconds, beta bytes/s\]"),
+            ("inter_link", {"alpha": 1e-6, "beta": 1e10}, "must be a Link")):
+        with pytest.raises(ValueError, match=f"Rates.{field}=.*{message}"):
+            Rates(**{field: value})
+        with pytest.raises(ValueError, match=f"Rates.{field}="):
+            Rates.from_dict({field: value})
+    for link, message in (([1, 2, 3], "two numbers"), ([1e-6], "two numbers"),
+                          (["a", "b"], "Link.alpha='a' must be a number, not a str"),
+                          ([-1, 1e9], "need alpha >= 0"), ([1e-6, 0], "positive finite")):
+        with pytest.raises(ValueError, match=message):
+            Rates.from_dict({"intra_link": link})
+    assert Rates(max_batch=np.int64(8)).max_batch == 8
+    assert Rates.from_dict({"inter_link": [2e-6, 5e10]}).inter_link == Link(2e-6, 5e10)
 
 
 def test_pass_flops_follow_the_algorithms_passes():
