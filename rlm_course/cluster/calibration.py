@@ -69,7 +69,7 @@ def load_calibration() -> dict:
     path = rates_path()
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path} is unreadable ({err}); restore it from git or remake it with "
                          f"`{COMMAND}`.") from None
     families = data.get("families") if isinstance(data, dict) else None
@@ -79,7 +79,37 @@ def load_calibration() -> dict:
         raise ValueError(f"{path} is not a calibration (it needs \"families\": {{family: "
                          f"{{\"rates\": {{...}}}}}}); restore it from git (git checkout -- "
                          f"data/published/rates.json) or remake it with `{COMMAND}`.")
+    for name, entry in families.items():
+        problem = _entry_problem(entry)
+        if problem:
+            raise ValueError(f"{path}: family {name!r} {problem}; restore it from git (git "
+                             f"checkout -- data/published/rates.json) or remake it with "
+                             f"`{COMMAND}`.")
     return data
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _entry_problem(entry: dict) -> str | None:
+    """What is wrong with one family's entry of the rates file (None: nothing): the fields
+    :func:`describe`, :func:`fitted_workload` and the validation read, each of its kind."""
+    free, workload = entry.get("free"), entry.get("workload", {})
+    if not (isinstance(free, list) and all(isinstance(k, str) and k in entry["rates"]
+                                           for k in free)):
+        return "needs \"free\": a list of the names of its fitted rates"
+    if not (isinstance(workload, dict) and all(_is_number(v) for v in workload.values())):
+        return "needs \"workload\" (if any): {parameter: number}"
+    if not (isinstance(entry.get("calibrated_on"), list)
+            and all(isinstance(f, str) for f in entry["calibrated_on"])):
+        return "needs \"calibrated_on\": a list of figure ids"
+    points = entry.get("data_points")
+    if not (isinstance(points, int) and not isinstance(points, bool) and points >= 0):
+        return "needs \"data_points\": a whole number"
+    if not (_is_number(entry.get("rms_log_error")) and entry["rms_log_error"] >= 0):
+        return "needs \"rms_log_error\": a number >= 0"
+    return None
 
 
 def family_rates(calibration: dict | None = None) -> dict[str, Rates]:

@@ -259,6 +259,25 @@ def test_a_rates_file_of_the_wrong_shape_says_how_to_restore_it(tmp_path, monkey
         monkeypatch.setattr(calibration, "rates_path", lambda: path)
         with pytest.raises(ValueError, match="is not a calibration .* restore it from git"):
             calibration.calibrated_rates("verl")
+    monkeypatch.undo()
+    stored = json.loads(calibration.rates_path().read_text())
+    verl = stored["families"]["verl"]
+    for change, message in (({"free": "abc"}, '"free": a list of the names'),
+                            ({"free": ["no_such_rate"]}, '"free": a list of the names'),
+                            ({"workload": [1]}, '"workload"'),
+                            ({"workload": {"mean_response": "long"}}, '"workload"'),
+                            ({"calibrated_on": None}, '"calibrated_on"'),
+                            ({"data_points": 2.5}, '"data_points"'),
+                            ({"rms_log_error": "x"}, '"rms_log_error"')):
+        path = tmp_path / "rates.json"
+        path.write_text(json.dumps({**stored, "families": {**stored["families"],
+                                                           "verl": {**verl, **change}}}))
+        monkeypatch.setattr(calibration, "rates_path", lambda: path)
+        with pytest.raises(ValueError, match=f"family 'verl' needs {message}.* restore it"):
+            calibration.describe()
+    path.write_bytes(b"\xff\xfe not utf-8")
+    with pytest.raises(ValueError, match="rates.json is unreadable .*utf-8.* restore it from git"):
+        calibration.load_calibration()
     with pytest.raises(ValueError, match="no calibrated rates for family 'nope' in .*rates.json; "
                                          "known: verl, nemo-rl|known: nemo-rl, verl"):
         monkeypatch.undo()
