@@ -481,8 +481,13 @@ class GpuSearch:
                 else f"{self.below:,} miss")
         smaller = (f"; {self.fits_below:,}, below it, fits" if self.fits_below is not None
                    else "")
+        if self.fits is None and self.fits_below is not None:  # only counts below the asked fit
+            if self.asked >= self.limit:
+                return (f"{self.asked:,} does not fit ({miss}) and the planner plans at most "
+                        f"{self.limit:,} GPUs{smaller}")
+            return f"no count from {self.asked:,} up to {self.limit:,} fits ({miss}){smaller}"
         if self.fits is None:
-            return f"no count up to {self.limit:,} fits ({miss}){smaller}"
+            return f"no count up to {self.limit:,} fits ({miss})"
         above = "" if self.fits_below is None else f" above {self.asked:,}"
         return f"the smallest count{above} that fits is {self.fits:,} ({miss}){smaller}"
 
@@ -599,6 +604,11 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
                          "tokens and the draws miss the mean).")
     budget = settings.get("max_response", math.inf)
     room = None if max_context is None else max_context - settings.get("prompt_len", 0)
+    if room is not None and room < 1:
+        raise ValueError(f"{name('prompt_len')} {settings.get('prompt_len', 0):,}: the model reads "
+                         f"at most {max_context:,} tokens (its context window), so the prompt "
+                         f"leaves no room for a response; shorten {name('prompt_len')} to below "
+                         f"{max_context:,}, or choose a model with a longer window.")
     window = ("" if room is None else
               f"the model reads at most {max_context:,} tokens (its context window), so a prompt "
               f"of {settings.get('prompt_len', 0):,} leaves at most {max(room, 0):,} for a "
@@ -607,7 +617,8 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
         # a budget past the window fails next too: say both in one message
         raise ValueError(f"{name('mean_response')} {mean:g} and {name('max_response')} {budget}: "
                          f"{window}: lower {name('mean_response')} and {name('max_response')} to "
-                         f"at most {max(room, 0):,}, or choose a model with a longer window.")
+                         f"at most {max(room, 0):,}, shorten {name('prompt_len')}, or choose a model with a "
+                         "longer window.")
     if "mean_response" in settings and budget < mean:
         suggest = max(16384, int(min(4 * mean, 2**31)))  # 4x the mean, kept a finite integer
         if room is not None and room < mean:
@@ -619,7 +630,8 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
                       if budget < room else f"{most:,}")
             raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
                              f"{mean:g}, and {window}: lower {name('mean_response')} to at most "
-                             f"{within}, or choose a model with a longer window.")
+                             f"{within}, shorten {name('prompt_len')}, or choose a model with a longer "
+                             "window.")
         if room is not None:
             suggest = min(suggest, room)
         raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "

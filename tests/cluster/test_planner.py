@@ -1,6 +1,8 @@
 """The planner: it ranks by simulated step time, keeps every refusal with its reason, refuses a
 cluster nothing fits with a clear error, and answers the same through the CLI and the widget."""
 
+import dataclasses
+
 import pytest
 
 from rlm_course.cli import main
@@ -85,8 +87,8 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--mean-response", "9000"]) == 2
     assert ("--max-response 7680 is below --mean-response 9000, and the model reads at most "
             "8,192 tokens (its context window), so a prompt of 512 leaves at most 7,680 for a "
-            "response: lower --mean-response to at most 7,680, or choose a model with a longer "
-            "window.") in capsys.readouterr().err
+            "response: lower --mean-response to at most 7,680, shorten --prompt-len, or choose a "
+            "model with a longer window.") in capsys.readouterr().err
     # a mean past a long window and past the budget: the hint names the budget, and following
     # it plans
     assert main(["plan", "--model", "llama-3.1-8b", "--gpus", "8", "--mean-response",
@@ -104,8 +106,15 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
     # a mean and a budget both past the window: one message names both, and following it plans
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--mean-response", "10000",
                  "--max-response", "20000"]) == 2
-    assert ("lower --mean-response and --max-response to at most 7,680, or choose a model with a "
-            "longer window.") in capsys.readouterr().err
+    assert ("lower --mean-response and --max-response to at most 7,680, shorten --prompt-len, or "
+            "choose a model with a longer window.") in capsys.readouterr().err
+    # a prompt that fills the window leaves nothing to lower but the prompt
+    for prompt_len in ("131072", "200000"):
+        assert main(["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--prompt-len",
+                     prompt_len]) == 2
+        assert (f"--prompt-len {int(prompt_len):,}: the model reads at most 131,072 tokens (its "
+                "context window), so the prompt leaves no room for a response; shorten "
+                "--prompt-len to below 131,072") in capsys.readouterr().err
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--mean-response", "7680",
                  "--max-response", "7680", "--placement", "colocated", "--top", "1"]) == 0
 
@@ -276,6 +285,13 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
                               "16.9 GB); 984, below it, fits")
     for count in (984, 1016):
         assert plan(spec, grpo, R1, H100, count, rates=rates, length_buckets=16).best.step > 0
+    # none fits from the asked count to the limit, some below it do: said without contradiction
+    above = dataclasses.replace(odd, fits=None, limit=1008)
+    assert above.describe() == ("no count from 1,000 up to 1,008 fits (1,008 miss by 16.9 GB); "
+                                "984, below it, fits")
+    at = dataclasses.replace(odd, asked=1008, fits=None, limit=1008)
+    assert at.describe() == ("1,008 does not fit (1,008 miss by 16.9 GB) and the planner plans at "
+                             "most 1,008 GPUs; 984, below it, fits")
     with pytest.raises(ValueError, match="gpus=0"):
         smallest_fitting_gpus(spec, grpo, R1, H100, 0, rates)
 
@@ -457,7 +473,6 @@ def test_the_api_names_an_argument_of_the_wrong_kind_and_how_to_make_it():
 
 
 def test_a_device_without_links_is_never_told_to_use_more_of_it():
-    import dataclasses
 
     from rlm_course.cluster.planner import NoLayoutFits, linked_gpus
     from rlm_course.cost.phases import Rates
