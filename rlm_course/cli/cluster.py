@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from rlm_course.algorithms import PRESETS
@@ -29,7 +28,8 @@ def _plan_flag(key: str) -> str:
 
 def _plan(args) -> int:
     from rlm_course.cluster.calibration import calibrated_rates
-    from rlm_course.cluster.planner import check_settings, format_plan, linked_gpus, plan
+    from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_settings, format_plan,
+                                          linked_gpus, plan)
     from rlm_course.cluster.simulator import MODES, algorithm
     from rlm_course.cost.anatomy import Workload
     from rlm_course.cost.architectures import SPECS, get_spec
@@ -54,9 +54,10 @@ def _plan(args) -> int:
                                                   "sigma", "max_response")}, _plan_flag,
                    spec.max_context)
     spec.check_context(args.prompt_len, args.max_response, _plan_flag)
-    if not (math.isfinite(args.staleness_penalty) and args.staleness_penalty >= 0):
-        raise ValueError(f"--staleness-penalty {args.staleness_penalty:g}: give a number >= 0 "
-                         "(extra steps per version of staleness; 0 prices staleness at nothing).")
+    if not 0 <= args.staleness_penalty <= MAX_STALENESS_PENALTY:  # NaN fails too
+        raise ValueError(f"--staleness-penalty {args.staleness_penalty:g}: give a number from 0 "
+                         f"to {MAX_STALENESS_PENALTY:,.0f} (extra steps per version of staleness; "
+                         "0 prices staleness at nothing, 1,000 rules out any).")
     rates = calibrated_rates(args.rates)
     most = linked_gpus(device, rates)
     if args.gpus > most:
@@ -189,7 +190,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the family of calibrated rates to plan with (data/published/rates.json)")
     p.add_argument("--staleness-penalty", type=float, default=0.1,
                    help="extra steps per version of staleness to reach the same accuracy "
-                        "(0: staleness is free)")
+                        "(0: staleness is free; at most 1,000)")
     p.add_argument("--sensitivity", action="store_true",
                    help="then plan again with each deciding rate moved (decode latency, HFU, "
                         "sync seconds, staleness price) and say which flip the plan")

@@ -75,6 +75,9 @@ DISAGGREGATED_MODES = ("sync", "one-step-off", "async")
 #: default price of asynchrony (an assumption; chapter 13 measures the toy's cost, published runs
 #: at staleness <= 1 report accuracy close to synchronous; ``plan(staleness_penalty=...)``).
 STALENESS_PENALTY = 0.1
+#: The largest price the planner takes: at 1,000 extra steps per version any staleness loses, and
+#: a larger one only overflows the cost (1e308 printed 'infx the cost').
+MAX_STALENESS_PENALTY = 1000.0
 
 
 @dataclass
@@ -706,9 +709,10 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
 
         rates = calibrated_rates(device)
     if not (isinstance(staleness_penalty, (int, float)) and not isinstance(staleness_penalty, bool)
-            and staleness_penalty >= 0 and math.isfinite(staleness_penalty)):
-        raise ValueError(f"staleness_penalty={staleness_penalty!r} must be a finite number >= 0 "
-                         "(extra steps per version of staleness; 0 prices staleness at nothing).")
+            and 0 <= staleness_penalty <= MAX_STALENESS_PENALTY):
+        raise ValueError(f"staleness_penalty={staleness_penalty!r} must be a number from 0 to "
+                         f"{MAX_STALENESS_PENALTY:,.0f} (extra steps per version of staleness; 0 "
+                         "prices staleness at nothing, 1,000 rules out any).")
     if isinstance(gpus, bool) or not (isinstance(gpus, int) and gpus >= 1):
         raise ValueError(f"gpus={gpus!r} must be a positive integer.")
     check_settings({"gpus": gpus, "prompts": workload.prompts, "group_size": workload.group_size})

@@ -449,7 +449,9 @@ def test_the_api_names_an_argument_of_the_wrong_kind_and_how_to_make_it():
              ((spec, grpo, WORKLOAD, H100), {"placements": None}, "placements=None"),
              ((spec, grpo, WORKLOAD, H100), {"modes": []}, "modes is empty; give one or more"),
              ((spec, grpo, WORKLOAD, H100), {"staleness_penalty": "0.1"},
-              "staleness_penalty='0.1' must be a finite number >= 0")]
+              "staleness_penalty='0.1' must be a number from 0 to 1,000"),
+             ((spec, grpo, WORKLOAD, H100), {"staleness_penalty": 1e308},
+              "staleness_penalty=1e+308 must be a number from 0 to 1,000 (extra steps")]
     for args, kwargs, message in cases:
         with pytest.raises(ValueError) as caught:
             plan(*args, 8, **kwargs)
