@@ -84,7 +84,9 @@ def _plan(args) -> int:
                   f"pools); planning {' '.join(runs[args.placement])} only.", file=sys.stderr)
     workload = Workload.long_tailed(args.prompts, args.group_size, args.prompt_len,
                                     args.mean_response, args.sigma, args.max_response, args.seed)
-    config = algorithm(args.algorithm, minibatches=args.minibatches)
+    # the group size too, so that the algorithm's own checks apply (a group baseline needs 2+)
+    config = algorithm(args.algorithm, minibatches=args.minibatches,
+                       group_size=args.group_size)
     placements = ("colocated", "disaggregated") if args.placement == "any" else (args.placement,)
     result = plan(spec, config, workload, device, args.gpus, rates=rates, placements=placements,
                   modes=args.modes, staleness_penalty=args.staleness_penalty)

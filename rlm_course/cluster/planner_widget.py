@@ -102,7 +102,8 @@ class PlannerWidget:
             workload = Workload.long_tailed(v["prompts"], v["group_size"], v["prompt_len"],
                                             v["mean_response"], v["sigma"], v["max_response"])
             result = plan(get_spec(v["model"]),
-                          algorithm(v["algorithm"], minibatches=v["minibatches"]), workload,
+                          algorithm(v["algorithm"], minibatches=v["minibatches"],
+                                    group_size=v["group_size"]), workload,
                           get_device(v["device"]), v["gpus"])
         except ValueError as err:
             self.result, self.message = None, str(err)

@@ -150,6 +150,8 @@ def test_grpo_resume_with_nproc_is_accepted_and_checked(capsys):
     (["--model", "gpt-9", "--gpus", "8"], "--model gpt-9: unknown architecture 'gpt-9'; choose "),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"],
      "--device TPU9: unknown device 'TPU9'; choose one of "),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--group-size", "1"],  # as training refuses it
+     "group_size=1 with advantage='group': a group baseline needs at least 2 responses"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--staleness-penalty", "-1"],
      "--staleness-penalty -1: give a number from 0 to 1,000"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--staleness-penalty", "1e308"],

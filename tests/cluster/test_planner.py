@@ -129,6 +129,9 @@ def test_the_widget_answers_like_the_planner_and_shows_errors():
     w.controls["model"].value = "llama-3-70b"
     w.controls["gpus"].value = 1
     assert w.run() is None and "no layout of llama-3-70b fits" in w.html.value
+    w.controls["group_size"].value = 1  # GRPO's group baseline needs two responses a prompt
+    assert w.run() is None and "a group baseline needs at least 2 responses" in w.message
+    w.controls["group_size"].value = 8
     w.controls["max_response"].value = 16384  # past Llama 3's 8,192-token window
     assert w.run() is None and "lower max response to at most 7,680 tokens" in w.message
     w.controls["max_response"].value = 2048
