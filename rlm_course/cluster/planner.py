@@ -918,13 +918,15 @@ def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
         lines.append(f"   step {r.step_seconds:,.1f} s, {r.tokens_per_second:,.0f} tokens/s "
                      f"({r.tokens_per_second / c.scenario.cluster.gpus:,.1f} per GPU), MFU "
                      f"{r.mfu:.1%} (training MFU {r.training_mfu:.1%}, HFU {r.training_hfu:.1%}), "
-                     f"generation {r.generation_share:.0%} of the step")
+                     + (f"generation {r.generation_share:.0%} of the step"
+                        if c.scenario.placement == "colocated" else
+                        f"the trainer waits for samples {r.generation_share:.0%} of the step"))
         lines.append(f"   staleness {r.staleness:.2f} versions: {c.samples_per_second:,.2f} samples/s, "
                      f"{c.cost:,.1f} s per step priced at {c.staleness_penalty:g} extra steps per "
                      "version")
         lines.append(f"   memory per device: trainer {trainer_mem:,.1f} GB, rollout "
                      f"{rollout_mem:,.1f} GB of {r.memory['usable'] / GB:,.1f} GB usable; "
-                     f"{r.memory['slots']} sequences per replica")
+                     f"KV cache room for {r.memory['slots']:,} sequences per replica")
         lines.append(f"   time: {where_time_goes(r)}")
     others = ranked[top:] + result.refused
     if others:
