@@ -213,6 +213,8 @@ def main(check: bool = False, force: bool = False) -> int:
                   "If you changed the package, run `python -m rlm_course exercises --force` and "
                   "commit the result.", file=sys.stderr)
             return 1
+        print(f"exercises and solutions up to date: {len(expected_files())} generated files "
+              "match the package.")
         return 0
     kept = [p for p in stale if p.parent.name == "exercises" and p.suffix == ".py" and p.exists()
             and not force]

@@ -94,3 +94,10 @@ def test_regenerating_keeps_edited_exercises_unless_forced(tmp_path, monkeypatch
     assert "may hold your work" in capsys.readouterr().err
     assert exercisegen.main(force=True) == 0
     assert "# my work" not in mine.read_text()
+
+
+def test_the_check_says_when_everything_is_up_to_date(capsys):
+    assert exercisegen.main(check=True) == 0
+    count = len(exercisegen.expected_files())
+    assert capsys.readouterr().out == (f"exercises and solutions up to date: {count} generated "
+                                       "files match the package.\n")
