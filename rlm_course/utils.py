@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import random
 import socket
@@ -156,6 +157,12 @@ class StageTimer:
         out = dict(self.seconds)
         self.seconds = defaultdict(float)
         return out
+
+
+def is_real(value) -> bool:
+    """A real number (int, float, numpy's scalars), not a bool (``True`` is an ``int`` to Python;
+    a bool where a rate or a count belongs is a mistake, not 1)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_kinds(checks, owner: str = "") -> None:

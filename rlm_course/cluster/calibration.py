@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rlm_course.cost.hardware import Device
 from rlm_course.cost.phases import Rates
-from rlm_course.utils import atomic_write_json, data_dir
+from rlm_course.utils import atomic_write_json, data_dir, is_real
 
 #: The rates a family may fit: ``(low, high)`` bounds of the search, searched in log space. The
 #: efficiencies stop where measured training stops: about 0.6 of peak counting recomputation
@@ -89,7 +89,7 @@ def load_calibration() -> dict:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_real(value) and math.isfinite(value)
 
 
 def _entry_problem(entry: dict) -> str | None:

@@ -620,8 +620,8 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
         # a budget past the window fails next too: say both in one message
         raise ValueError(f"{name('mean_response')} {mean:g} and {name('max_response')} {budget}: "
                          f"{window}: lower {name('mean_response')} and {name('max_response')} to "
-                         f"at most {max(room, 0):,}, shorten {name('prompt_len')}, or choose a model with a "
-                         "longer window.")
+                         f"at most {max(room, 0):,}, shorten {name('prompt_len')}, or choose a "
+                         "model with a longer window.")
     if "mean_response" in settings and budget < mean:
         suggest = max(16384, int(min(4 * mean, 2**31)))  # 4x the mean, kept a finite integer
         if room is not None and room < mean:
@@ -633,8 +633,8 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
                       if budget < room else f"{most:,}")
             raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
                              f"{mean:g}, and {window}: lower {name('mean_response')} to at most "
-                             f"{within}, shorten {name('prompt_len')}, or choose a model with a longer "
-                             "window.")
+                             f"{within}, shorten {name('prompt_len')}, or choose a model with a "
+                             "longer window.")
         if room is not None:
             suggest = min(suggest, room)
         raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "

@@ -52,11 +52,11 @@ ratios for TPUs).
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
+from rlm_course.utils import is_real
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Link:
     def __post_init__(self) -> None:
         for name in ("alpha", "beta"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            if not is_real(value):
                 raise ValueError(f"Link.{name}={value!r} must be a number, not a "
                                  f"{type(value).__name__} (alpha in seconds, beta in bytes/s).")
         if not (0 <= self.alpha < math.inf and self.beta > 0 and math.isfinite(self.beta)):

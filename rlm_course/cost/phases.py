@@ -69,6 +69,7 @@ from rlm_course.cost.hardware import Device
 from rlm_course.cost.layouts import Layout, model_states, axis_strides, params_per_device
 from rlm_course.cost.weight_sync import TRANSPORTS, SyncCost, sync_cost
 from rlm_course.algorithms import RLConfig
+from rlm_course.utils import is_real
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class Rates:
             if value is None and name in numbers_:
                 raise ValueError(f"Rates.{name}=None: give a number (the default is "
                                  f"{getattr(type(self), name)!r}).")
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            if value is not None and not is_real(value):
                 raise ValueError(f"Rates.{name}={value!r} must be a number, not a "
                                  f"{type(value).__name__}.")
         for name in ("train_hfu", "forward_mfu", "decode_mfu", "decode_bandwidth",
@@ -217,8 +218,8 @@ class Rates:
         if self.sync_transport not in TRANSPORTS:
             raise ValueError(f"Rates.sync_transport={self.sync_transport!r}: choose one of "
                              f"{TRANSPORTS}.")
-        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, numbers.Integral) \
-                or self.max_batch < 1:
+        if not (is_real(self.max_batch) and isinstance(self.max_batch, numbers.Integral)
+                and self.max_batch >= 1):
             raise ValueError(f"Rates.max_batch={self.max_batch!r} must be a positive integer.")
         for name in ("cuda_graphs", "static_batching", "prefix_caching"):
             if not isinstance(getattr(self, name), bool):  # "false" in a file would read as true

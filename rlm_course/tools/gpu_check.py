@@ -95,11 +95,13 @@ def check_grpo_step(policy, task, tokenizer, device: str = "cuda") -> dict:
         step = trainer.optimizer.step
 
         def keep_grads(*args, step=step, trainer=trainer, **kwargs):
-            grads.append({n: p.grad.detach().cpu() for n, p in trainer.policy.named_parameters()})
+            grads.append({n: p.grad.detach().to("cpu", copy=True)
+                          for n, p in trainer.policy.named_parameters()})
             return step(*args, **kwargs)
         trainer.optimizer.step = keep_grads
         trainer.step()
-        params.append({n: p.detach().cpu() for n, p in trainer.policy.named_parameters()})
+        params.append({n: p.detach().to("cpu", copy=True)
+                       for n, p in trainer.policy.named_parameters()})
     seq = batch.rollout.tokens.shape[1]
     tolerance = adam_tolerance(torch.float64, batch.trained * seq, config.lr_at(1), 1,
                                depth=2 * (6 * base.config.n_layer + 1))
@@ -111,7 +113,8 @@ def check_grpo_step(policy, task, tokenizer, device: str = "cuda") -> dict:
     return {"passed": errors[worst] <= tolerance, "param_error": errors[worst],
             "tolerance": tolerance, "worst_parameter": worst,
             "grad_error": relative_error(flat[1], flat[0]),
-            "worst_parameter_grad_difference": (grads[1][worst] - grads[0][worst]).abs().max().item()}
+            "worst_parameter_grad_difference":
+                (grads[1][worst] - grads[0][worst]).abs().max().item()}
 
 
 def check_demo_learns() -> dict:
