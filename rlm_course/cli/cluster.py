@@ -27,7 +27,7 @@ def _plan_flag(key: str) -> str:
 
 
 def _plan(args) -> int:
-    from rlm_course.cluster.calibration import calibrated_rates
+    from rlm_course.cluster.calibration import calibrated_rates, default_family
     from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_settings, format_plan,
                                           linked_gpus, plan)
     from rlm_course.cluster.simulator import MODES, algorithm
@@ -58,6 +58,8 @@ def _plan(args) -> int:
         raise ValueError(f"--staleness-penalty {args.staleness_penalty:g}: give a number from 0 "
                          f"to {MAX_STALENESS_PENALTY:,.0f} (extra steps per version of staleness; "
                          "0 prices staleness at nothing, 1,000 rules out any).")
+    if args.rates is None:
+        args.rates = default_family()
     rates = calibrated_rates(args.rates)
     most = linked_gpus(device, rates)
     if args.gpus > most:
@@ -188,8 +190,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="execution modes to try (default: all that the placement runs)")
     p.add_argument("--top", type=int, default=5, help="plans to print in full")
     p.add_argument("--seed", type=int, default=0, help="seed of the response lengths")
-    p.add_argument("--rates", default="nemo-rl", choices=["nemo-rl", "verl"],
-                   help="the family of calibrated rates to plan with (data/published/rates.json)")
+    p.add_argument("--rates", default=None, choices=["nemo-rl", "verl"],
+                   help="the family of calibrated rates to plan with (default: the "
+                        "default_family of data/published/rates.json, nemo-rl)")
     p.add_argument("--staleness-penalty", type=float, default=0.1,
                    help="extra steps per version of staleness to reach the same accuracy "
                         "(0: staleness is free; at most 1,000)")

@@ -50,7 +50,8 @@ FITTABLE = {
 }
 COMMAND = "python -m rlm_course validate --calibrate"
 #: The family whose rates plan a run the user has not calibrated (NeMo-RL: vLLM and
-#: Megatron-Core on H100s, the most figures).
+#: Megatron-Core on H100s, the most figures), written into the rates file as its
+#: ``default_family``; the file's value is the one used (:func:`default_family`).
 DEFAULT_FAMILY = "nemo-rl"
 
 
@@ -79,6 +80,12 @@ def load_calibration() -> dict:
         raise ValueError(f"{path} is not a calibration (it needs \"families\": {{family: "
                          f"{{\"rates\": {{...}}}}}}); restore it from git (git checkout -- "
                          f"data/published/rates.json) or remake it with `{COMMAND}`.")
+    default = data.get("default_family", DEFAULT_FAMILY)
+    if not (isinstance(default, str) and default in families):
+        raise ValueError(f"{path}: \"default_family\" is {default!r}, not one of its families "
+                         f"({', '.join(families) or 'none'}); name one of them, restore the file "
+                         f"from git (git checkout -- data/published/rates.json) or remake it "
+                         f"with `{COMMAND}`.")
     for name, entry in families.items():
         problem = _entry_problem(entry)
         if problem:
@@ -127,16 +134,25 @@ def fitted_workload(calibration: dict | None = None) -> dict[str, dict]:
             for name, entry in calibration["families"].items()}
 
 
+def default_family(calibration: dict | None = None) -> str:
+    """The family whose rates plan a run when none is named: the rates file's
+    ``default_family`` (:data:`DEFAULT_FAMILY` in a file without one)."""
+    calibration = load_calibration() if calibration is None else calibration
+    return calibration.get("default_family", DEFAULT_FAMILY)
+
+
 def calibrated_rates(which: str | Device | None = None) -> Rates:
-    """The calibrated rates of a family (by name), or, for a device or ``None``, of
-    :data:`DEFAULT_FAMILY` (the efficiencies and software seconds of a system do not depend on
-    the catalog device; the device's peak, memory and links come from the catalog).
+    """The calibrated rates of a family (by name), or, for a device or ``None``, of the rates
+    file's default family (:func:`default_family`; the efficiencies and software seconds of a
+    system do not depend on the catalog device; the device's peak, memory and links come from
+    the catalog).
 
     Raises:
         ValueError: for an unknown family (the message lists the known ones).
     """
-    rates = family_rates()
-    name = which if isinstance(which, str) else DEFAULT_FAMILY
+    calibration = load_calibration()
+    rates = family_rates(calibration)
+    name = which if isinstance(which, str) else default_family(calibration)
     if name not in rates:
         raise ValueError(f"no calibrated rates for family {name!r} in {rates_path()}; known: "
                          f"{', '.join(rates) or 'none'}. Give a known family, or restore the file "

@@ -16,6 +16,7 @@ import torch
 
 from rlm_course.cluster import calibration, published, validation
 from rlm_course.cluster.realrun import check_real_run, course_run_record
+from rlm_course.cost.hardware import get_device
 from rlm_course.cost.phases import Rates
 
 DOC = published.load_document()
@@ -282,3 +283,24 @@ def test_a_rates_file_of_the_wrong_shape_says_how_to_restore_it(tmp_path, monkey
                                          "known: verl, nemo-rl|known: nemo-rl, verl"):
         monkeypatch.undo()
         calibration.calibrated_rates("nope")
+
+
+def test_the_rates_files_default_family_plans_a_run_that_names_none(tmp_path, monkeypatch):
+    stored = json.loads(calibration.rates_path().read_text())
+    assert calibration.default_family() == stored["default_family"] == "nemo-rl"
+    path = tmp_path / "rates.json"
+    monkeypatch.setattr(calibration, "rates_path", lambda: path)
+    path.write_text(json.dumps({**stored, "default_family": "verl"}))
+    verl = calibration.calibrated_rates("verl")
+    assert calibration.default_family() == "verl"
+    assert calibration.calibrated_rates(None) == verl
+    assert calibration.calibrated_rates(get_device("H100-SXM-80GB")) == verl
+    assert verl != calibration.calibrated_rates("nemo-rl")
+    # a file without the field falls back to the constant
+    path.write_text(json.dumps({k: v for k, v in stored.items() if k != "default_family"}))
+    assert calibration.default_family() == calibration.DEFAULT_FAMILY
+    for bad in ("nope", 3, None):
+        path.write_text(json.dumps({**stored, "default_family": bad}))
+        with pytest.raises(ValueError, match=f"\"default_family\" is {bad!r}, not one of its "
+                                             "families .* restore the file from git"):
+            calibration.calibrated_rates(None)
