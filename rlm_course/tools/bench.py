@@ -27,8 +27,9 @@ a number remembered from another machine.
   agreement of losses, weights and sampled tokens. Keys: ``train_step``, ``generation``.
 * ``peer``: generation against Hugging Face ``generate`` and a GRPO step against TRL's
   ``GRPOTrainer`` on the same tiny configuration (optional extra ``.[peer]``), each with its FLOP
-  floor at the measured matmul peak. Keys: ``generation_speedup_vs_transformers``,
-  ``grpo_step_speedup_vs_trl``, ``flop_floor_seconds``.
+  floor at the measured matmul peak, at 1 and 2 threads (1 only on a one-core machine). Keys:
+  ``generation_ratio`` and ``grpo_step_ratio`` (``{threads: course speed / peer speed}``),
+  ``by_threads`` (``{threads: that run's speeds, seconds and floors}``).
 * ``collectives``: all-reduce, all-gather, reduce-scatter, broadcast, all-to-all and send/recv on
   2 and 4 real processes from 4 B to 64 MiB: time, algorithm and bus bandwidth (nccl-tests'
   convention), the alpha and beta fitted per collective, and the fitted World's prediction
@@ -495,10 +496,21 @@ def bench_memory(repeats: int = 5, steps: int = 30, warmup: int = 5) -> dict:
     return result
 
 
+#: The thread counts ``bench peer`` compares at (those the machine has cores for).
+PEER_THREADS = (1, 2)
+
+
 def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
     """The course's generation and GRPO step against Hugging Face ``generate`` and TRL's
     ``GRPOTrainer`` on the same tiny configuration (:mod:`rlm_course.tools.peer`), alternating
-    step by step, medians and ratios (course / peer speed).
+    step by step, medians and ratios (course / peer speed), at each thread count of
+    :data:`PEER_THREADS` the machine has cores for (``torch.set_num_threads``; the count this
+    process had is restored after).
+
+    Returns:
+        ``{"bench": "peer", "repeats", "threads": [1, 2], "generation_ratio": {"1": x, "2": y},
+        "grpo_step_ratio": {...}, "by_threads": {"1": {...}, "2": {...}}}``: a ratio above 1 is
+        the course faster; ``by_threads`` holds each run's speeds, seconds and FLOP floors.
 
     * generation: 64 prompts x ``new_tokens`` new tokens with the KV cache, sampled;
     * GRPO step: 8 prompts x 8 samples of 6-digit addition (responses up to 8 tokens), no
@@ -517,8 +529,23 @@ def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
     from rlm_course.tools.peer import quiet_peer, require_peer
 
     require_peer()
-    with quiet_peer():
-        return _bench_peer(repeats, new_tokens)
+    import os
+
+    counts = [n for n in PEER_THREADS if n <= (os.cpu_count() or 1)]
+    before = torch.get_num_threads()
+    runs = {}
+    try:
+        for n in counts:
+            torch.set_num_threads(n)
+            with quiet_peer():
+                runs[str(n)] = _bench_peer(repeats, new_tokens)
+    finally:
+        torch.set_num_threads(before)
+    return {"bench": "peer", "repeats": repeats, "threads": counts,
+            "generation_ratio": {k: r["generation_speedup_vs_transformers"]
+                                 for k, r in runs.items()},
+            "grpo_step_ratio": {k: r["grpo_step_speedup_vs_trl"] for k, r in runs.items()},
+            "by_threads": runs}
 
 
 def _bench_peer(repeats: int, new_tokens: int) -> dict:
@@ -575,8 +602,7 @@ def _bench_peer(repeats: int, new_tokens: int) -> dict:
          f"{step['course'] / floor['grpo_step']:.1f}x", f"{step['trl'] / floor['grpo_step']:.1f}x"],
     ], ["what", "peer", "course (ms)", "peer (ms)", "course faster by", "FLOP floor (ms)",
         "course / floor", "peer / floor"]))
-    return {"bench": "peer", "threads": threads, "repeats": repeats,
-            "generation_tokens_per_s": gen_speed, "grpo_step_seconds": step,
+    return {"threads": threads, "repeats": repeats, "generation_tokens_per_s": gen_speed, "grpo_step_seconds": step,
             "generation_speedup_vs_transformers": gen_speed["course"] / gen_speed["transformers"],
             "grpo_step_speedup_vs_trl": step["trl"] / step["course"],
             "matmul_peak_flops": peak, "flop_floor_seconds": floor}

@@ -1,8 +1,10 @@
 """Measured per-stage FLOPs of real tiny steps against the predictor, and the roofline points."""
 
 import sys
+from contextlib import nullcontext
 
 import pytest
+import torch
 
 from rlm_course.cost.accounting import predict_iteration_flops, predict_passes
 from rlm_course.cost.profiling import (
@@ -93,3 +95,29 @@ def test_peer_model_has_the_course_model_sizes():
     ours = TinyGPT(config).num_parameters()
     theirs = sum(p.numel() for p in hf_model(config).parameters())
     assert theirs == ours - config.vocab_size * config.d_model
+
+
+def test_bench_peer_gives_both_ratios_per_thread_count_and_restores_the_threads(monkeypatch):
+    from rlm_course.tools import bench, peer
+
+    seen = []
+
+    def fake(repeats, new_tokens):  # one run at the thread count bench_peer set
+        n = torch.get_num_threads()
+        seen.append(n)
+        return {"threads": n, "generation_speedup_vs_transformers": 1.5 * n,
+                "grpo_step_speedup_vs_trl": 0.5 + n}
+
+    monkeypatch.setattr(peer, "require_peer", lambda: None)  # runs without the peer extra
+    monkeypatch.setattr(peer, "quiet_peer", nullcontext)
+    monkeypatch.setattr(bench, "_bench_peer", fake)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    before = torch.get_num_threads()
+    result = bench.bench_peer(repeats=5)
+    assert seen == [1, 2] and torch.get_num_threads() == before
+    assert result["threads"] == [1, 2] and result["repeats"] == 5
+    assert result["generation_ratio"] == {"1": 1.5, "2": 3.0}
+    assert result["grpo_step_ratio"] == {"1": 1.5, "2": 2.5}
+    assert result["by_threads"]["2"]["threads"] == 2
+    monkeypatch.setattr("os.cpu_count", lambda: 1)  # a one-core machine compares at 1 thread
+    assert bench.bench_peer()["threads"] == [1] and seen[-1] == 1
