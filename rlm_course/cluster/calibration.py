@@ -103,9 +103,16 @@ def _entry_problem(entry: dict) -> str | None:
     """What is wrong with one family's entry of the rates file (None: nothing): the fields
     :func:`describe`, :func:`fitted_workload` and the validation read, each of its kind."""
     free, workload = entry.get("free"), entry.get("workload", {})
-    if not (isinstance(free, list) and all(isinstance(k, str) and k in entry["rates"]
-                                           for k in free)):
+    if not (isinstance(free, list) and all(isinstance(k, str) for k in free)):
         return "needs \"free\": a list of the names of its fitted rates"
+    missing = [k for k in free if k not in entry["rates"]]
+    if missing:
+        return (f"lists {', '.join(missing)} in \"free\" but has no value for "
+                f"{'it' if len(missing) == 1 else 'them'} in \"rates\"")
+    try:
+        Rates.from_dict(entry["rates"])
+    except (TypeError, ValueError) as err:
+        return f"has a bad rate ({str(err).rstrip('.')})"
     if not (isinstance(workload, dict) and all(_is_number(v) for v in workload.values())):
         return "needs \"workload\" (if any): {parameter: number}"
     if not (isinstance(entry.get("calibrated_on"), list)

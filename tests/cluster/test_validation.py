@@ -264,7 +264,17 @@ def test_a_rates_file_of_the_wrong_shape_says_how_to_restore_it(tmp_path, monkey
     stored = json.loads(calibration.rates_path().read_text())
     verl = stored["families"]["verl"]
     for change, message in (({"free": "abc"}, '"free": a list of the names'),
-                            ({"free": ["no_such_rate"]}, '"free": a list of the names'),
+                            ({"free": ["no_such_rate"]},
+                             'lists no_such_rate in "free" but has no value for it in "rates"'),
+                            ({"rates": {k: v for k, v in verl["rates"].items()
+                                        if k != "train_hfu"}},
+                             'lists train_hfu in "free" but has no value for it in "rates"'),
+                            ({"rates": {**verl["rates"], "train_hfu": "abc"}},
+                             "has a bad rate .Rates.train_hfu='abc' must be a number"),
+                            ({"rates": {**verl["rates"], "train_hfu": float("nan")}},
+                             "has a bad rate .Rates.train_hfu=nan must be a fraction"),
+                            ({"rates": {**verl["rates"], "bogus_rate": 1.0}},
+                             "has a bad rate .unknown rate.s. bogus_rate"),
                             ({"workload": [1]}, '"workload"'),
                             ({"workload": {"mean_response": "long"}}, '"workload"'),
                             ({"calibrated_on": None}, '"calibrated_on"'),
@@ -274,8 +284,11 @@ def test_a_rates_file_of_the_wrong_shape_says_how_to_restore_it(tmp_path, monkey
         path.write_text(json.dumps({**stored, "families": {**stored["families"],
                                                            "verl": {**verl, **change}}}))
         monkeypatch.setattr(calibration, "rates_path", lambda: path)
-        with pytest.raises(ValueError, match=f"family 'verl' needs {message}.* restore it"):
+        message = message if message.startswith(("lists", "has")) else f"needs {message}"
+        with pytest.raises(ValueError, match=f"family 'verl' {message}.* restore it"):
             calibration.describe()
+        with pytest.raises(ValueError, match=f"rates.json: family 'verl' {message}"):
+            calibration.calibrated_rates("nemo-rl")  # the file is refused whole
     path.write_bytes(b"\xff\xfe not utf-8")
     with pytest.raises(ValueError, match="rates.json is unreadable .*utf-8.* restore it from git"):
         calibration.load_calibration()
