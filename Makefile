@@ -14,7 +14,7 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
 # JupyterLab refuses to start as root (e.g. in a container) unless told to.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: setup demo test lab bench exercises clean clean-outputs browser
+.PHONY: setup demo test lab bench exercises clean clean-outputs browser check-workers
 
 $(TORCH_STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ browser:
 	  else echo "chromium and chromium-driver are not installed (apt-get install chromium chromium-driver): the browser test will be skipped"; fi; \
 	fi
 
+# TEST_WORKERS must be 0 (one process) or a positive whole number, checked before the set-up.
+check-workers:
+	@case '$(TEST_WORKERS)' in \
+	  0) ;; \
+	  ''|*[!0-9]*|0*) echo "make test: TEST_WORKERS='$(TEST_WORKERS)' must be 0 (one process at the machine's threads) or a number of workers, e.g. 2 (the default)" >&2; exit 2;; \
+	esac
+
 # The tests run on TEST_WORKERS pytest-xdist workers of one thread each; `--dist loadfile` keeps a
 # notebook's cells (and a test file's shared fixtures) on one worker. Most of the suite is small
 # models, process start-ups and waits, which two single-threaded workers overlap: on an idle 2-core
@@ -50,7 +57,7 @@ browser:
 # one process at the machine's threads, as before.
 TEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-test: setup browser
+test: check-workers setup browser
 	$(BIN)/python -m rlm_course exercises --check
 	$(if $(PARALLEL),OMP_NUM_THREADS=1 ,)$(BIN)/python -m pytest $(PARALLEL) tests notebooks solutions exercises $(NBVAL)
 
