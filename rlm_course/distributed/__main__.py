@@ -92,6 +92,13 @@ def check_worker_options(worker: str, options: list[str], world_size: int,
     """
     if worker not in WORKERS:
         raise ValueError(f"unknown worker {worker!r}; choose one of {', '.join(WORKERS)}.")
+    # the launcher's options every worker shares, checked whatever the worker
+    shared = _strict(build_parser(), worker).parse_args([*(common or []), "hello"])
+    if shared.threads < 1:
+        raise ValueError(f"--threads {shared.threads}: give 1 or more threads per rank.")
+    if not 0 < shared.timeout < float("inf"):  # NaN fails too
+        raise ValueError(f"--timeout {shared.timeout:g}: give a positive number of seconds (the "
+                         "default is 300).")
     if worker == "grpo":
         from pathlib import Path
 
@@ -119,10 +126,6 @@ def check_worker_options(worker: str, options: list[str], world_size: int,
             raise ValueError(f"collectives: --repeats {args.repeats}: give 1 or more.")
         if args.max_bytes < 4:
             raise ValueError(f"collectives: --max-bytes {args.max_bytes}: give 4 or more bytes.")
-    if args.threads < 1:
-        raise ValueError(f"--threads {args.threads}: give 1 or more threads per rank.")
-    if not 0 < args.timeout < float("inf"):
-        raise ValueError(f"--timeout {args.timeout}: give a positive number of seconds.")
     return []
 
 

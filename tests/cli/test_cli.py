@@ -109,6 +109,15 @@ def test_distributed_checks_the_workers_and_the_launchers_options_first(capsys):
     assert "--repeats 0" in _one_line_error(capsys)
     assert main(["distributed", "hello", "--threads", "0"]) == 2
     assert "--threads 0" in _one_line_error(capsys)
+    # the shared options are checked for every worker, before torchrun starts (strategies and
+    # grpo returned before the check: a negative timeout reached torch's C++ stack trace)
+    for worker, option, value in (("strategies", "--timeout", "-5"), ("strategies", "--timeout",
+                                  "nan"), ("strategies", "--threads", "0"),
+                                  ("grpo", "--threads", "0"), ("grpo", "--timeout", "0")):
+        assert main(["distributed", worker, "--nproc", "2", option, value]) == 2
+        fix = "a positive number of seconds" if option == "--timeout" else "1 or more threads"
+        assert _one_line_error(capsys) == (f"error: {option} {value}: give {fix}" + (
+            " (the default is 300)." if option == "--timeout" else " per rank."))
     assert main(["distributed", "hello", "--port", "80"]) == 2
     assert "--port 80: give a port number in 1024..65535" in _one_line_error(capsys)
     assert main(["distributed", "nothing"]) == 2
