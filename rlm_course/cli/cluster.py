@@ -27,6 +27,7 @@ def _plan_flag(key: str) -> str:
 
 
 def _plan(args) -> int:
+    from rlm_course.algorithms import GROUP_ADVANTAGES, preset
     from rlm_course.cluster.calibration import calibrated_rates, default_family
     from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_settings, format_plan,
                                           linked_gpus, plan)
@@ -84,6 +85,19 @@ def _plan(args) -> int:
             print(f"note: --modes {' '.join(dropped)} do not run on the {args.placement} "
                   "placement (fused needs colocated devices, async and async-eta2 disaggregated "
                   f"pools); planning {' '.join(runs[args.placement])} only.", file=sys.stderr)
+    group_based = [name for name in PRESETS
+                   if preset(name).advantage in GROUP_ADVANTAGES or preset(name).dynamic_sampling]
+    if args.group_size < 2 and args.algorithm in group_based:
+        others = [name for name in PRESETS if name not in group_based]
+        raise ValueError(f"--group-size {args.group_size} with --algorithm {args.algorithm}: its "
+                         "group baseline needs 2 or more responses per prompt (with one, every "
+                         "advantage is 0); give --group-size 2 or more (16 is the default), or an "
+                         f"--algorithm without a group baseline ({', '.join(others)}).")
+    responses = args.prompts * args.group_size
+    if args.minibatches > responses:
+        print(f"note: --minibatches {args.minibatches} with {responses} responses per iteration: "
+              f"a gradient step needs at least one response, so {responses} steps are planned.",
+              file=sys.stderr)
     workload = Workload.long_tailed(args.prompts, args.group_size, args.prompt_len,
                                     args.mean_response, args.sigma, args.max_response, args.seed)
     # the group size too, so that the algorithm's own checks apply (a group baseline needs 2+)

@@ -160,7 +160,11 @@ def test_grpo_resume_with_nproc_is_accepted_and_checked(capsys):
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"],
      "--device TPU9: unknown device 'TPU9'; choose one of "),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--group-size", "1"],  # as training refuses it
-     "group_size=1 with advantage='group': a group baseline needs at least 2 responses"),
+     "--group-size 1 with --algorithm grpo: its group baseline needs 2 or more responses per "
+     "prompt (with one, every advantage is 0); give --group-size 2 or more (16 is the default), "
+     "or an --algorithm without a group baseline (ppo, reinforce_pp)."),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--group-size", "1", "--algorithm", "dapo"],
+     "--group-size 1 with --algorithm dapo: its group baseline needs 2 or more"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--staleness-penalty", "-1"],
      "--staleness-penalty -1: give a number from 0 to 1,000"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--staleness-penalty", "1e308"],
@@ -192,6 +196,18 @@ def test_plan_runs_on_the_measured_machine_that_the_device_list_offers(capsys):
     assert "r1-distill-qwen-1.5b, grpo, 1 x this-machine" in out
     assert "1. colocated, generation tp1, trainer dp1 recompute" in out
     assert max(len(line) for line in out.splitlines()[1:]) <= 100
+
+
+def test_plan_says_when_it_plans_fewer_gradient_steps_than_asked(capsys):
+    small = ["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--prompts", "2", "--group-size",
+             "4", "--mean-response", "500", "--max-response", "2048", "--top", "1"]
+    assert main([*small, "--minibatches", "100"]) == 0
+    capped = capsys.readouterr()
+    assert capped.err == ("note: --minibatches 100 with 8 responses per iteration: a gradient "
+                          "step needs at least one response, so 8 steps are planned.\n")
+    assert main([*small, "--minibatches", "8"]) == 0
+    exact = capsys.readouterr()
+    assert exact.err == "" and exact.out == capped.out  # the same plan: 8 steps either way
 
 
 def test_plan_says_which_modes_the_placement_does_not_run(capsys):
