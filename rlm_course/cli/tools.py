@@ -73,10 +73,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                      "throughput and weight sync on Ray workers), simulator (simulated "
                                      "GPU-iterations per second at 64, 1,024 and 10,000 GPUs), "
                                      "compile (torch.compile against eager, compile time "
-                                     "counted)")
+                                     "counted), peer (beside HF generate and TRL's GRPOTrainer "
+                                     "at 1 and 2 threads; pip install -e \".[peer]\"), "
+                                     "collectives (collectives on 2 and 4 real processes and "
+                                     "their alpha-beta fit), realrun (chapter 14's simulator "
+                                     "against this machine's own GRPO and PPO iterations)")
     p.add_argument("what", choices=["sampling", "train", "family", "parallel", "memory", "peer",
                                     "collectives", "systems", "simulator", "realrun", "compile"])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed repeats of each measurement, the median reported (default 5)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                    help="sampling and train: where they run (default auto: CUDA when torch sees "
                         "a GPU); on a catalog GPU they add MFU and the decode roofline")

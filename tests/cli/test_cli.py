@@ -1,6 +1,7 @@
 """The command line: every RLConfig field is a flag, the flags reach the configuration, the
 torchrun worker parses the same options, and --debug shows a traceback."""
 
+import argparse
 import dataclasses
 import typing
 
@@ -242,3 +243,14 @@ def test_every_command_help_opens_with_what_the_command_list_says(capsys):
     with pytest.raises(SystemExit):
         main(["make-eval-sets", "--help"])
     assert "rewrite data/eval/*.jsonl (fixed seeds)" in capsys.readouterr().out
+
+
+def test_bench_help_describes_every_benchmark_it_accepts():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bench = sub.choices["bench"]
+    what = next(a for a in bench._actions if a.dest == "what")
+    text = " ".join(bench.description.split())
+    assert [name for name in what.choices if f"{name} (" not in text] == []
+    repeats = next(a for a in bench._actions if a.dest == "repeats")
+    assert repeats.default == 5 and "default 5" in repeats.help
