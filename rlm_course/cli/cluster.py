@@ -125,9 +125,20 @@ def _plan(args) -> int:
         rows = sensitivity(spec, config, workload, device, args.gpus, rates=rates, base=result,
                            staleness_penalty=args.staleness_penalty, placements=placements,
                            modes=args.modes, progress=True)
-        print("which rates decide the plan (planned again with one rate moved):")
-        print(format_table([[r["rate"], f"{r['value']:g}", r["best"], f"{r['step']:,.0f}",
-                             "yes" if r["flips"] else ""] for r in rows],
+        # each rate in its unit, and the value the plan above was made with
+        units = {"decode_step_latency": (1e3, " ms"), "sync_fixed_seconds": (1.0, " s"),
+                 "staleness_penalty": (1.0, " steps/version")}
+        now = {r["rate"]: (args.staleness_penalty if r["rate"] == "staleness_penalty"
+                           else getattr(rates, r["rate"])) for r in rows}
+
+        def shown(rate: str, value: float) -> str:
+            scale, unit = units.get(rate, (1.0, ""))
+            return f"{value * scale:.3g}{unit}"
+
+        print("which rates decide the plan (planned again with one rate moved; the plan above "
+              "used " + ", ".join(f"{rate} {shown(rate, v)}" for rate, v in now.items()) + "):")
+        print(format_table([[r["rate"], shown(r["rate"], r["value"]), r["best"],
+                             f"{r['step']:,.0f}", "yes" if r["flips"] else ""] for r in rows],
                            ["rate", "value", "best plan", "step s", "flips"]))
     return 0
 

@@ -254,3 +254,20 @@ def test_bench_help_describes_every_benchmark_it_accepts():
     assert [name for name in what.choices if f"{name} (" not in text] == []
     repeats = next(a for a in bench._actions if a.dest == "repeats")
     assert repeats.default == 5 and "default 5" in repeats.help
+
+
+def test_plan_sensitivity_shows_each_rate_in_its_unit_beside_the_value_planned_with(capsys):
+    from rlm_course.cluster.calibration import calibrated_rates
+
+    assert main(["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--prompts", "32",
+                 "--group-size", "8", "--mean-response", "500", "--max-response", "2048",
+                 "--top", "1", "--sensitivity"]) == 0
+    out = capsys.readouterr().out
+    rates = calibrated_rates("nemo-rl")
+    assert (f"the plan above used decode_step_latency {rates.decode_step_latency * 1e3:.3g} ms, "
+            f"train_hfu {rates.train_hfu:.3g}, sync_fixed_seconds 0 s, staleness_penalty 0.1 "
+            "steps/version):") in out
+    values = [line.split()[1:3] for line in out.splitlines()
+              if line.startswith(("decode_step_latency ", "sync_fixed_seconds "))]
+    assert values == [["0", "ms"], ["10", "ms"], ["30", "ms"], ["0", "s"], ["10", "s"],
+                      ["60", "s"]]
