@@ -476,12 +476,13 @@ class GpuSearch:
     fits_below: int | None = None
 
     def describe(self) -> str:
-        """One clause: ``the smallest count that fits is 128 (120 miss by 3.1 GB)``."""
+        """One clause: ``the smallest count that fits is 128 (on 120 the nearest layout misses
+        by 3.1 GB)``."""
         if self.fits == self.asked:
             return (f"{self.asked:,} fits memory, but no plan of the placements and modes asked "
                     "runs on it")
-        miss = (f"{self.below:,} miss by {self.miss_gb:,.1f} GB" if math.isfinite(self.miss_gb)
-                else f"{self.below:,} miss")
+        miss = (f"on {self.below:,} the nearest layout misses by {self.miss_gb:,.1f} GB"
+                if math.isfinite(self.miss_gb) else f"nothing fits on {self.below:,}")
         smaller = (f"; {self.fits_below:,}, below it, fits" if self.fits_below is not None
                    else "")
         if self.fits is None and self.fits_below is not None:  # only counts below the asked fit
@@ -835,6 +836,9 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             search(best, names)
     if not out.ranked:
         closest = _closest([c.refused for c in out.candidates]).rstrip(".")
+        # the refusal's generic advice; the search below says how many devices would fit
+        generic = "use more GPUs or a device with more memory"
+        closest = closest.replace(f", or {generic}", "").replace(f": {generic}", "")
         # only counts the device's links can join (a machine without links: this one alone)
         most = min(MAX_PLAN_GPUS, linked_gpus(device, rates))
         found = smallest_fitting_gpus(spec, config, workload, device, gpus, rates, placements,

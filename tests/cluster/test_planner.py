@@ -54,8 +54,9 @@ def test_layouts_that_do_not_fit_are_refused_with_their_reason():
 def test_a_cluster_no_layout_fits_is_a_clear_error():
     # 4 GPUs: the nearest layout (dp4 fsdp, offloaded) needs 121.7 GB of 72 GB usable; 8 fit
     with pytest.raises(DoesNotFit, match=r"no layout of llama-3-70b fits 2 x H100-SXM-80GB for "
-                                         r"this workload; the smallest count that fits is 8 \(4 "
-                                         r"miss by 49.7 GB\)\. .* Use 8 or more devices"):
+                                         r"this workload; the smallest count that fits is 8 \(on 4 "
+                                         r"the nearest layout misses by 49.7 GB\)\. .* Use 8 or "
+                                         r"more devices"):
         plan(get_spec("llama-3-70b"), algorithm("grpo"), WORKLOAD, H100, 2)
 
 
@@ -263,38 +264,41 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     assert (search.fits, search.below) == (128, 120)
     # at 120 the nearest layout is dp120 fsdp offloaded: 82.5 GB per device of 72.0 usable
     assert search.miss_gb == pytest.approx(10.5) and "dp120 fsdp" in search.reason
-    assert search.describe() == "the smallest count that fits is 128 (120 miss by 10.5 GB)"
+    assert search.describe() == ("the smallest count that fits is 128 (on 120 the nearest "
+                                 "layout misses by 10.5 GB)")
     with pytest.raises(NoLayoutFits) as caught:
         plan(spec, grpo, R1, H100, 16, rates=rates, length_buckets=16)
     message = str(caught.value)
     assert message.startswith("no layout of deepseek-v3 fits 16 x H100-SXM-80GB for this "
-                              "workload; the smallest count that fits is 128 (120 miss by "
-                              "10.5 GB). The nearest miss on 16: ")
+                              "workload; the smallest count that fits is 128 (on 120 the "
+                              "nearest layout misses by 10.5 GB). The nearest miss on 16: ")
     assert message.endswith("Use 128 or more devices, a device with more memory, or shorter "
                             "sequences.") and "\n" not in message
+    assert message.count("more memory") == 1  # the nearest miss's generic advice is not repeated
     assert caught.value.search.fits == 128
     # and the answer is a plan: 128 GPUs plan
     assert plan(spec, grpo, R1, H100, 128, rates=rates, length_buckets=16).best.step > 0
     # a limit below the answer: none fits up to it, and the largest miss is the limit
     capped = smallest_fitting_gpus(spec, grpo, R1, H100, 16, rates, limit=64)
     assert (capped.fits, capped.below, capped.checked) == (None, 64, [16, 32, 64, 8, 4, 2, 1])
-    assert capped.describe() == "no count up to 64 fits (64 miss by 22.5 GB)"
+    assert capped.describe() == ("no count up to 64 fits (on 64 the nearest layout misses by "
+                                 "22.5 GB)")
     # a count that factors badly misses where whole nodes just below and above it fit, and each
     # count the message names plans (the planner's data-parallel limit applies to the search:
     # 512 x 16 responses in 16 gradient steps allow at most 512 data-parallel ranks)
     odd = smallest_fitting_gpus(spec, grpo, R1, H100, 1000, rates)
     assert (odd.fits_below, odd.fits) == (984, 1016)
-    assert odd.describe() == ("the smallest count above 1,000 that fits is 1,016 (1,008 miss by "
-                              "16.9 GB); 984, below it, fits")
+    assert odd.describe() == ("the smallest count above 1,000 that fits is 1,016 (on 1,008 the "
+                              "nearest layout misses by 16.9 GB); 984, below it, fits")
     for count in (984, 1016):
         assert plan(spec, grpo, R1, H100, count, rates=rates, length_buckets=16).best.step > 0
     # none fits from the asked count to the limit, some below it do: said without contradiction
     above = dataclasses.replace(odd, fits=None, limit=1008)
-    assert above.describe() == ("no count from 1,000 up to 1,008 fits (1,008 miss by 16.9 GB); "
-                                "984, below it, fits")
+    assert above.describe() == ("no count from 1,000 up to 1,008 fits (on 1,008 the nearest "
+                                "layout misses by 16.9 GB); 984, below it, fits")
     at = dataclasses.replace(odd, asked=1008, fits=None, limit=1008)
-    assert at.describe() == ("1,008 does not fit (1,008 miss by 16.9 GB) and the planner plans at "
-                             "most 1,008 GPUs; 984, below it, fits")
+    assert at.describe() == ("1,008 does not fit (on 1,008 the nearest layout misses by 16.9 GB) "
+                             "and the planner plans at most 1,008 GPUs; 984, below it, fits")
     with pytest.raises(ValueError, match="gpus=0"):
         smallest_fitting_gpus(spec, grpo, R1, H100, 0, rates)
 
