@@ -629,13 +629,17 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
             # the mean must fit the budget as well as the window: name the budget when it is
             # the tighter limit, and what raising it would allow
             most = max(min(budget, room), 0)
-            within = (f"{most:,} (its budget, {name('max_response')} {budget}), or raise "
-                      f"{name('max_response')} to at most {room:,} and the mean with it"
-                      if budget < room else f"{most:,}")
+            if budget >= room:  # the window is the limit (the CLI's default budget is the room)
+                raise ValueError(f"{name('mean_response')} {mean:g} does not fit the window: "
+                                 f"{window}: lower {name('mean_response')} to at most {most:,}, "
+                                 f"shorten {name('prompt_len')}, or choose a model with a longer "
+                                 "window.")
             raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "
                              f"{mean:g}, and {window}: lower {name('mean_response')} to at most "
-                             f"{within}, shorten {name('prompt_len')}, or choose a model with a "
-                             "longer window.")
+                             f"{most:,} (its budget, {name('max_response')} {budget}), or raise "
+                             f"{name('max_response')} to at most {room:,} and the mean with it, "
+                             f"shorten {name('prompt_len')}, or choose a model with a longer "
+                             "window.")
         if room is not None:
             suggest = min(suggest, room)
         raise ValueError(f"{name('max_response')} {budget} is below {name('mean_response')} "

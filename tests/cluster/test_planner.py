@@ -86,7 +86,8 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--max-response", "100"]) == 2
     assert "raise it (e.g. --max-response 7680)" in capsys.readouterr().err
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--mean-response", "9000"]) == 2
-    assert ("--max-response 7680 is below --mean-response 9000, and the model reads at most "
+    # (the budget the CLI derived from the window is not named as if it had been given)
+    assert ("--mean-response 9000 does not fit the window: the model reads at most "
             "8,192 tokens (its context window), so a prompt of 512 leaves at most 7,680 for a "
             "response: lower --mean-response to at most 7,680, shorten --prompt-len, or choose a "
             "model with a longer window.") in capsys.readouterr().err
