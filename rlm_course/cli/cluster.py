@@ -82,7 +82,8 @@ def _plan(args) -> int:
         dropped = ([m for m in args.modes if m not in runs[args.placement]]
                    if args.placement != "any" else [])
         if dropped:
-            print(f"note: --modes {' '.join(dropped)} do not run on the {args.placement} "
+            verb = "does" if len(dropped) == 1 else "do"
+            print(f"note: --modes {' '.join(dropped)} {verb} not run on the {args.placement} "
                   "placement (fused needs colocated devices, async and async-eta2 disaggregated "
                   f"pools); planning {' '.join(runs[args.placement])} only.", file=sys.stderr)
     group_based = [name for name in PRESETS
@@ -110,8 +111,8 @@ def _plan(args) -> int:
     capped = workload.mean_response_len
     mean = (f"mean {args.mean_response:g}" if capped >= 0.99 * args.mean_response else
             f"mean {args.mean_response:g} before the cap, {capped:,.0f} after")
-    print(f"{spec.name}, {args.algorithm}, {args.gpus} x {device.name}: {args.prompts} prompts x "
-          f"{args.group_size}, prompts of {args.prompt_len} tokens, responses log-normal ({mean}, "
+    print(f"{spec.name}, {args.algorithm}, {args.gpus:,} x {device.name}: {args.prompts:,} "
+          f"prompts x {args.group_size}, prompts of {args.prompt_len} tokens, responses log-normal ({mean}, "
           f"sigma {args.sigma:g}, at most {args.max_response}); rates "
           f"calibrated on {args.rates}'s published runs (decode step latency "
           f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}); "

@@ -56,8 +56,8 @@ from rlm_course.algorithms import RLConfig
 from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
 from rlm_course.utils import check_kinds
-from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimResult, memory_plan,
-                                          simulate)
+from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimResult, gpu_count,
+                                          memory_plan, simulate)
 
 GB = 1e9
 #: The largest cluster the planner searches (chapter 14 validates the simulator up to here).
@@ -388,7 +388,8 @@ def pool_label(gpus: int, rollout_gpus: int | None) -> str:
     device) or ``disaggregated: R rollout GPUs + T training GPUs``."""
     if rollout_gpus is None:
         return "colocated"
-    return f"disaggregated: {rollout_gpus} rollout GPUs + {gpus - rollout_gpus} training GPUs"
+    return (f"disaggregated: {gpu_count(rollout_gpus, 'rollout')} + "
+            f"{gpu_count(gpus - rollout_gpus, 'training')}")
 
 
 def mode_key(mode) -> str:

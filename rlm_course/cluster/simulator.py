@@ -268,8 +268,8 @@ class Scenario:
 
     def describe(self) -> str:
         pools = ("colocated" if self.placement == "colocated" else
-                 f"disaggregated: {self.rollout_gpus} rollout GPUs + {self.trainer_pool} "
-                 "training GPUs")
+                 f"disaggregated: {gpu_count(self.rollout_gpus, 'rollout')} + "
+                 f"{gpu_count(self.trainer_pool, 'training')}")
         return (f"{pools}, generation tp{self.generation_tp} x {self.replicas}, trainer "
                 f"{self.trainer_layout.describe()}, {self.mode.name}"
                 + (", offload" if self.offload_trainer else ""))
@@ -277,6 +277,11 @@ class Scenario:
 
 #: The most gradient steps per iteration :func:`algorithm` sets (published recipes use 1 to 64).
 MAX_MINIBATCHES = 1_024
+
+
+def gpu_count(n: int, role: str) -> str:
+    """``1 rollout GPU``, ``7,504 rollout GPUs``: how plans name a pool."""
+    return f"{n:,} {role} GPU{'' if n == 1 else 's'}"
 
 
 def algorithm(name: str, minibatches: int = 1, **overrides) -> RLConfig:

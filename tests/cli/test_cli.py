@@ -216,7 +216,7 @@ def test_plan_says_which_modes_the_placement_does_not_run(capsys):
                  "--modes", "sync", "async", "--prompts", "32", "--group-size", "8",
                  "--mean-response", "500", "--max-response", "2048", "--top", "1"]) == 0
     captured = capsys.readouterr()
-    assert ("note: --modes async do not run on the colocated placement (fused needs colocated "
+    assert ("note: --modes async does not run on the colocated placement (fused needs colocated "
             "devices, async and async-eta2 disaggregated pools); planning sync only."
             ) in captured.err
     assert ", sync\n" in captured.out and ", async" not in captured.out
