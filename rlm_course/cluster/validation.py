@@ -197,7 +197,7 @@ def format_validation(rows: list[dict]) -> str:
         return f"{v:.2f}x" if r["what"] == "speedup" else f"{v:,.3g} s"
 
     def pct(v):
-        return "-" if v is None else f"{v:+.0%}"
+        return "-" if v is None else f"{v:+.0%}".replace("-0%", "+0%")  # a tiny miss, no sign
 
     table = [[r["id"], "in" if r["sample"] == "calibration" else "out", value(r, r["predicted"]),
               value(r, r["published"]), value(r, r["null"]),
