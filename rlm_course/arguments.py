@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import typing
 
 from rlm_course.algorithms import PRESETS, RLConfig, preset
@@ -143,13 +144,41 @@ def rl_config_from_args(args: argparse.Namespace) -> RLConfig:
             names it and what would use it.
     """
     overrides = config_overrides(args)
-    config = preset(args.variant, **overrides)
+    try:
+        config = preset(args.variant, **overrides)
+    except ValueError as err:
+        raise ValueError(as_flags(str(err))) from None
     ignored = config.unused(overrides)
     if ignored:
         raise ValueError("; ".join(f"{flag(k)} has no effect in this combination: {v}"
                                    for k, v in ignored.items())
                          + ". Drop it, or turn on what uses it.")
     return config
+
+
+_FIELD_VALUE = re.compile(r"\b([a-z][a-z0-9_]*)=('[^']*'|[^\s,;:)]+)")
+
+
+def as_flags(message: str) -> str:
+    """``message`` (an :class:`~rlm_course.algorithms.RLConfig` error, which names fields as the
+    Python API spells them) as the command line spells them: ``group_size=1`` ->
+    ``--group-size 1``, ``advantage='gae'`` -> ``--advantage gae``, ``use_critic=True`` ->
+    ``--use-critic`` (``False``: ``--no-use-critic``). Names that are not fields stay as they are.
+    """
+    fields = {f.name for f in dataclasses.fields(RLConfig)}
+
+    def one(match: re.Match) -> str:
+        name, value = match.group(1), match.group(2).strip("'")
+        if name not in fields:
+            return match.group(0)
+        if value in ("True", "False"):
+            return flag(name) if value == "True" else "--no-" + flag(name)[2:]
+        return f"{flag(name)} {value}"
+
+    text = _FIELD_VALUE.sub(one, message)
+    # a flag the message then repeats in parentheses (``--advantage gae (--advantage gae)``)
+    text = re.sub(r"(--[a-z0-9-]+(?: [^\s();,]+)?) \(\1\)", r"\1", text)
+    return re.sub(r"(--[a-z0-9-]+(?: [^\s();,]+)?) \(\1; ", r"\1 (", text)
 
 
 def add_device_arg(parser: argparse.ArgumentParser) -> None:

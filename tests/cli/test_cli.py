@@ -69,7 +69,7 @@ def test_flags_that_do_nothing_are_refused_and_debug_shows_the_traceback(capsys)
     assert main(["grpo", "--task", "addition", "--lam", "0.9"]) == 2
     assert "--lam has no effect" in capsys.readouterr().err
     assert main(["grpo", "--task", "addition", "--steps", "0"]) == 2
-    with pytest.raises(ValueError, match="steps=0 must be a positive integer"):
+    with pytest.raises(ValueError, match="--steps 0 must be a positive integer"):
         main(["--debug", "grpo", "--task", "addition", "--steps", "0"])
 
 
@@ -271,3 +271,16 @@ def test_plan_sensitivity_shows_each_rate_in_its_unit_beside_the_value_planned_w
               if line.startswith(("decode_step_latency ", "sync_fixed_seconds "))]
     assert values == [["0", "ms"], ["10", "ms"], ["30", "ms"], ["0", "s"], ["10", "s"],
                       ["60", "s"]]
+
+
+def test_configuration_errors_name_the_flags_the_user_typed():
+    from rlm_course.arguments import as_flags
+
+    assert as_flags("use_critic=True with advantage='rloo': drop the critic (--no-use-critic) or "
+                    "use advantage='gae' (--advantage gae).") == (
+        "--use-critic with --advantage rloo: drop the critic (--no-use-critic) or use "
+        "--advantage gae.")
+    assert as_flags("normalize_std=False, clip_eps_high=0.1 < clip_eps=0.2") == (
+        "--no-normalize-std, --clip-eps-high 0.1 < --clip-eps 0.2")
+    # names that are not flags of a run stay as they are
+    assert as_flags("max_seq_len=64 exceeds; digits=0") == "max_seq_len=64 exceeds; digits=0"
