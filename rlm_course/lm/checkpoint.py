@@ -56,15 +56,31 @@ def load_checkpoint(path: str | Path) -> dict:
                          f"({type(err).__name__}: {first_line}); pass a file written by "
                          "`python -m rlm_course sft` or `grpo`, or make it again.") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"checkpoint {path} is not an rlm_course checkpoint (format "
-                         f"{payload.get('format') if isinstance(payload, dict) else type(payload)}); "
+        held = (f"format {payload.get('format')!r}" if isinstance(payload, dict)
+                else f"it holds a {type(payload).__name__}, not a checkpoint's dict")
+        raise ValueError(f"checkpoint {path} is not an rlm_course checkpoint ({held}); "
                          "pass a file written by `python -m rlm_course sft` or `grpo`.")
     try:
         with torch.device("cpu"):  # on the CPU whatever the default device: .to() moves it
             model = TinyGPT(ModelConfig(**payload["model_config"]))
         model.load_state_dict(payload["state_dict"])
     except (KeyError, TypeError, RuntimeError, ValueError) as err:
-        raise ValueError(f"checkpoint {path} does not hold a valid model ({str(err)[:160]}); "
+        why = (f"no {err.args[0]!r} entry" if isinstance(err, KeyError) else
+               _shortened(" ".join(str(err).split())))
+        raise ValueError(f"checkpoint {path} does not hold a valid model ({why}); "
                          "make it again with the command that wrote it.") from None
+    bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()),
+               None)
+    if bad is not None:
+        raise ValueError(f"checkpoint {path} holds non-finite weights (NaN or inf in {bad}): the "
+                         "file is damaged, or the run that saved it diverged; make it again with "
+                         "the command that wrote it.")
     payload["model"] = model
     return payload
+
+
+def _shortened(text: str, limit: int = 200) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters, marked with ``...``."""
+    if len(text) <= limit:
+        return text.rstrip(".")
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
