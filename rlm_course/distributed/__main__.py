@@ -245,7 +245,8 @@ def _grpo(ctx, rest: list[str]) -> dict:
                               progress=not args.no_progress, resume=args.resume)
     if ctx.is_main and summary.get("interrupted"):
         print(f"Stopped at step {summary['step']}; checkpoint and metrics are in {run_dir}. "
-              "Continue by running the same command with --resume.", file=sys.stderr)
+              "Continue by running the same command with --resume (and without --overwrite).",
+              file=sys.stderr)
     elif ctx.is_main:
         print(f"Held-out greedy accuracy {summary['accuracy_before']:.1%} -> "
               f"{summary['accuracy_after']:.1%} on {ctx.world_size} ranks; run files: {run_dir}/")

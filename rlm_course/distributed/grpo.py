@@ -607,17 +607,21 @@ def run_rl_distributed(task, config: RLConfig, nproc: int, name: str | None = No
         DistributedError: a rank failed (one line per rank; the tracebacks are in the run
             folder's ``failure.log``).
     """
+    from rlm_course.devices import resolve_device
     from rlm_course.distributed.launch import launch
 
+    # the launch's own options first: a refused one leaves no run folder behind
+    device = resolve_device(launch_options.setdefault("device", "cpu"))
+    threads = launch_options.get("threads", 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"--threads {threads}: give 1 or more threads per rank.")
     run_dir, path = prepare_run(task, config, nproc, name, out_dir, overwrite, sft_checkpoint,
                                 progress, log, resume)
-    from rlm_course.devices import resolve_device
-
-    device = resolve_device(launch_options.setdefault("device", "cpu"))
-    each = "one GPU each, NCCL" if device == "cuda" else f"{launch_options.get('threads', 1)} " \
-        f"thread{'s' if launch_options.get('threads', 1) != 1 else ''} each, gloo"
+    each = ("one GPU each, NCCL" if device == "cuda" else
+            f"{threads} thread{'s' if threads != 1 else ''} each, gloo")
+    share = config.prompts_per_step // nproc
     log(f"{config.algorithm.upper()} on {nproc} data-parallel processes ({each}); "
-        f"{config.prompts_per_step // nproc} prompts x {config.group_size} responses per rank "
+        f"{share} prompt{'s' if share != 1 else ''} x {config.group_size} responses per rank "
         "per step.")
     launch_options.setdefault("log_file", Path(run_dir) / "failure.log")
     summary = launch(grpo_job_worker, nproc, kwargs=dict(
@@ -626,7 +630,7 @@ def run_rl_distributed(task, config: RLConfig, nproc: int, name: str | None = No
         **launch_options)[0]
     if summary.get("interrupted"):
         log(f"Stopped at step {summary['step']}; checkpoint and metrics are in {run_dir}. "
-            "Continue by running the same command with --resume.")
+            "Continue by running the same command with --resume (and without --overwrite).")
         return summary
     s = summary["stage_seconds"]
     log(f"Held-out greedy accuracy: {summary['accuracy_before']:.1%} -> "

@@ -159,7 +159,11 @@ def _warm_start_config(task: Task, tokenizer: CharTokenizer,
     """The model configuration a new run will start from, and where it comes from."""
     path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
     if path.exists() or sft_checkpoint is not None:
-        return load_checkpoint(path)["model"].config, f"checkpoint {path}"
+        loaded = load_checkpoint(path)
+        if loaded.get("task") != task.key:  # here, before the run's folder is made
+            raise ValueError(f"SFT checkpoint {path} is for task {loaded.get('task')!r}, not "
+                             f"{task.key!r}; pass the matching --sft-checkpoint.")
+        return loaded["model"].config, f"checkpoint {path}"
     return default_model_config(tokenizer, task), "the default model (made by the warm start)"
 
 
@@ -359,6 +363,11 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
     max_new_tokens = task.max_response_len + config.overlong_buffer
     if resume:
         state = load_checkpoint(ckpt_path)
+        if not isinstance(state.get("trainer"), dict):
+            raise ValueError(f"--resume: {ckpt_path} holds a model but no run to continue (no "
+                             "trainer state: a warm start written by `sft`?); start a new run "
+                             "with --overwrite, or pass the file as --sft-checkpoint of a run "
+                             "with another --name.")
         model_config, source = state["model"].config, f"checkpoint {ckpt_path}"
     else:
         model_config, source = _warm_start_config(task, tokenizer, sft_checkpoint)
@@ -467,7 +476,7 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
     bar.close()
     if interrupted:
         log(f"Stopped at step {trainer.step_count}; checkpoint and metrics are in {run_dir}. "
-            "Continue by running the same command with --resume.")
+            "Continue by running the same command with --resume (and without --overwrite).")
         return {"interrupted": True, "step": trainer.step_count, "run_dir": str(run_dir)}
 
     accuracy_after = evaluate(policy, task, eval_problems, tokenizer).accuracy
