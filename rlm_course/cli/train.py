@@ -28,6 +28,10 @@ def set_threads(args) -> None:
 def _rl(args) -> int:
     from rlm_course.rl.runs import run_rl
 
+    if getattr(args, "command", None) == "ppo" and args.variant != "ppo":
+        raise ValueError(f"ppo --variant {args.variant}: the ppo command is grpo --variant ppo; "
+                         f"for {args.variant} run `python -m rlm_course grpo --variant "
+                         f"{args.variant} ...`, or drop --variant.")
     task = task_from_args(args)
     config = rl_config_from_args(args)
     if args.nproc != 1:  # data-parallel processes (chapter 11), one thread each by default

@@ -41,6 +41,9 @@ class SFTConfig:
                              f"eval_every={self.eval_every} must be positive.")
         if not 0.0 < self.target_accuracy <= 1.0:
             raise ValueError(f"SFTConfig: target_accuracy={self.target_accuracy} must be in (0, 1].")
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):  # as RLConfig's seed
+            raise ValueError(f"SFTConfig: seed={self.seed} (--seed) must be a whole number in "
+                             "[0, 2**63), e.g. 0.")
 
 
 def default_model_config(tokenizer: CharTokenizer, task: Task | None = None) -> ModelConfig:

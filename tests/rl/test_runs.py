@@ -327,3 +327,52 @@ def test_a_missing_warm_start_is_announced_and_asked_for_at_a_terminal(tmp_path,
         runs.load_sft_policy(task, runs.CharTokenizer(), log=logged.append)
     assert made == [] and "running the warm start first" in logged[0]
     assert "Ctrl-C stops it" in logged[0]
+
+
+def test_refused_warm_starts_and_resumes_leave_no_folder_and_say_why(tmp_path, capsys):
+    import shutil
+
+    import torch
+
+    from rlm_course.rl.runs import default_sft_checkpoint
+    from rlm_course.tasks import get_task
+
+    sft = default_sft_checkpoint(get_task("addition"))
+    other = default_sft_checkpoint(get_task("scratchpad"))
+    runs = tmp_path / "runs"
+    # a warm start of another task: refused before the run's folder is made
+    assert main(["grpo", "--task", "addition", "--name", "x", "--sft-checkpoint", str(other),
+                 "--out", str(runs), "--no-progress"]) == 2
+    assert "is for task 'scratchpad-6', not 'addition-3'" in capsys.readouterr().err
+    assert not (runs / "x").exists()
+    # a warm start with a NaN weight: the file is named as damaged, not the learning rate
+    payload = torch.load(sft, weights_only=True)
+    payload["state_dict"]["head.weight"][0, 0] = float("nan")
+    broken = tmp_path / "nan.pt"
+    torch.save(payload, broken)
+    assert main(["grpo", "--task", "addition", "--name", "y", "--sft-checkpoint", str(broken),
+                 "--out", str(runs), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "holds non-finite weights (NaN or inf in head.weight)" in err and "learning" not in err
+    assert not (runs / "y").exists()
+    assert main(["eval", "--task", "addition", "--checkpoint", str(broken)]) == 2
+    assert "holds non-finite weights" in capsys.readouterr().err
+    # --resume on a folder whose checkpoint is a warm start, not a run: no KeyError
+    (runs / "z").mkdir(parents=True)
+    shutil.copy(sft, runs / "z" / "checkpoint.pt")
+    assert main(["grpo", "--task", "addition", "--name", "z", "--resume", "--out", str(runs),
+                 "--no-progress"]) == 2
+    assert "holds a model but no run to continue" in capsys.readouterr().err
+    # the ppo command is grpo --variant ppo: another variant is refused, not run
+    assert main(["ppo", "--task", "addition", "--variant", "grpo", "--out", str(runs),
+                 "--no-progress"]) == 2
+    assert "ppo --variant grpo: the ppo command is grpo --variant ppo" in (
+        capsys.readouterr().err)
+    assert main(["sft", "--task", "addition", "--seed", "-1", "--out",
+                 str(tmp_path / "s.pt")]) == 2
+    assert "seed=-1 (--seed) must be a whole number" in capsys.readouterr().err
+    # data-parallel: a refused launch option leaves no folder either
+    assert main(["grpo", "--task", "addition", "--name", "w", "--nproc", "2", "--threads", "0",
+                 "--out", str(runs), "--no-progress"]) == 2
+    assert "--threads 0: give 1 or more threads per rank." in capsys.readouterr().err
+    assert not (runs / "w").exists()
