@@ -186,7 +186,7 @@ def add_device_arg(parser: argparse.ArgumentParser) -> None:
     that ``--help`` does not import torch)."""
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where the model computes (default auto: CUDA when torch sees a GPU, "
-                             "else the CPU; recorded in the run)")
+                             "else the CPU; a run records it)")
 
 
 def add_rl_run_args(parser: argparse.ArgumentParser, variant: str) -> None:
@@ -198,7 +198,8 @@ def add_rl_run_args(parser: argparse.ArgumentParser, variant: str) -> None:
                              "parts of it")
     add_config_args(parser, RLConfig, skip=("variant",), default_note=" (default: the preset's)")
     parser.add_argument("--name", default=None,
-                        help="run folder name (default <variant>-<task>-seed<seed>)")
+                        help="run folder name (default <variant>-<task>-seed<seed>, the task with "
+                             "its settings, e.g. grpo-addition-3-seed0)")
     parser.add_argument("--out", default="runs", help="parent folder of runs (default runs/)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run from its checkpoint")
@@ -212,7 +213,7 @@ def add_rl_run_args(parser: argparse.ArgumentParser, variant: str) -> None:
     add_device_arg(parser)
     parser.add_argument("--nproc", type=int, default=1,
                         help="data-parallel processes (gloo on CPU, NCCL on GPUs; --threads per "
-                             "process, default 1); runs/<name> gets -dp<nproc>")
+                             "process, default 1); the default --name ends in -dp<nproc>")
 
 
 def rl_run_parser(prog: str = "grpo", variant: str = "grpo") -> argparse.ArgumentParser:

@@ -122,6 +122,15 @@ def _family(args) -> int:
     if args.out and args.store:
         raise ValueError("--out and --store: give one (--store replaces the stored "
                          f"{default_results_path(task)}; --out writes elsewhere).")
+    if args.out and Path(args.out).is_dir():  # before an hour of runs, not when it saves
+        raise ValueError(f"--out {args.out} is a folder; give the results file's path (e.g. "
+                         f"{Path(args.out) / 'family.json'}).")
+    if args.runs_dir and Path(args.runs_dir).exists() and not Path(args.runs_dir).is_dir():
+        raise ValueError(f"--runs-dir {args.runs_dir} is a file; give a folder for the runs.")
+    twice = sorted({v for v in args.variants or [] if args.variants.count(v) > 1})
+    if twice:
+        raise ValueError(f"--variants names {', '.join(twice)} more than once (the second run "
+                         "would replace the first); give each variant once.")
     flags = ["--task", args.task]
     for name, value in task_settings(args).items():
         flags += [flag(name), str(value)]
@@ -164,7 +173,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
     add_task_args(p)
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True,
+                   help="a checkpoint written by sft or grpo (e.g. runs/demo/checkpoint.pt or "
+                        "data/checkpoints/sft-addition-3.pt)")
     p.add_argument("--show", type=int, default=5, help="print this many responses")
     add_device_arg(p)
     p.set_defaults(func=_eval)

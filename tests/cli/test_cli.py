@@ -284,3 +284,17 @@ def test_configuration_errors_name_the_flags_the_user_typed():
         "--no-normalize-std, --clip-eps-high 0.1 < --clip-eps 0.2")
     # names that are not flags of a run stay as they are
     assert as_flags("max_seq_len=64 exceeds; digits=0") == "max_seq_len=64 exceeds; digits=0"
+
+
+def test_family_refuses_paths_and_variants_it_would_fail_on_after_its_runs(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for argv, message in (
+            (["--out", str(tmp_path)], f"--out {tmp_path} is a folder; give the results file's"),
+            (["--runs-dir", str(afile)], f"--runs-dir {afile} is a file"),
+            (["--variants", "grpo", "rloo", "grpo"], "--variants names grpo more than once")):
+        assert main(["family", "--task", "addition", "--steps", "1", "--seeds", "0",
+                     "--no-progress", *argv]) == 2
+        assert message in _one_line_error(capsys)
+    assert afile.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "afile"]
