@@ -302,8 +302,9 @@ class RLConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}={value} must be a finite number >= 0 (0 turns it off).")
-        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
-            raise ValueError(f"gamma={self.gamma} and lam={self.lam} must be in [0, 1].")
+        for name in ("gamma", "lam"):  # NaN fails too
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1].")
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed={self.seed} must be in [0, 2**63).")
         batch = self.prompts_per_step * self.group_size

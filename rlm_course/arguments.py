@@ -65,14 +65,22 @@ def task_settings(args: argparse.Namespace) -> dict:
             continue
         if name not in TASK_SETTINGS[args.task]:
             raise ValueError(f"{flag(name)} does not apply to task {args.task!r} (its settings: "
-                             f"{', '.join(TASK_SETTINGS[args.task]) or 'none'}).")
+                             f"{', '.join(map(flag, TASK_SETTINGS[args.task])) or 'none'}).")
         settings[name] = value
     return settings
 
 
 def task_from_args(args: argparse.Namespace):
-    """The task of ``--task`` with its settings (see :func:`task_settings` for the errors)."""
-    return get_task(args.task, **task_settings(args))
+    """The task of ``--task`` with its settings (see :func:`task_settings` for the errors; a
+    task's own refusal names the flags, ``--digits 0``, not ``Addition: digits=0``)."""
+    settings = task_settings(args)
+    try:
+        return get_task(args.task, **settings)
+    except ValueError as err:
+        text = re.sub(r"^[A-Z][A-Za-z]*: ", "", str(err))  # the task class's name
+        text = re.sub(r"\b(" + "|".join(TASK_FLAGS) + r")=(\S+?)(?=[\s,;:)]|$)",
+                      lambda m: f"{flag(m.group(1))} {m.group(2)}", text)
+        raise ValueError(text) from None
 
 
 def _optional_float(text: str) -> float | None:
