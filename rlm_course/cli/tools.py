@@ -35,6 +35,9 @@ def _grade(args) -> int:
 def _exercises(args) -> int:
     from rlm_course.tools.exercisegen import main as gen_main
 
+    if args.check and args.force:
+        raise ValueError("--check and --force: --check only compares (it writes nothing) and "
+                         "--force overwrites your exercise files; give one.")
     return gen_main(check=args.check, force=args.force)
 
 

@@ -76,6 +76,10 @@ def _sft(args) -> int:
     # existing one (the course's committed ones among them) is replaced only when asked
     out = Path(args.out) if args.out else (
         stored if args.store or not stored.exists() else Path(args.runs_dir) / stored.name)
+    if not args.out and out.parent == Path(args.runs_dir) and Path(args.runs_dir).exists() \
+            and not Path(args.runs_dir).is_dir():
+        raise ValueError(f"--runs-dir {args.runs_dir} is a file; give a folder (or --out for "
+                         "the checkpoint's path).")
     set_threads(args)
     path = make_sft_checkpoint(task, CharTokenizer(), out, SFTConfig(seed=args.seed),
                                progress=not args.no_progress, device=args.device)

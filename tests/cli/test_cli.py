@@ -298,3 +298,13 @@ def test_family_refuses_paths_and_variants_it_would_fail_on_after_its_runs(tmp_p
         assert message in _one_line_error(capsys)
     assert afile.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == [
         "afile"]
+
+
+def test_exercises_check_with_force_and_sft_runs_dir_file_are_refused(tmp_path, capsys):
+    assert main(["exercises", "--check", "--force"]) == 2
+    assert "--check and --force: --check only compares" in _one_line_error(capsys)
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    assert main(["sft", "--task", "addition", "--runs-dir", str(afile), "--no-progress"]) == 2
+    assert f"--runs-dir {afile} is a file; give a folder" in _one_line_error(capsys)
+    assert afile.read_text() == "keep me"
