@@ -511,6 +511,11 @@ def check_resume(state: dict, config: RLConfig, task, nproc: int, path: Path, lo
     Raises:
         ValueError: naming what differs and how to resume.
     """
+    if not isinstance(state.get("trainer"), dict):
+        raise ValueError(f"--resume: {path} holds a model but no run to continue (no trainer "
+                         "state: a warm start written by `sft`?); start a new run with "
+                         "--overwrite, or pass the file as --sft-checkpoint of a run with another "
+                         "--name.")
     defaults = {f.name: f.default for f in dataclasses.fields(RLConfig)}
     saved, wanted = {**defaults, **(state.get("config") or {})}, dataclasses.asdict(config)
     if state.get("algorithm", "grpo") != config.algorithm:
@@ -523,7 +528,8 @@ def check_resume(state: dict, config: RLConfig, task, nproc: int, path: Path, lo
     differ = sorted(k for k in set(saved) | set(wanted)
                     if k != "steps" and saved.get(k) != wanted.get(k))
     if differ:
-        changes = ", ".join(f"{k}: run {saved.get(k)!r}, now {wanted.get(k)!r}" for k in differ)
+        changes = ", ".join(f"--{k.replace('_', '-')}: run {saved.get(k)!r}, now "
+                            f"{wanted.get(k)!r}" for k in differ)
         raise ValueError(f"--resume: options differ from the run's ({changes}); resume with the "
                          "same options (only --steps may change), or start a new run with --name.")
     done = state["trainer"]["step"]

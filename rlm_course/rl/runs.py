@@ -390,7 +390,8 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
             raise ValueError(f"--resume: {ckpt_path} is a run on task {state.get('task')}, not "
                              f"{task.key}; pass the same task options as the run.")
         if differ:
-            changes = ", ".join(f"{k}: run {saved.get(k)!r}, now {wanted.get(k)!r}" for k in differ)
+            changes = ", ".join(f"--{k.replace('_', '-')}: run {saved.get(k)!r}, now "
+                                f"{wanted.get(k)!r}" for k in differ)
             raise ValueError(f"--resume: options differ from the run's ({changes}); resume with the "
                              "same options (only --steps may change), or start a new run with --name.")
         done = state["trainer"]["step"]

@@ -308,3 +308,9 @@ def test_exercises_check_with_force_and_sft_runs_dir_file_are_refused(tmp_path, 
     assert main(["sft", "--task", "addition", "--runs-dir", str(afile), "--no-progress"]) == 2
     assert f"--runs-dir {afile} is a file; give a folder" in _one_line_error(capsys)
     assert afile.read_text() == "keep me"
+
+
+def test_systems_refuses_store_with_a_runs_dir(tmp_path, capsys):
+    assert main(["systems", "async", "--store", "--runs-dir", str(tmp_path / "x")]) == 2
+    assert "--store and --runs-dir: give one" in _one_line_error(capsys)
+    assert not (tmp_path / "x").exists()

@@ -266,7 +266,7 @@ def test_resume_with_other_options_is_refused(tmp_path, capsys):
     assert main(["grpo", "--task", "addition", "--steps", "2", "--lr", "0.1", "--resume",
                  "--out", str(tmp_path), "--no-progress", *SMALL]) == 2
     err = capsys.readouterr().err
-    assert "resume with the same options" in err and "lr: run 0.0003, now 0.1" in err
+    assert "resume with the same options" in err and "--lr: run 0.0003, now 0.1" in err
     assert main(["grpo", "--task", "addition", "--steps", "1", "--resume", "--out", str(tmp_path),
                  "--no-progress", *SMALL]) == 2
     assert "already has 2 steps" in capsys.readouterr().err
@@ -365,6 +365,9 @@ def test_refused_warm_starts_and_resumes_leave_no_folder_and_say_why(tmp_path, c
     shutil.copy(sft, runs / "z" / "checkpoint.pt")
     assert main(["grpo", "--task", "addition", "--name", "z", "--resume", "--out", str(runs),
                  "--no-progress"]) == 2
+    assert "holds a model but no run to continue" in capsys.readouterr().err
+    assert main(["grpo", "--task", "addition", "--name", "z", "--resume", "--nproc", "2",
+                 "--out", str(runs), "--no-progress"]) == 2  # the data-parallel resume too
     assert "holds a model but no run to continue" in capsys.readouterr().err
     # the ppo command is grpo --variant ppo: another variant is refused, not run
     assert main(["ppo", "--task", "addition", "--variant", "grpo", "--out", str(runs),
