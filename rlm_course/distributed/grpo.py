@@ -511,11 +511,9 @@ def check_resume(state: dict, config: RLConfig, task, nproc: int, path: Path, lo
     Raises:
         ValueError: naming what differs and how to resume.
     """
-    if not isinstance(state.get("trainer"), dict):
-        raise ValueError(f"--resume: {path} holds a model but no run to continue (no trainer "
-                         "state: a warm start written by `sft`?); start a new run with "
-                         "--overwrite, or pass the file as --sft-checkpoint of a run with another "
-                         "--name.")
+    from rlm_course.rl.runs import check_run_state
+
+    check_run_state(state, path)
     defaults = {f.name: f.default for f in dataclasses.fields(RLConfig)}
     saved, wanted = {**defaults, **(state.get("config") or {})}, dataclasses.asdict(config)
     if state.get("algorithm", "grpo") != config.algorithm:

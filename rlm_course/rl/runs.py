@@ -167,6 +167,20 @@ def _warm_start_config(task: Task, tokenizer: CharTokenizer,
     return default_model_config(tokenizer, task), "the default model (made by the warm start)"
 
 
+def check_run_state(state: dict, path: Path) -> None:
+    """Refuse to resume from ``path`` unless its checkpoint holds a run (a trainer's state), not
+    only a model (a warm start written by ``sft``).
+
+    Raises:
+        ValueError: naming the file and what to do instead.
+    """
+    if not isinstance(state.get("trainer"), dict):
+        raise ValueError(f"--resume: {path} holds a model but no run to continue (no trainer "
+                         "state: a warm start written by `sft`?); start a new run with "
+                         "--overwrite, or pass the file as --sft-checkpoint of a run with another "
+                         "--name.")
+
+
 def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = False,
                      sft_checkpoint: str | Path | None = None) -> None:
     """Refuse what the run folder and the flags cannot do together (nothing is read or written
@@ -363,11 +377,7 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
     max_new_tokens = task.max_response_len + config.overlong_buffer
     if resume:
         state = load_checkpoint(ckpt_path)
-        if not isinstance(state.get("trainer"), dict):
-            raise ValueError(f"--resume: {ckpt_path} holds a model but no run to continue (no "
-                             "trainer state: a warm start written by `sft`?); start a new run "
-                             "with --overwrite, or pass the file as --sft-checkpoint of a run "
-                             "with another --name.")
+        check_run_state(state, ckpt_path)
         model_config, source = state["model"].config, f"checkpoint {ckpt_path}"
     else:
         model_config, source = _warm_start_config(task, tokenizer, sft_checkpoint)
