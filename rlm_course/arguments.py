@@ -76,11 +76,9 @@ def task_from_args(args: argparse.Namespace):
     settings = task_settings(args)
     try:
         return get_task(args.task, **settings)
-    except ValueError as err:
-        text = re.sub(r"^[A-Z][A-Za-z]*: ", "", str(err))  # the task class's name
-        text = re.sub(r"\b(" + "|".join(TASK_FLAGS) + r")=(\S+?)(?=[\s,;:)]|$)",
-                      lambda m: f"{flag(m.group(1))} {m.group(2)}", text)
-        raise ValueError(text) from None
+    except ValueError as err:  # without the task class's name, in flags
+        raise ValueError(as_flags(re.sub(r"^[A-Z][A-Za-z]*: ", "", str(err)),
+                                  TASK_FLAGS)) from None
 
 
 def _optional_float(text: str) -> float | None:
@@ -167,13 +165,14 @@ def rl_config_from_args(args: argparse.Namespace) -> RLConfig:
 _FIELD_VALUE = re.compile(r"\b([a-z][a-z0-9_]*)=('[^']*'|[^\s,;:)]+)")
 
 
-def as_flags(message: str) -> str:
-    """``message`` (an :class:`~rlm_course.algorithms.RLConfig` error, which names fields as the
-    Python API spells them) as the command line spells them: ``group_size=1`` ->
-    ``--group-size 1``, ``advantage='gae'`` -> ``--advantage gae``, ``use_critic=True`` ->
-    ``--use-critic`` (``False``: ``--no-use-critic``). Names that are not fields stay as they are.
+def as_flags(message: str, fields=None) -> str:
+    """``message`` (an :class:`~rlm_course.algorithms.RLConfig` error, or a task's with
+    ``fields`` :data:`TASK_FLAGS`, which name fields as the Python API spells them) as the command
+    line spells them: ``group_size=1`` -> ``--group-size 1``, ``advantage='gae'`` ->
+    ``--advantage gae``, ``use_critic=True`` -> ``--use-critic`` (``False``:
+    ``--no-use-critic``). Names that are not ``fields`` (default: RLConfig's) stay as they are.
     """
-    fields = {f.name for f in dataclasses.fields(RLConfig)}
+    fields = set(fields) if fields is not None else {f.name for f in dataclasses.fields(RLConfig)}
 
     def one(match: re.Match) -> str:
         name, value = match.group(1), match.group(2).strip("'")

@@ -89,8 +89,8 @@ def _plan(args) -> int:
             print(f"note: --modes {' '.join(dropped)} {verb} not run on the {args.placement} "
                   "placement (fused needs colocated devices, async and async-eta2 disaggregated "
                   f"pools); planning {' '.join(runs[args.placement])} only.", file=sys.stderr)
-    group_based = [name for name in PRESETS
-                   if preset(name).advantage in GROUP_ADVANTAGES or preset(name).dynamic_sampling]
+    group_based = [name for name, c in ((n, preset(n)) for n in PRESETS)
+                   if c.advantage in GROUP_ADVANTAGES or c.dynamic_sampling]
     if args.group_size < 2 and args.algorithm in group_based:
         others = [name for name in PRESETS if name not in group_based]
         raise ValueError(f"--group-size {args.group_size} with --algorithm {args.algorithm}: its "

@@ -56,8 +56,8 @@ from rlm_course.algorithms import RLConfig
 from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
 from rlm_course.utils import check_kinds
-from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimResult, gpu_count,
-                                          memory_plan, simulate)
+from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimResult, memory_plan,
+                                          pool_label, simulate)
 
 GB = 1e9
 #: The largest cluster the planner searches (chapter 14 validates the simulator up to here).
@@ -382,14 +382,6 @@ def _splits(gpus: int, node: int) -> list[int]:
             splits.append(rollout)
     return splits
 
-
-def pool_label(gpus: int, rollout_gpus: int | None) -> str:
-    """How plans name a placement: ``colocated`` (``rollout_gpus`` None: every role on every
-    device) or ``disaggregated: R rollout GPUs + T training GPUs``."""
-    if rollout_gpus is None:
-        return "colocated"
-    return (f"disaggregated: {gpu_count(rollout_gpus, 'rollout')} + "
-            f"{gpu_count(gpus - rollout_gpus, 'training')}")
 
 
 def mode_key(mode) -> str:

@@ -267,9 +267,8 @@ class Scenario:
         return self.rollout_pool // self.generation_tp
 
     def describe(self) -> str:
-        pools = ("colocated" if self.placement == "colocated" else
-                 f"disaggregated: {gpu_count(self.rollout_gpus, 'rollout')} + "
-                 f"{gpu_count(self.trainer_pool, 'training')}")
+        pools = pool_label(self.cluster.gpus,
+                           None if self.placement == "colocated" else self.rollout_gpus)
         return (f"{pools}, generation tp{self.generation_tp} x {self.replicas}, trainer "
                 f"{self.trainer_layout.describe()}, {self.mode.name}"
                 + (", offload" if self.offload_trainer else ""))
@@ -279,9 +278,18 @@ class Scenario:
 MAX_MINIBATCHES = 1_024
 
 
-def gpu_count(n: int, role: str) -> str:
-    """``1 rollout GPU``, ``7,504 rollout GPUs``: how plans name a pool."""
-    return f"{n:,} {role} GPU{'' if n == 1 else 's'}"
+def pool_label(gpus: int, rollout_gpus: int | None) -> str:
+    """How plans name a placement: ``colocated`` (``rollout_gpus`` None: every role on every
+    device) or ``disaggregated: R rollout GPUs + T training GPUs`` (``1 rollout GPU``, ``7,504
+    rollout GPUs``)."""
+    if rollout_gpus is None:
+        return "colocated"
+
+    def count(n: int, role: str) -> str:
+        return f"{n:,} {role} GPU{'' if n == 1 else 's'}"
+
+    return (f"disaggregated: {count(rollout_gpus, 'rollout')} + "
+            f"{count(gpus - rollout_gpus, 'training')}")
 
 
 def algorithm(name: str, minibatches: int = 1, **overrides) -> RLConfig:

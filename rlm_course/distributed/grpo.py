@@ -511,28 +511,10 @@ def check_resume(state: dict, config: RLConfig, task, nproc: int, path: Path, lo
     Raises:
         ValueError: naming what differs and how to resume.
     """
-    from rlm_course.rl.runs import check_run_state
+    from rlm_course.rl.runs import check_resumable
 
-    check_run_state(state, path)
-    defaults = {f.name: f.default for f in dataclasses.fields(RLConfig)}
-    saved, wanted = {**defaults, **(state.get("config") or {})}, dataclasses.asdict(config)
-    if state.get("algorithm", "grpo") != config.algorithm:
-        raise ValueError(f"--resume: {path} is a {state.get('algorithm', 'grpo')} run, not "
-                         f"{config.algorithm}; resume it with its own command (pass --variant "
-                         f"{state.get('algorithm', 'grpo')}).")
-    if state.get("task") != task.key:
-        raise ValueError(f"--resume: {path} is a run on task {state.get('task')}, not {task.key}; "
-                         "pass the same task options as the run.")
-    differ = sorted(k for k in set(saved) | set(wanted)
-                    if k != "steps" and saved.get(k) != wanted.get(k))
-    if differ:
-        changes = ", ".join(f"--{k.replace('_', '-')}: run {saved.get(k)!r}, now "
-                            f"{wanted.get(k)!r}" for k in differ)
-        raise ValueError(f"--resume: options differ from the run's ({changes}); resume with the "
-                         "same options (only --steps may change), or start a new run with --name.")
+    check_resumable(state, config, task, path)
     done = state["trainer"]["step"]
-    if config.steps < done:
-        raise ValueError(f"--resume: the run already has {done} steps; pass --steps {done} or more.")
     ran = state.get("world_size", 1)
     if ran != nproc:
         log(f"Note: the run used {ran} process(es), this one {nproc}: it continues from step "

@@ -114,12 +114,16 @@ def load_sft_policy(task: Task, tokenizer: CharTokenizer, sft_checkpoint: str | 
                                  "or pass --sft-checkpoint.")
         make_sft_checkpoint(task, tokenizer, path, progress=progress, device=device)
     loaded = load_checkpoint(path)
-    if loaded.get("task") != task.key:
-        raise ValueError(f"SFT checkpoint {path} is for task {loaded.get('task')!r}, not "
-                         f"{task.key!r}; pass the matching --sft-checkpoint.")
+    _check_sft_task(loaded, path, task)
     info = {"checkpoint": str(path), "steps": loaded.get("sft_steps"),
             "command": loaded.get("command")}
     return loaded["model"].to(device), info
+
+
+def _check_sft_task(loaded: dict, path: Path, task: Task) -> None:
+    if loaded.get("task") != task.key:
+        raise ValueError(f"SFT checkpoint {path} is for task {loaded.get('task')!r}, not "
+                         f"{task.key!r}; pass the matching --sft-checkpoint.")
 
 
 def context_needed(task: Task, max_new_tokens: int) -> int:
@@ -160,25 +164,46 @@ def _warm_start_config(task: Task, tokenizer: CharTokenizer,
     path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)
     if path.exists() or sft_checkpoint is not None:
         loaded = load_checkpoint(path)
-        if loaded.get("task") != task.key:  # here, before the run's folder is made
-            raise ValueError(f"SFT checkpoint {path} is for task {loaded.get('task')!r}, not "
-                             f"{task.key!r}; pass the matching --sft-checkpoint.")
+        _check_sft_task(loaded, path, task)  # here, before the run's folder is made
         return loaded["model"].config, f"checkpoint {path}"
     return default_model_config(tokenizer, task), "the default model (made by the warm start)"
 
 
-def check_run_state(state: dict, path: Path) -> None:
-    """Refuse to resume from ``path`` unless its checkpoint holds a run (a trainer's state), not
-    only a model (a warm start written by ``sft``).
+def check_resumable(state: dict, config: RLConfig, task: Task, path: Path) -> None:
+    """Refuse to resume the checkpoint ``state`` (read from ``path``) with ``config`` and
+    ``task``: it must hold a run (a trainer's state, not only a warm start's model) of the same
+    algorithm, task and options; only ``steps`` may change, and not below the steps done.
 
     Raises:
-        ValueError: naming the file and what to do instead.
+        ValueError: naming what differs and how to resume.
     """
+    from rlm_course.arguments import flag
+
     if not isinstance(state.get("trainer"), dict):
         raise ValueError(f"--resume: {path} holds a model but no run to continue (no trainer "
                          "state: a warm start written by `sft`?); start a new run with "
                          "--overwrite, or pass the file as --sft-checkpoint of a run with another "
                          "--name.")
+    if state.get("algorithm", "grpo") != config.algorithm:
+        raise ValueError(f"--resume: {path} is a {state.get('algorithm', 'grpo')} run, not "
+                         f"{config.algorithm}; resume it with its own command (pass --variant "
+                         f"{state.get('algorithm', 'grpo')}).")
+    if state.get("task") != task.key:
+        raise ValueError(f"--resume: {path} is a run on task {state.get('task')}, not "
+                         f"{task.key}; pass the same task options as the run.")
+    # a run saved before a field existed ran with its default
+    defaults = {f.name: f.default for f in fields(RLConfig)}
+    saved, wanted = {**defaults, **(state.get("config") or {})}, asdict(config)
+    differ = sorted(k for k in set(saved) | set(wanted)
+                    if k != "steps" and saved.get(k) != wanted.get(k))
+    if differ:
+        changes = ", ".join(f"{flag(k)}: run {saved.get(k)!r}, now {wanted.get(k)!r}"
+                            for k in differ)
+        raise ValueError(f"--resume: options differ from the run's ({changes}); resume with the "
+                         "same options (only --steps may change), or start a new run with --name.")
+    done = state["trainer"]["step"]
+    if config.steps < done:
+        raise ValueError(f"--resume: the run already has {done} steps; pass --steps {done} or more.")
 
 
 def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = False,
@@ -377,7 +402,7 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
     max_new_tokens = task.max_response_len + config.overlong_buffer
     if resume:
         state = load_checkpoint(ckpt_path)
-        check_run_state(state, ckpt_path)
+        check_resumable(state, config, task, ckpt_path)
         model_config, source = state["model"].config, f"checkpoint {ckpt_path}"
     else:
         model_config, source = _warm_start_config(task, tokenizer, sft_checkpoint)
@@ -386,27 +411,6 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
     ensure_writable_folder(run_dir, "--out")
 
     setup_start = time.perf_counter()
-    if resume:
-        # a run saved before a field existed ran with its default
-        defaults = {f.name: f.default for f in fields(RLConfig)}
-        saved, wanted = {**defaults, **(state.get("config") or {})}, asdict(config)
-        differ = sorted(k for k in set(saved) | set(wanted)
-                        if k != "steps" and saved.get(k) != wanted.get(k))
-        if state.get("algorithm", "grpo") != config.algorithm:
-            raise ValueError(f"--resume: {ckpt_path} is a {state.get('algorithm', 'grpo')} run, not "
-                             f"{config.algorithm}; resume it with its own command (pass --variant "
-                             f"{state.get('algorithm', 'grpo')}).")
-        if state.get("task") != task.key:
-            raise ValueError(f"--resume: {ckpt_path} is a run on task {state.get('task')}, not "
-                             f"{task.key}; pass the same task options as the run.")
-        if differ:
-            changes = ", ".join(f"--{k.replace('_', '-')}: run {saved.get(k)!r}, now "
-                                f"{wanted.get(k)!r}" for k in differ)
-            raise ValueError(f"--resume: options differ from the run's ({changes}); resume with the "
-                             "same options (only --steps may change), or start a new run with --name.")
-        done = state["trainer"]["step"]
-        if config.steps < done:
-            raise ValueError(f"--resume: the run already has {done} steps; pass --steps {done} or more.")
     with _SetAside(run_dir, active=overwrite and has_files and not resume) as aside:
         return _train(task, config, tokenizer, run_dir, eval_problems, state if resume else None,
                       sft_checkpoint, aside, setup_start, checkpoint_every, progress, log, device)
