@@ -109,7 +109,7 @@ except ValueError as err:
 import signal
 
 from rlm_course.distributed.demo import faulty
-from rlm_course.distributed.launch import DistributedError, start
+from rlm_course.distributed.launch import DEFAULT_GRACE, DistributedError, start
 
 try:
     launch(faulty, 2, kwargs=dict(how="raise"))
@@ -128,7 +128,9 @@ with tempfile.TemporaryDirectory() as folder:
     except DistributedError as err:
         print("\n".join(str(err).splitlines()[:2]))
         print(f"-> stopped {time.perf_counter() - killed:.2f} s after the kill")
-        assert err.first_rank == 1 and time.perf_counter() - killed < 10
+        # it ends: the peers see the dead rank, or the launcher stops them after its grace
+        # period (a busy machine can need it); a hang would never get here
+        assert err.first_rank == 1 and time.perf_counter() - killed < DEFAULT_GRACE + 20
 
 # %% [markdown]
 # ### The same workers under `torchrun`
