@@ -40,10 +40,14 @@ def load_impl(chapter: str, impl: str = "exercises", root: Path | None = None) -
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:  # a learner's syntax error or bad import: say where, no traceback
+    except (Exception, SystemExit) as err:  # a syntax error, a bad import, a sys.exit() left
+        # at the top level: say where, no traceback, and never end the grader silently
         where = f" (line {err.lineno})" if getattr(err, "lineno", None) else ""
-        raise ValueError(f"could not import {path}{where}: {type(err).__name__}: {err}; fix the "
-                         "file and grade again.") from None
+        what = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        if isinstance(err, SystemExit):
+            what += " (the file calls sys.exit() or exit() when imported; remove that call)"
+        raise ValueError(f"could not import {path}{where}: {what}; fix the file and grade "
+                         "again.") from None
     return module
 
 

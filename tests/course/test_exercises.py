@@ -72,6 +72,14 @@ def test_grading_a_broken_file_is_a_clear_error(tmp_path):
         load_impl("02", "exercises", root=tmp_path)
 
 
+def test_grading_a_file_that_exits_when_imported_is_a_clear_error(tmp_path):
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "ex02_grpo.py").write_text("import sys\nsys.exit(3)\n")
+    with pytest.raises(ValueError, match=r"could not import .*ex02_grpo.py: SystemExit: 3 \(the "
+                                         r"file calls sys.exit\(\) or exit\(\) when imported"):
+        load_impl("02", "exercises", root=tmp_path)
+
+
 def test_learner_code_that_exits_is_reported_not_fatal():
     from rlm_course.tools.checks import run_check
 
