@@ -203,7 +203,8 @@ def async_config(steps: int = 60, seed: int = 0, **overrides):
 
 
 def async_experiment(steps: int = 60, seed: int = 0, runs=ASYNC_RUNS, eval_every: int = 10,
-                     run_dir: str | Path = "runs/systems-async", progress: bool = False) -> dict:
+                     run_dir: str | Path = "runs/systems/systems-async",
+                     progress: bool = False) -> dict:
     """See the module docstring: every run of ``runs`` from the same SFT checkpoint and seed.
     Returns ``{"runs": {name: PipelineResult as a dict}, "config", "task"}``."""
     from rlm_course.rl.runs import default_sft_checkpoint
@@ -275,8 +276,9 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
                   runs_dir: str | Path = "runs/systems") -> int:
     """Run experiment ``name`` and write its results (``python -m rlm_course systems <name>``;
     see the module docstring): to ``runs_dir/systems-<name>.json``, or, with ``store``, to the
-    stored file the notebooks read (:func:`experiment_path`). ``steps``, ``repeats``, ``seed``:
-    see :data:`FLAGS` (None: the experiment's default).
+    stored file the notebooks read (:func:`experiment_path`). The async experiment's run folders
+    (metrics and checkpoint of each run) go to ``runs_dir/systems-async/<run>/`` either way.
+    ``steps``, ``repeats``, ``seed``: see :data:`FLAGS` (None: the experiment's default).
 
     Raises:
         ValueError: see :func:`check_flags`; an unwritable ``runs_dir``.
@@ -287,6 +289,8 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
     check_flags(name, steps, repeats, seed)
     out = result_path(experiment_path(name), store, runs_dir)
     ensure_writable_folder(out.parent, "--runs-dir" if not store else "data folder")
+    if name == "async" and store:
+        ensure_writable_folder(runs_dir, "--runs-dir")
     given = {"steps": steps, "repeats": repeats, "seed": seed}
     command = "python -m rlm_course systems " + name + "".join(
         f" --{k} {v}" for k, v in sorted(given.items()) if v is not None)
@@ -310,7 +314,8 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
                             groups=reshard_controller_groups(4, 2)) as c:
                 result = reshard_experiment(c, repeats=repeats or 3)
         elif name == "async":
-            result = async_experiment(steps=steps or 60, seed=seed or 0, progress=progress)
+            result = async_experiment(steps=steps or 60, seed=seed or 0, progress=progress,
+                                      run_dir=Path(runs_dir) / "systems-async")
         else:
             from rlm_course.rl.runs import default_sft_checkpoint
             from rlm_course.systems.pipelines import fusion_experiment

@@ -3,6 +3,7 @@ torchrun worker parses the same options, and --debug shows a traceback."""
 
 import argparse
 import dataclasses
+import json
 import typing
 
 import pytest
@@ -311,6 +312,28 @@ def test_exercises_check_with_force_and_sft_runs_dir_file_are_refused(tmp_path, 
 
 
 def test_systems_refuses_store_with_a_runs_dir(tmp_path, capsys):
-    assert main(["systems", "async", "--store", "--runs-dir", str(tmp_path / "x")]) == 2
+    assert main(["systems", "weight-sync", "--store", "--runs-dir", str(tmp_path / "x")]) == 2
     assert "--store and --runs-dir: give one" in _one_line_error(capsys)
     assert not (tmp_path / "x").exists()
+
+
+def test_systems_async_run_folders_follow_the_runs_dir(tmp_path, monkeypatch, capsys):
+    """The async experiment's per-run folders go under --runs-dir (they went to a fixed runs/
+    whatever --runs-dir said); Ray and the runs are stubbed, only the paths are checked."""
+    import rlm_course.systems.controller as controller
+    import rlm_course.systems.experiments as experiments
+
+    seen = {}
+
+    def fake_async(steps, seed, progress, run_dir):
+        seen.update(steps=steps, seed=seed, run_dir=run_dir)
+        return {"runs": {}}
+
+    monkeypatch.setattr(controller, "start_ray", lambda *a, **k: None)
+    monkeypatch.setattr(controller, "stop_ray", lambda *a, **k: None)
+    monkeypatch.setattr(experiments, "async_experiment", fake_async)
+    runs = tmp_path / "mine"
+    assert main(["systems", "async", "--steps", "3", "--runs-dir", str(runs), "--no-progress"]) == 0
+    assert seen == {"steps": 3, "seed": 0, "run_dir": runs / "systems-async"}
+    assert json.loads((runs / "systems-async.json").read_text())["runs"] == {}
+    assert f"wrote {runs / 'systems-async.json'}" in capsys.readouterr().out
