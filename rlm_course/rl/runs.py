@@ -258,9 +258,14 @@ class _SetAside:
 
     def __enter__(self):
         if self.active:
-            self.backup = self.run_dir.with_name(f".{self.run_dir.name}.replaced")
-            if self.backup.exists():
-                shutil.rmtree(self.backup)
+            self.backup = backup = self.run_dir.with_name(f".{self.run_dir.name}.replaced")
+            if backup.exists():  # an earlier --overwrite was killed before its first checkpoint
+                self.backup = None
+                raise ValueError(
+                    f"{backup} holds the run an earlier --overwrite of {self.run_dir} set aside "
+                    "and never replaced (that run was killed before its first checkpoint); "
+                    f"nothing was changed. To keep the old run: rm -r {self.run_dir} && "
+                    f"mv {backup} {self.run_dir}; to drop it: rm -r {backup}; then run again.")
             self.run_dir.rename(self.backup)
             self.run_dir.mkdir()
         return self
@@ -278,29 +283,34 @@ class _SetAside:
 
 
 class _GracefulInterrupt:
-    """First SIGINT: set a flag (stop after this step). Second: raise KeyboardInterrupt."""
+    """First SIGINT (Ctrl-C) or SIGTERM (a job scheduler's stop, ``kill``): set a flag (stop
+    after this step, with a checkpoint). Second: raise KeyboardInterrupt."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: dict = {}
 
     def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        except ValueError:  # not in the main thread (e.g. some notebook runners): plain Ctrl-C
-            self._previous = None
+        for sig in self.SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not in the main thread (some notebook runners): default handling
+                pass
         return self
 
     def _handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print("\nInterrupt: finishing this step and saving a checkpoint (Ctrl-C again to stop now).",
+        what = "Interrupt" if signum == signal.SIGINT else f"{signal.Signals(signum).name}"
+        print(f"\n{what}: finishing this step and saving a checkpoint (Ctrl-C again to stop now).",
               file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         return False
 
 

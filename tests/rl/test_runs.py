@@ -215,6 +215,47 @@ def test_a_failed_overwrite_never_costs_the_existing_run(tmp_path, capsys, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
 
+def test_an_overwrite_killed_earlier_is_named_not_deleted(tmp_path, capsys):
+    """A hard kill (SIGKILL) between the set-aside and the first checkpoint leaves the old run in
+    a hidden folder: the next --overwrite names it and both ways out, and deletes nothing."""
+    run, aside = tmp_path / "mine", tmp_path / ".mine.replaced"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("half\n")
+    aside.mkdir()
+    (aside / "checkpoint.pt").write_bytes(b"old run")
+    assert main(["grpo", "--task", "addition", "--steps", "1", "--out", str(tmp_path),
+                 "--name", "mine", "--overwrite", "--no-progress", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert f"{aside} holds the run an earlier --overwrite of {run} set aside" in err
+    assert f"mv {aside} {run}" in err and f"rm -r {aside}" in err
+    assert (run / "metrics.jsonl").read_text() == "half\n"
+    assert (aside / "checkpoint.pt").read_bytes() == b"old run"
+
+
+def test_sigterm_stops_a_run_after_the_step_with_a_checkpoint(tmp_path, capsys, monkeypatch):
+    """A scheduler's SIGTERM is a first Ctrl-C: the step ends, a checkpoint is saved, and the
+    run resumes from it (before, the process died with the step's work and no checkpoint)."""
+    from rlm_course.rl import trainer
+
+    step = trainer.RLTrainer.step
+
+    def step_then_term(self):
+        row = step(self)
+        if self.step_count == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return row
+
+    monkeypatch.setattr(trainer.RLTrainer, "step", step_then_term)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["grpo", "--task", "addition", "--steps", "5", "--out", str(tmp_path),
+                 "--name", "termed", "--no-progress", *SMALL]) == 130
+    assert "SIGTERM: finishing this step and saving a checkpoint" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before
+    run = tmp_path / "termed"
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert (run / "checkpoint.pt").exists() and not (run / "summary.json").exists()
+
+
 def test_a_checkpoint_of_another_vocabulary_is_a_clear_error(tmp_path, capsys):
     from rlm_course.lm.checkpoint import save_checkpoint
     from rlm_course.lm.model import ModelConfig, TinyGPT
