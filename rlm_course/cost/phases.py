@@ -22,7 +22,8 @@ calibrated on published runs live in ``data/published/rates.json``
     max(F / (tp x peak x decode_mfu), B / (bandwidth x decode_bandwidth)) + latency + TP comm
 
 (``latency = decode_step_latency + a x decode_sequence_latency``, plus a cost per layer without
-CUDA graphs, and ``cross_node_all_reduce_seconds`` per all-reduce of a replica that spans nodes)
+CUDA graphs, and ``cross_node_all_reduce_seconds`` per all-reduce of a replica that spans nodes;
+a mixture-of-experts model's bandwidth is also scaled by ``moe_decode_efficiency``)
 
 with ``F = a 2 N + 4 L H d_h C`` (:meth:`forward_flops_per_token` summed over the sequences) and
 ``B`` the device's bytes: its ``1 / tp`` of the weights the ``a`` tokens touch, plus ``C + a``
@@ -134,6 +135,13 @@ class Rates:
             fraction of a dense model's (``train_hfu``, ``forward_mfu``): at RL's few tokens per
             device, expert parallelism's all-to-alls, token permutation and grouped GEMMs of few
             tokens per expert run far below a dense layer's rate; default 1.
+        moe_decode_efficiency: the share of ``decode_bandwidth`` a mixture-of-experts model's
+            memory-bound decode step reaches: the engine's fused-MoE kernels run with tile
+            configurations tuned per device and expert shape, and a device without one falls
+            back to a default (vLLM warns "Using default MoE config. Performance might be
+            sub-optimal!"; Blackwell's tuned configurations came late: vLLM PR #31448, Qwen3
+            MoE on B200, December 2025; PR #33510 measured +2% to +25% decode throughput from
+            one on B200); default 1. Fitted per (engine, device) family, never measured here.
         max_batch: most sequences a generation replica decodes at once; default 1024 (verl's
             rollout ``max_num_seqs``).
         static_batching: the engine decodes a batch in lockstep until its longest sequence ends,
@@ -174,6 +182,7 @@ class Rates:
     rollout_memory_fraction: float | None = None
     train_flops_factor: float = 1.0
     moe_efficiency: float = 1.0
+    moe_decode_efficiency: float = 1.0
     max_batch: int = 1024
     static_batching: bool = False
     prefix_caching: bool = True
@@ -188,7 +197,7 @@ class Rates:
 
     def __post_init__(self) -> None:
         numbers_ = ("train_hfu", "forward_mfu", "decode_mfu", "decode_bandwidth", "memory_fraction",
-                    "moe_efficiency", "train_flops_factor") + self.SECONDS
+                    "moe_efficiency", "moe_decode_efficiency", "train_flops_factor") + self.SECONDS
         for name in numbers_ + ("rollout_memory_fraction", "host_bandwidth"):
             value = getattr(self, name)
             if value is None and name in numbers_:
@@ -198,7 +207,7 @@ class Rates:
                 raise ValueError(f"Rates.{name}={value!r} must be a number, not a "
                                  f"{type(value).__name__}.")
         for name in ("train_hfu", "forward_mfu", "decode_mfu", "decode_bandwidth",
-                     "memory_fraction", "moe_efficiency"):
+                     "memory_fraction", "moe_efficiency", "moe_decode_efficiency"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"Rates.{name}={value} must be a fraction in (0, 1].")
@@ -315,7 +324,8 @@ class DecodeCost:
         # KV bytes of one token on one device: split over the ranks that hold distinct KV heads
         self.kv = s.kv_cache_bytes_per_token(self.workload.kv_bytes) / s.kv_shards(tp)
         self.flop_rate = tp * self.device.peak_flops * r.decode_mfu
-        self.byte_rate = self.device.memory_bandwidth * r.decode_bandwidth  # one device's
+        self.byte_rate = (self.device.memory_bandwidth * r.decode_bandwidth  # one device's
+                          * (r.moe_decode_efficiency if s.is_moe else 1.0))
         self.prefill_rate = tp * self.device.peak_flops * r.forward_mfu
         self.link = self.fabric.link(tp) if tp > 1 and self.fabric is not None else None
         if tp > 1 and self.link is None:

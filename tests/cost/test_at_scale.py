@@ -43,6 +43,20 @@ def test_mla_and_gqa_kv_caches_are_replicated_past_their_heads():
     assert b0 * H100.memory_bandwidth == pytest.approx(weights + 256 * 8193 * 576 * 61 * 2)
 
 
+def test_the_moe_decode_efficiency_slows_an_moe_models_memory_bound_decode_only():
+    # one sequence on one device: a memory-bound step, its bytes over the bandwidth it reaches
+    qwen30, qwen32 = get_spec("qwen3-30b-a3b"), get_spec("qwen3-32b")
+    for spec, slower in ((qwen30, 1 / 0.4), (qwen32, 1.0)):
+        plain = DecodeCost(spec, H100, 1, Rates(), None, Workload(1, 1, 1, 1))
+        fitted = DecodeCost(spec, H100, 1, Rates(moe_decode_efficiency=0.4), None,
+                            Workload(1, 1, 1, 1))
+        assert fitted.byte_rate == pytest.approx(H100.memory_bandwidth * 0.7 * (0.4 if spec.is_moe
+                                                                                 else 1.0))
+        assert fitted.seconds(1, 1, 1000) == pytest.approx(slower * plain.seconds(1, 1, 1000))
+    with pytest.raises(ValueError, match="moe_decode_efficiency=0 must be a fraction"):
+        Rates(moe_decode_efficiency=0)
+
+
 def test_megatron_distributed_optimizer_keeps_fp32_main_gradients():
     # Llama-3-70B on TP 8 x PP 2 x DP 8: 6 + 12/8 bytes per parameter of a device's sixteenth
     per_device = LLAMA70.params() / 16
