@@ -196,7 +196,8 @@ assert all(0 < r["ratio"] < 10 for r in rows), rows
 # the assumptions for what they leave open: every row of NeMo-RL's performance tables (three
 # versions, H100 and GB200, BF16 and FP8), verl's one-step-off and fully-async tables at 16 to 128
 # GPUs with their ablations, its weight-sync and DeepSeek-V3 figures, NeMo-RL's refit times. Each
-# figure belongs to a **family** of rates (a system's software on any device) and is either one of
+# figure belongs to a **family** of rates (a system's software; NeMo-RL on GB200 is a family built
+# on NeMo-RL's, one rate apart) and is either one of
 # the family's few declared **calibration** figures or a **prediction**. The rates were fitted
 # once, on the calibration figures only (`python -m rlm_course validate --calibrate` wrote
 # `data/published/rates.json`); every other figure is predicted with them, without refitting.
@@ -254,18 +255,26 @@ ax.set_xticks([]);
 # Read the misses with their reasons (the data file keeps each one, and the next cell prints two).
 # Two kinds dominate. The first is what the figures do not publish or the model cannot see: verl's
 # asynchronous trainers update on 16 GPUs in about the time its colocated trainer takes on 32, a
-# per-device rate twice the colocated one. A FLOP count says why no rate can fix that (the cell
-# after next): at the response length fitted for that page's runs, the 16- and 32-GPU asynchronous
-# updates would run above the H20's dense peak, which no trainer can, so those runs must have
-# trained on shorter responses than the colocated ones (verl's text says streaming changes the
-# response length), and no length is published. (Response lengths are a property of a run, not of a
-# model: verl's one-step-off page, with an 8,192-token cap and 12 responses per prompt, has its own
-# fitted mean length.) NeMo-RL's FP8 refit spends seconds quantizing that a BF16 refit does not. The
-# second is the move to another device: GB200 rows are predicted from rates fitted on H100s, and
-# NeMo-RL's GB200 steps barely beat its H100 ones, because software that does not speed up with the
-# GPU (schedulers, per-tensor Python, kernel launches) is a large part of them. A simulator is as
-# good as its rates: these are the rates that decide, measured once; the planner below uses them,
-# and section 4's sensitivity table shows how its answer moves when they are off.
+# per-device rate twice the colocated one. A FLOP count says why no rate can fix that (below,
+# under "Check a published figure"): at the response length fitted for that page's runs, the 16-
+# and 32-GPU asynchronous updates would run above the H20's dense peak, which no trainer can, so
+# those runs must have trained on shorter responses than the colocated ones (verl's text says
+# streaming changes the response length), and no length is published. (Response lengths are a
+# property of a run, not of a model: verl's one-step-off page, with an 8,192-token cap and 12
+# responses per prompt, has its own fitted mean length.) NeMo-RL's FP8 refit spends seconds
+# quantizing that a BF16 refit does not. The second is the move to another device. NeMo-RL's GB200
+# steps barely beat its H100 ones, because software that does not speed up with the GPU
+# (schedulers, per-tensor Python, kernel launches) is a large part of them; its H100 rates carry
+# that over and price the dense GB200 rows well, but made every mixture-of-experts row on GB200 too
+# fast. So NeMo-RL on GB200 is a family of its own: the H100 rates plus one, the share of the
+# decode bandwidth an MoE model reaches (`moe_decode_efficiency`), fitted on the two GB200 runs
+# that repeat an H100 calibration figure. One known cause: vLLM's fused-MoE kernels take their tile
+# sizes from tables tuned per device and expert shape, and fall back to a default where a device
+# has none (Blackwell's came late: a Qwen3-MoE table for B200 in December 2025); the fitted share
+# is lower than that alone explains, so read it as everything that slows an MoE decode there. The
+# cell after the speed-ups prints what it fixed. A simulator is as good as its rates: these are the
+# rates that decide, measured once; the planner below uses them, and section 4's sensitivity table
+# shows how its answer moves when they are off.
 #
 # **verl's one-step-off speed-ups, read two ways.** The table above holds them as 1.44x (vLLM +
 # FSDP2) and 1.24x (vLLM + Megatron): the ratios of the published *step* times, 749 s over 520 s
@@ -294,6 +303,13 @@ for fid in ("verl-oso-fsdp2-speedup", "verl-oso-megatron-speedup"):
 published = [rows_by_id[k]["published"] for k in ("verl-oso-fsdp2-speedup",
                                                    "verl-oso-megatron-speedup")]
 assert [round(p, 2) for p in published] == [1.44, 1.24]
+
+# %%
+gb200 = [r for r in predictions if r["family"] == "nemo-rl-gb200"]
+share = load_calibration()["families"]["nemo-rl-gb200"]["rates"]["moe_decode_efficiency"]
+print(f"NeMo-RL on GB200: an MoE model decodes at {share:.2f} of the dense bandwidth share; "
+      f"{sum(r['within'] for r in gb200)} of {len(gb200)} GB200 predictions within tolerance")
+assert share < 1 and sum(r["within"] for r in gb200) > len(gb200) / 2
 
 # %% [markdown]
 # **Check a published figure before you fit it.** `implied_update_hfu` needs no rate: the

@@ -223,9 +223,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="execution modes to try (default: all that the placement runs)")
     p.add_argument("--top", type=int, default=5, help="plans to print in full")
     p.add_argument("--seed", type=int, default=0, help="seed of the response lengths")
-    p.add_argument("--rates", default=None, choices=["nemo-rl", "verl"],
+    p.add_argument("--rates", default=None, choices=["nemo-rl", "nemo-rl-gb200", "verl"],
                    help="the family of calibrated rates to plan with (default: the "
-                        "default_family of data/published/rates.json, nemo-rl)")
+                        "default_family of data/published/rates.json, nemo-rl; nemo-rl-gb200 is "
+                        "nemo-rl with its MoE decode fitted on GB200 runs)")
     p.add_argument("--staleness-penalty", type=float, default=0.1,
                    help="extra steps per version of staleness to reach the same accuracy "
                         "(0: staleness is free; at most 1,000)")

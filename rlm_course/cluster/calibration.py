@@ -3,7 +3,10 @@
 A **family** is one system's software on top of the hardware (verl with vLLM, NeMo-RL with vLLM
 and Megatron-Core, AReaL with SGLang): what the roofline leaves out is mostly the software's, so
 each family has its own :class:`~rlm_course.cost.phases.Rates`, the same on every device (the
-device's own figures come from the catalog). ``data/published/rl_systems.json`` declares, per
+device's own figures come from the catalog). Where the software itself runs differently on one
+device, a family has a **base** (NeMo-RL on GB200 is NeMo-RL's rates, fitted on H100 runs, with
+its fused-MoE decode fitted on GB200 runs): it takes the base family's fitted rates and fits only
+its own free ones. ``data/published/rl_systems.json`` declares, per
 family, which rates are **free** (fitted), which are **tied** to another (fitted as one) and
 which are **fixed** (a stated setting), and marks the family's **calibration** figures.
 :func:`calibrate` fits the free rates on those figures only, minimising the sum of squared log
@@ -40,6 +43,7 @@ FITTABLE = {
     "train_hfu": (0.02, 0.65),
     "forward_mfu": (0.02, 0.65),
     "moe_efficiency": (0.01, 1.0),
+    "moe_decode_efficiency": (0.05, 1.0),
     "decode_bandwidth": (0.05, 1.0),
     "micro_batch_seconds": (1e-4, 5.0),
     "optimizer_step_seconds": (1e-3, 60.0),
@@ -137,8 +141,10 @@ def fitted_workload(calibration: dict | None = None) -> dict[str, dict]:
     """``{family: {workload parameter: value}}`` of the stored calibration (e.g. the mean
     response length of runs that do not publish it)."""
     calibration = load_calibration() if calibration is None else calibration
-    return {name: dict(entry.get("workload", {}))
-            for name, entry in calibration["families"].items()}
+    families = calibration["families"]
+    return {name: {**families.get(entry.get("base"), {}).get("workload", {}),
+                   **entry.get("workload", {})}
+            for name, entry in families.items()}
 
 
 def default_family(calibration: dict | None = None) -> str:
@@ -224,23 +230,27 @@ def _golden(f, lo: float, hi: float, rounds: int = 12) -> float:
 
 
 def calibrate(family: str, spec: dict, figures: list[dict], sweeps: int = 2,
-              progress=None) -> dict:
+              progress=None, base: dict | None = None) -> dict:
     """Fit ``family``'s free rates on its calibration figures (see the module docstring).
 
     ``spec`` is the family's entry of the figures file: ``free`` (rates to fit), ``tied``
     (``{rate: free rate}`` fitted as one), ``fixed`` (``{rate: value}``), ``workload``
     (``{name: [low, high]}``: workload parameters the family's figures leave unpublished and
     name instead of a value, e.g. a mean response length, fitted with the rates), ``start``
-    (``{rate or name: value}`` where the search begins).
+    (``{rate or name: value}`` where the search begins), ``base`` (the name of the family whose
+    fitted rates and workload it starts from and keeps, all but its own free rates).
+
+    ``base``: that family's calibration (what this function returned for it), required when
+    ``spec`` names one.
 
     Returns:
         ``{"rates": {rate: value} (the non-default ones), "free": [...], "tied": {...},
         "workload": {name: value}, "calibrated_on": [figure ids], "data_points": n,
-        "rms_log_error": x}``.
+        "rms_log_error": x}``, and ``"base": name`` for a family with a base.
 
     Raises:
-        ValueError: for an unknown rate, no calibration figure, or fewer data points than free
-            parameters.
+        ValueError: for an unknown rate, no calibration figure, fewer data points than free
+            parameters, or a base family that is not given.
     """
     free, tied = list(spec.get("free", [])), dict(spec.get("tied", {}))
     bounds = {**FITTABLE, **{k: tuple(v) for k, v in spec.get("workload", {}).items()}}
@@ -257,8 +267,13 @@ def calibrate(family: str, spec: dict, figures: list[dict], sweeps: int = 2,
         raise ValueError(f"family {family}: {len(names)} free parameters but only {points} "
                          "published values to fit them on; declare more calibration figures or "
                          "fix rates.")
+    if spec.get("base") is not None and base is None:
+        raise ValueError(f"family {family}: its base family {spec['base']!r} must be calibrated "
+                         "first; pass its calibration as base.")
+    inherited = dict(base["rates"]) if base is not None else {}
+    inherited_workload = dict(base.get("workload", {})) if base is not None else {}
     workload_names = set(spec.get("workload", {}))
-    values = {**spec.get("fixed", {}), **spec.get("start", {})}
+    values = {**inherited, **spec.get("fixed", {}), **spec.get("start", {})}
 
     def rates_of(values: dict) -> Rates:
         full = {k: v for k, v in values.items() if k not in workload_names}
@@ -267,7 +282,8 @@ def calibrate(family: str, spec: dict, figures: list[dict], sweeps: int = 2,
         return Rates.from_dict(full)
 
     def loss_of(values: dict) -> float:
-        return _loss(mine, rates_of(values), family, {k: values[k] for k in workload_names})
+        return _loss(mine, rates_of(values), family,
+                     {**inherited_workload, **{k: values[k] for k in workload_names}})
 
     for name in names:
         values.setdefault(name, getattr(Rates(), name, None) or bounds[name][0])
@@ -292,10 +308,13 @@ def calibrate(family: str, spec: dict, figures: list[dict], sweeps: int = 2,
     workload = {k: round(values[k], 1) for k in sorted(workload_names)}
     # the error of what is stored (the workload rounded as written), so that the file describes
     # itself exactly and rms_log_error() can tell when the model has moved since
-    error = _loss(mine, final, family, workload)
-    return {"rates": stored, "free": free, "tied": tied, "workload": workload,
-            "calibrated_on": [f["id"] for f in mine], "data_points": points,
-            "rms_log_error": math.sqrt(error / points)}
+    error = _loss(mine, final, family, {**inherited_workload, **workload})
+    out = {"rates": stored, "free": free, "tied": tied, "workload": workload,
+           "calibrated_on": [f["id"] for f in mine], "data_points": points,
+           "rms_log_error": math.sqrt(error / points)}
+    if base is not None:
+        out["base"] = spec["base"]
+    return out
 
 
 def rms_log_error(family: str, calibration: dict | None = None) -> float:
@@ -349,8 +368,19 @@ def calibrate_all(progress=None) -> dict:
     from rlm_course.cluster.published import load_document
 
     doc = load_document()
-    families = {name: calibrate(name, spec, doc["figures"], progress=progress)
-                for name, spec in doc["families"].items()}
+    families: dict[str, dict] = {}
+    pending = dict(doc["families"])
+    while pending:  # a base family before the families built on it
+        ready = [n for n, spec in pending.items()
+                 if spec.get("base") is None or spec["base"] in families]
+        if not ready:
+            raise ValueError(f"families {', '.join(pending)}: each \"base\" must name another "
+                             "family of the figures file, without a cycle.")
+        for name in ready:
+            spec = pending.pop(name)
+            families[name] = calibrate(name, spec, doc["figures"], progress=progress,
+                                       base=families.get(spec.get("base")))
+    families = {name: families[name] for name in doc["families"]}
     out = {"about": "Rates per family of RL systems, fitted once on the calibration figures of "
                     "data/published/rl_systems.json (rlm_course.cluster.calibration); every other "
                     "figure is predicted with them, and the planner plans with them.",

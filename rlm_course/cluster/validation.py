@@ -14,7 +14,9 @@ tolerance when ``|predicted / published - 1| <= 30%``; a speed-up (the ratio of 
 of the table, each simulated) when its **gain** ``speedup - 1`` is within 25% of the published
 gain; a speed-up predicted on the wrong side of 1 is a **direction error**. Beside each figure a
 **null model** shows what the simulator adds over arithmetic (:func:`null_model`): for a step or
-a generation phase, the family's first calibration step scaled by the model FLOPs per device; for a
+a generation phase, the family's first calibration step scaled by the model FLOPs per device (a
+family with a base, e.g. NeMo-RL on GB200, takes its base family's: the null model knows no
+device); for a
 speed-up, ``(G + T) / max(G, T)`` from the baseline's published generation ``G`` and training
 ``T`` seconds when given (perfect overlap), else the ratio of devices; for a weight sync, the
 bytes over the network link (the ideal).
@@ -28,7 +30,7 @@ import math
 
 from rlm_course.cluster.calibration import family_rates, fitted_workload, free_parameter_count
 from rlm_course.cluster.published import (Predictor, check_figure, direction_error, error,
-                                          load_figures, resolve, scenario, within)
+                                          load_document, load_figures, resolve, scenario, within)
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost.layouts import DoesNotFit
@@ -143,9 +145,19 @@ def validation_table(rates: dict[str, Rates] | None = None,
         rates, fitted = family_rates(), fitted_workload()
     predictor = Predictor(figures, rates, fitted)
     by_id = {f["id"]: f for f in figures}
+    bases = {name: spec.get("base") for name, spec in load_document()["families"].items()}
+
+    def root(family: str) -> str:
+        seen = set()
+        while bases.get(family) and family not in seen:
+            seen.add(family)
+            family = bases[family]
+        return family
+
     references = {}
-    for f in figures:  # a family's null-model reference: its first calibration step figure
-        if f["sample"] == "calibration" and f["what"] == "step_seconds":
+    for f in figures:  # a family's null-model reference: its root family's first calibration step
+        if (f["sample"] == "calibration" and f["what"] == "step_seconds"
+                and root(f["family"]) == f["family"]):
             references.setdefault(f["family"], f)
     rows = []
     for f in figures:
@@ -154,7 +166,7 @@ def validation_table(rates: dict[str, Rates] | None = None,
             predicted = predictor.predict(f)
         except DoesNotFit as err:  # the memory model refuses a layout that ran: a miss
             predicted, refused = math.nan, str(err)
-        null = null_model(f, by_id, references.get(f["family"]))
+        null = null_model(f, by_id, references.get(root(f["family"])))
         rows.append({"id": f["id"], "system": f["system"], "family": f["family"],
                      "sample": f["sample"], "what": f["what"], "published": f["published"],
                      "predicted": predicted, "null": null, "error": error(f, predicted),

@@ -8,6 +8,7 @@ realrun`), since a busy machine disturbs a timing.
 (data/published/rates.json): every figure well formed, the calibration declared and stored, the
 predictions made without refitting, the tolerances and null models computed as documented."""
 
+import dataclasses
 import json
 import math
 
@@ -98,11 +99,22 @@ def test_the_stored_calibration_is_the_declared_one():
             assert getattr(rates, rate) == value
         for rate, source in spec.get("tied", {}).items():
             assert getattr(rates, rate) == getattr(rates, source)
+        if spec.get("base"):  # the base's fitted rates and workload, all but its own free rates
+            assert entry["base"] == spec["base"]
+            base = calibration.family_rates(stored)[spec["base"]]
+            own = set(spec["free"]) | set(spec.get("tied", {})) | set(spec.get("fixed", {}))
+            for field in dataclasses.fields(Rates):
+                if field.name not in own:
+                    assert getattr(rates, field.name) == getattr(base, field.name), field.name
+            assert calibration.fitted_workload(stored)[name] == {
+                **calibration.fitted_workload(stored)[spec["base"]], **entry["workload"]}
     assert calibration.free_parameter_count(stored) == sum(
         len(s["free"]) + len(s.get("workload", {})) for s in DOC["families"].values())
     assert isinstance(calibration.calibrated_rates(None), Rates)
     with pytest.raises(ValueError, match="no calibrated rates for family"):
         calibration.calibrated_rates("deepspeed-chat")
+    with pytest.raises(ValueError, match="base family 'nemo-rl' must be calibrated first"):
+        calibration.calibrate("nemo-rl-gb200", DOC["families"]["nemo-rl-gb200"], FIGURES)
 
 
 def test_the_stored_rates_are_the_models_fit():
