@@ -453,6 +453,8 @@ class GpuSearch:
             refusal in full.
         limit: the largest count searched.
         checked: the counts checked, in order.
+        asked_reason: why ``asked`` misses: its nearest layout over every pool split ("" when it
+            fits).
         fits_below: the largest count under ``asked`` that fits memory, among the few one
             would provision just below it (None: none of them; not searched when ``asked``
             fits): a count that factors badly (e.g. 1,000 or 10,000 devices for a model whose
@@ -467,6 +469,7 @@ class GpuSearch:
     limit: int
     checked: list[int] = field(default_factory=list)
     fits_below: int | None = None
+    asked_reason: str = ""
 
     def describe(self) -> str:
         """One clause: ``the smallest count that fits is 128 (on 120 the nearest layout misses
@@ -497,8 +500,11 @@ def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Wor
     which some plan of the same model, algorithm, workload and device fits memory
     (:func:`fits_memory`; memory only, nothing simulated, so it takes a fraction of a second to a
     few seconds). It doubles ``gpus`` until a count fits (at most ``limit``, which is tried last),
-    then checks the counts one would provision between the last miss and that count (powers of
-    two below a node, whole nodes from one node on) and returns the smallest that fits.
+    then checks the counts one would provision from ``gpus`` up to that count (powers of two below
+    a node, whole nodes from one node on), smallest first, and returns the first that fits. Every
+    one is checked, not only those above the last miss: fitting is not monotonic in the count (a
+    count that factors badly misses where smaller ones fit: Llama-3.1-70B misses on 28 and 34
+    GPUs and fits on 16, 24 and 32).
 
     Counts are devices; memory in GB (1e9 bytes) per device.
 
@@ -528,16 +534,15 @@ def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Wor
 
     if check(gpus):
         return GpuSearch(gpus, gpus, 0, 0.0, "", limit, checked)
-    last_miss, found, count = gpus, None, gpus
+    found, count = None, gpus
     while count < limit:
         count = min(2 * count, limit)
         if check(count):
             found = count
             break
-        last_miss = count
-    if found is not None:  # the smallest count in between that fits
-        for between in _counts_to_try(device, last_miss, found - 1):
-            if check(between):
+    if found is not None:  # the smallest count from gpus up that fits
+        for between in _counts_to_try(device, gpus, found - 1):
+            if between not in misses and check(between):
                 found = between
                 break
     below = max(c for c in misses if found is None or c < found)
@@ -545,7 +550,8 @@ def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Wor
     # a few counts just below the one asked: the largest that fits, if any
     fits_below = next((c for c in _counts_to_try(device, 0, gpus - 1)[::-1][:BELOW_TRIES]
                        if check(c)), None)
-    return GpuSearch(gpus, found, below, shortfall_gb(reason), reason, limit, checked, fits_below)
+    return GpuSearch(gpus, found, below, shortfall_gb(reason), reason, limit, checked, fits_below,
+                     misses[gpus])
 
 
 class NoLayoutFits(DoesNotFit):
@@ -832,14 +838,21 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         if tried[best] < math.inf:
             search(best, names)
     if not out.ranked:
-        closest = _closest([c.refused for c in out.candidates]).rstrip(".")
-        # the refusal's generic advice; the search below says how many devices would fit
-        generic = "use more GPUs or a device with more memory"
-        closest = closest.replace(f", or {generic}", "").replace(f": {generic}", "")
         # only counts the device's links can join (a machine without links: this one alone)
         most = min(MAX_PLAN_GPUS, linked_gpus(device, rates))
         found = smallest_fitting_gpus(spec, config, workload, device, gpus, rates, placements,
                                       max(gpus, int(most)))
+        if found.fits == gpus:  # memory is not what stops it: the modes asked cannot run here
+            raise NoLayoutFits(
+                f"no plan of {spec.name} runs on {gpus:,} x {device.name}: {gpus:,} fits "
+                "memory, but not with the placements and modes asked (stage fusion needs two "
+                "generation replicas, a disaggregated mode a pool of devices for each role). Use "
+                "more devices, or the sync mode.", found)
+        # the nearest miss over every pool split (the candidates above are the shortlisted ones)
+        closest = (found.asked_reason or _closest([c.refused for c in out.candidates])).rstrip(".")
+        # the refusal's generic advice; the search below says how many devices would fit
+        generic = "use more GPUs or a device with more memory"
+        closest = closest.replace(f", or {generic}", "").replace(f": {generic}", "")
         if found.fits is not None and found.fits > gpus:
             fix = f"Use {found.fits:,} or more devices" + (
                 f" (or {found.fits_below:,})" if found.fits_below is not None else "")
@@ -849,8 +862,8 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             fix = "Use more devices" if found.fits == gpus else ""
         fix = (f"{fix}, a device with more memory, or shorter sequences." if fix else
                "Use a device with more memory or shorter sequences.")
-        raise NoLayoutFits(f"no layout of {spec.name} fits {gpus} x {device.name} for this "
-                           f"workload; {found.describe()}. The nearest miss on {gpus}: "
+        raise NoLayoutFits(f"no layout of {spec.name} fits {gpus:,} x {device.name} for this "
+                           f"workload; {found.describe()}. The nearest miss on {gpus:,}: "
                            f"{closest}. {fix}", found)
     return out
 

@@ -10,7 +10,8 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost.layouts import DoesNotFit
-from rlm_course.cluster.planner import format_plan, plan, sensitivity, trainer_layouts
+from rlm_course.cluster.planner import (fits_memory, format_plan, plan, sensitivity,
+                                      trainer_layouts)
 from rlm_course.cluster.planner_widget import PlannerWidget
 from rlm_course.cluster.simulator import algorithm
 
@@ -167,6 +168,16 @@ def test_stage_fusion_needs_two_replicas():
     # one device: nothing can score while the tail decodes, so no fused plan is offered
     result = plan(get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4), WORKLOAD, H100, 1)
     assert result.ranked and not any(c.scenario.mode.stage_fusion for c in result.ranked)
+    # asked for fused alone on one device: not a memory problem, and the message says so
+    from rlm_course.cluster.planner import NoLayoutFits
+
+    with pytest.raises(NoLayoutFits) as caught:
+        plan(get_spec("r1-distill-qwen-1.5b"), algorithm("grpo", minibatches=4), WORKLOAD, H100,
+             1, modes=["fused"])
+    assert str(caught.value) == (
+        "no plan of r1-distill-qwen-1.5b runs on 1 x H100-SXM-80GB: 1 fits memory, but not with "
+        "the placements and modes asked (stage fusion needs two generation replicas, a "
+        "disaggregated mode a pool of devices for each role). Use more devices, or the sync mode.")
 
 
 @pytest.mark.parametrize("flag, value, message", [
@@ -258,9 +269,10 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     spec, grpo, rates = get_spec("deepseek-v3"), algorithm("grpo", minibatches=16), \
         calibrated_rates(H100)
     search = smallest_fitting_gpus(spec, grpo, R1, H100, 16, rates)
-    # doubling: 16, 32, 64 miss, 128 fits; then the whole nodes in between, 72..120, all miss;
-    # then the counts just below 16 (a node, then powers of two), none of which fits
-    assert search.checked == [16, 32, 64, 128, 72, 80, 88, 96, 104, 112, 120, 8, 4, 2, 1]
+    # doubling: 16, 32, 64 miss, 128 fits; then every whole node from 16 up, 24..120 (32 and 64
+    # known), all miss; then the counts just below 16 (a node, then powers of two): none fits
+    assert search.checked == [16, 32, 64, 128, 24, 40, 48, 56, 72, 80, 88, 96, 104, 112, 120, 8,
+                              4, 2, 1]
     assert search.fits_below is None
     assert (search.fits, search.below) == (128, 120)
     # at 120 the nearest layout is dp120 fsdp offloaded: 82.5 GB per device of 72.0 usable
@@ -276,6 +288,13 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     assert message.endswith("Use 128 or more devices, a device with more memory, or shorter "
                             "sequences.") and "\n" not in message
     assert message.count("more memory") == 1  # the nearest miss's generic advice is not repeated
+    # the nearest miss named for the asked count is the search's (every pool split), the one the
+    # clause before it measures; on 10,000 it misses by 22.5 GB, both times
+    with pytest.raises(NoLayoutFits) as huge:
+        plan(spec, grpo, R1, H100, 10000, rates=rates, length_buckets=16)
+    said = str(huge.value)
+    assert "fits 10,000 x H100-SXM-80GB" in said and "nearest miss on 10,000: " in said
+    assert "misses by 22.5 GB" in said and "needs 94.5 GB per H100-SXM-80GB" in said
     assert caught.value.search.fits == 128
     # and the answer is a plan: 128 GPUs plan
     assert plan(spec, grpo, R1, H100, 128, rates=rates, length_buckets=16).best.step > 0
@@ -284,6 +303,15 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     assert (capped.fits, capped.below, capped.checked) == (None, 64, [16, 32, 64, 8, 4, 2, 1])
     assert capped.describe() == ("no count up to 64 fits (on 64 the nearest layout misses by "
                                  "22.5 GB)")
+    # fitting is not monotonic in the count: Llama-3.1-70B misses on 14, 28 and 34 and fits on 16,
+    # 24 and 32, so the answer is the smallest fitting count from the one asked, not from the
+    # last doubling that missed (which said 32 for 7 GPUs and 40 for 17)
+    llama = get_spec("llama-3.1-70b")
+    assert [fits_memory(llama, grpo, R1, H100, n, rates)[0] for n in (14, 16, 24, 28, 32, 34)] == \
+        [False, True, True, False, True, False]
+    assert smallest_fitting_gpus(llama, grpo, R1, H100, 7, rates).fits == 16
+    seventeen = smallest_fitting_gpus(llama, grpo, R1, H100, 17, rates)
+    assert (seventeen.fits, seventeen.fits_below) == (24, 16)
     # a count that factors badly misses where whole nodes just below and above it fit, and each
     # count the message names plans (the planner's data-parallel limit applies to the search:
     # 512 x 16 responses in 16 gradient steps allow at most 512 data-parallel ranks)
