@@ -324,7 +324,12 @@ def generation_estimate(spec: TransformerSpec, workload: Workload, device: Devic
 
     Raises:
         DoesNotFit: if a replica of ``tp`` devices cannot hold the weights and one sequence.
+        ValueError: for a ``tp`` that does not fit the model or does not divide ``devices``.
     """
+    spec.check_degree("tp", tp)
+    if isinstance(devices, bool) or not (isinstance(devices, int) and devices >= 1) or devices % tp:
+        raise ValueError(f"devices={devices!r} must be a positive multiple of tp={tp} (the pool "
+                         "is made of whole replicas).")
     fabric = Cluster(device, max(devices, 2)).fabric(rates)
     w = workload
     mean, longest = max(1, round(w.mean_response_len)), w.max_response_len

@@ -478,11 +478,13 @@ def decode_step_seconds(spec: TransformerSpec, device: Device, tp: int = 1, sequ
     arXiv:2211.05102).
 
     Raises:
-        ValueError: for ``tp < 1``, ``sequences < 1``, ``context < 0`` or a negative latency.
+        ValueError: for ``tp < 1`` or one that does not divide the heads, ``sequences < 1``,
+            ``context < 0`` or a negative latency.
     """
     if not (isinstance(tp, int) and tp >= 1 and isinstance(sequences, int) and sequences >= 1):
         raise ValueError(f"decode_step_seconds: tp={tp!r} and sequences={sequences!r} must be "
                          "positive integers.")
+    spec.check_degree("tp", tp)
     if context < 0 or not step_latency >= 0:
         raise ValueError(f"decode_step_seconds: context={context} and step_latency={step_latency} "
                          "must be >= 0.")

@@ -120,6 +120,31 @@ class TransformerSpec:
         if self.n_shared_experts < 0 or self.learned_positions < 0:
             raise ValueError(f"{self.name}: n_shared_experts and learned_positions must be >= 0.")
 
+    def check_degree(self, axis: str, degree) -> None:
+        """Check a parallel degree against this model: a positive integer (not a bool) for every
+        ``axis``; ``tp`` must divide the query heads, ``pp`` be at most the layers, ``sp``
+        (Ulysses) divide the key/value heads, ``ep`` divide the experts of an MoE model (1 for a
+        dense one); ``dp`` and ``cp`` any positive count.
+
+        Raises:
+            ValueError: naming the axis, the value and what would fit.
+        """
+        if axis not in ("tp", "pp", "dp", "cp", "sp", "ep"):
+            raise ValueError(f"axis={axis!r}: choose one of tp, pp, dp, cp, sp, ep.")
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+            raise ValueError(f"{axis}={degree!r} must be a positive integer (1: no {axis}).")
+        if axis == "tp" and self.n_head % degree:
+            raise ValueError(f"tp={degree} does not divide {self.name}'s {self.n_head} attention "
+                             f"heads; choose a divisor (e.g. {_largest_divisor(self.n_head, degree)}).")
+        if axis == "sp" and self.kv_heads % degree:
+            raise ValueError(f"sp={degree} does not divide {self.name}'s {self.kv_heads} key/value "
+                             "heads; choose a divisor, or ring attention (cp).")
+        if axis == "pp" and degree > self.n_layer:
+            raise ValueError(f"pp={degree} exceeds {self.name}'s {self.n_layer} layers.")
+        if axis == "ep" and degree > 1 and (not self.is_moe or self.n_experts % degree):
+            raise ValueError(f"ep={degree}: {self.name} has {self.n_experts} expert(s); expert "
+                             "parallelism needs an MoE model and a degree dividing its experts.")
+
     def check_context(self, prompt_len: int, response_len: int, name=None) -> None:
         """Check that a ``prompt_len``-token prompt and a ``response_len``-token response budget
         fit the model's context window (:attr:`max_context`; tokens): a released model does not
@@ -359,3 +384,8 @@ def get_spec(name: str) -> TransformerSpec:
         raise ValueError(f"unknown architecture {name!r}; choose one of {', '.join(SPECS)}, or "
                          "build a TransformerSpec.")
     return SPECS[name]
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` that is at most ``at_most``."""
+    return max(k for k in range(1, min(n, at_most) + 1) if n % k == 0)

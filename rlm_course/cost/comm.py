@@ -137,9 +137,21 @@ class Fabric:
 
 # ---------------------------------------------------------------------- collectives
 def _check(nbytes: float, p: int) -> None:
-    if nbytes < 0 or not (isinstance(p, int) and p >= 1):
-        raise ValueError(f"collective of {nbytes} bytes over p={p!r} ranks: need bytes >= 0 and "
-                         "a positive integer number of ranks.")
+    if (not is_real(nbytes) or not nbytes >= 0 or not math.isfinite(nbytes) or isinstance(p, bool)
+            or not (isinstance(p, int) and p >= 1)):
+        raise ValueError(f"collective of {nbytes} bytes over p={p!r} ranks: need a finite number "
+                         "of bytes >= 0 and a positive integer number of ranks.")
+
+
+def _check_amount(name: str, value, positive: bool = False) -> None:
+    """A finite number of tokens, parameters or bytes (>= 0, or > 0 when ``positive``)."""
+    if not (is_real(value) and math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise ValueError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}.")
+
+
+def _check_mfu(mfu) -> None:
+    if not (is_real(mfu) and 0 < mfu <= 1):
+        raise ValueError(f"mfu={mfu!r} must be a fraction in (0, 1] of the peak.")
 
 
 def ring_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
@@ -270,8 +282,9 @@ def data_parallel_comm(params: float, dp: int, link: Link, zero_stage: int = 0,
     """
     if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
         raise ValueError(f"ZeRO stage={zero_stage!r}: choose 0 (plain DP), 1, 2 or 3.")
-    if params < 0:
-        raise ValueError(f"params={params} must be >= 0.")
+    _check_amount("params", params)
+    if isinstance(dp, bool) or not (isinstance(dp, int) and dp >= 1):
+        raise ValueError(f"dp={dp!r} must be a positive integer (1: no data parallelism).")
     if dp == 1:
         return NONE
     g, w = params * grad_bytes, params * param_bytes
@@ -289,7 +302,19 @@ def tensor_parallel_comm(spec: TransformerSpec, tp: int, tokens: float, link: Li
     """Megatron TP over ``tp`` devices on ``tokens`` tokens through ``layers`` layers (default
     all): two all-reduces of ``tokens x d_model`` activations per layer forward, two more
     backward (ring), and two more with full activation recomputation, which runs the forward
-    (and its all-reduces) again: 6 per layer (Korthikanti et al. 2022)."""
+    (and its all-reduces) again: 6 per layer (Korthikanti et al. 2022).
+
+    Raises:
+        ValueError: for a ``tp`` that does not fit the model
+            (:meth:`~rlm_course.cost.architectures.TransformerSpec.check_degree`), a negative or
+            non-finite token count, or ``layers`` outside 1..``n_layer``.
+    """
+    spec.check_degree("tp", tp)
+    _check_amount("tokens", tokens)
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int)
+                               or not 1 <= layers <= spec.n_layer):
+        raise ValueError(f"layers={layers!r} must be an integer from 1 to {spec.name}'s "
+                         f"{spec.n_layer} layers (None: all).")
     if tp == 1:
         return NONE
     layers = spec.n_layer if layers is None else layers
@@ -334,7 +359,13 @@ def decode_tp_comm(spec: TransformerSpec, tp: int, sequences: int, link: Link,
     Inside one node (``in_node``) an engine's custom all-reduce
     (:func:`engine_all_reduce_seconds`); across the nodes of a ``fabric``, NCCL's node tree
     (:func:`node_tree_all_reduce_seconds`); else the faster of ring and tree over ``link``
-    (small messages, so latency-bound)."""
+    (small messages, so latency-bound).
+
+    Raises:
+        ValueError: for a ``tp`` that does not fit the model or a negative sequence count.
+    """
+    spec.check_degree("tp", tp)
+    _check_amount("sequences", sequences)
     if tp == 1:
         return NONE
     m = sequences * spec.d_model * act_bytes
@@ -362,7 +393,13 @@ def context_parallel_comm(spec: TransformerSpec, cp: int, tokens: float, link: L
     """Ring attention over ``cp`` devices for a sequence (or packed batch) of ``tokens`` tokens,
     every layer: ``cp - 1`` ring steps, each passing a ``tokens / cp`` shard of keys and values
     (``2 x kv_heads x d_head`` values per token); the backward pass sends the keys and values
-    and their gradients again (2x)."""
+    and their gradients again (2x).
+
+    Raises:
+        ValueError: for a ``cp`` that is not a positive integer or a bad token count.
+    """
+    spec.check_degree("cp", cp)
+    _check_amount("tokens", tokens)
     if cp == 1:
         return NONE
     shard = 2 * tokens / cp * spec.kv_heads * spec.head_dim * kv_bytes
@@ -379,11 +416,13 @@ def ulysses_comm(spec: TransformerSpec, sp: int, tokens: float, link: Link,
     Raises:
         ValueError: if ``sp`` does not divide the key/value heads.
     """
-    if sp == 1:
-        return NONE
-    if spec.kv_heads % sp:
+    if isinstance(sp, int) and not isinstance(sp, bool) and sp >= 1 and spec.kv_heads % sp:
         raise ValueError(f"Ulysses degree {sp} does not divide {spec.name}'s {spec.kv_heads} "
                          "key/value heads; use ring attention (context_parallel_comm) instead.")
+    spec.check_degree("sp", sp)
+    _check_amount("tokens", tokens)
+    if sp == 1:
+        return NONE
     local = tokens / sp * spec.head_dim * act_bytes
     parts = [spec.n_head, spec.kv_heads, spec.kv_heads, spec.n_head]  # q, k, v, output
     one = sum((CommCost((sp - 1) / sp * local * h, all_to_all_seconds(local * h, sp, link), 1)
@@ -394,8 +433,15 @@ def ulysses_comm(spec: TransformerSpec, sp: int, tokens: float, link: Link,
 def expert_parallel_comm(spec: TransformerSpec, ep: int, tokens: float, link: Link,
                          backward: bool = True, act_bytes: int = BF16) -> CommCost:
     """Expert parallelism over ``ep`` devices, ``tokens`` tokens per device: per MoE layer a
-    dispatch and a combine all-to-all of ``tokens x k x d_model`` (two more backward)."""
-    if ep == 1 or not spec.is_moe:
+    dispatch and a combine all-to-all of ``tokens x k x d_model`` (two more backward).
+
+    Raises:
+        ValueError: for an ``ep`` that does not divide the experts (or above 1 for a dense model)
+            or a bad token count.
+    """
+    spec.check_degree("ep", ep)
+    _check_amount("tokens", tokens)
+    if ep == 1:
         return NONE
     m = tokens * spec.experts_per_token * spec.d_model * act_bytes
     one = CommCost((ep - 1) / ep * m, all_to_all_seconds(m, ep, link), 1)
@@ -476,8 +522,9 @@ def data_parallel_step(spec: TransformerSpec, device: Device, dp: int, tokens_pe
     Raises:
         ValueError: for non-positive sizes.
     """
-    if tokens_per_device <= 0:
-        raise ValueError(f"tokens_per_device={tokens_per_device} must be positive.")
+    _check_amount("tokens_per_device", tokens_per_device, positive=True)
+    _check_mfu(mfu)
+    spec.check_degree("dp", dp)
     compute = 6 * spec.matmul_params() * tokens_per_device / (mfu * device.peak_flops)
     comm = data_parallel_comm(spec.params(), dp, link, zero_stage).seconds
     if zero_stage == 3:
@@ -492,7 +539,15 @@ def tensor_parallel_layer(spec: TransformerSpec, device: Device, tp: int, tokens
     """Seconds of one transformer layer under TP on ``tokens`` tokens: ``compute`` (the layer's
     matmuls, ``2 x`` its weights per token forward, ``3 x`` that with the backward, split ``tp``
     ways) and ``comm`` (:func:`tensor_parallel_comm` for one layer), which sits between the
-    matmuls that need its result, so ``step = compute + comm``."""
+    matmuls that need its result, so ``step = compute + comm``.
+
+    Raises:
+        ValueError: for a ``tp`` that does not fit the model, a bad token count or an ``mfu``
+            outside (0, 1].
+    """
+    spec.check_degree("tp", tp)
+    _check_mfu(mfu)
+    _check_amount("tokens", tokens)
     weights = spec.attention_params(weights_only=True) + (
         (spec.experts_per_token + spec.n_shared_experts) * spec.mlp_params(weights_only=True))
     flops = 2 * weights * tokens * (3 if backward else 1)

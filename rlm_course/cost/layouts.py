@@ -51,11 +51,13 @@ A layout that does not fit raises :class:`DoesNotFit` with what does not fit and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from rlm_course.cost.anatomy import activation_bytes, zero_model_state_bytes
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
+from rlm_course.utils import is_real
 
 GB = 1e9
 ADAM_STATE_BYTES = 12  # fp32 master weights, momentum, variance
@@ -247,16 +249,24 @@ def generation_memory(spec: TransformerSpec, tp: int, weight_bytes: int = 2,
     Raises:
         ValueError: if ``tp`` does not divide the heads.
     """
-    if spec.n_head % tp:
+    if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 and spec.n_head % tp:
         raise ValueError(f"generation tp={tp} does not divide {spec.name}'s {spec.n_head} heads; "
                          "choose a divisor.")
+    spec.check_degree("tp", tp)
     return {"weights": spec.params() * weight_bytes / tp,
             "kv_per_token": spec.kv_cache_bytes_per_token(kv_bytes) / spec.kv_shards(tp)}
 
 
 def usable(device: Device, memory_fraction: float) -> float:
     """Bytes of a device that allocations may use (the rest: CUDA context, fragmentation,
-    workspaces)."""
+    workspaces).
+
+    Raises:
+        ValueError: for a ``memory_fraction`` outside (0, 1].
+    """
+    if not (is_real(memory_fraction) and 0 < memory_fraction <= 1):
+        raise ValueError(f"memory_fraction={memory_fraction!r} must be a fraction in (0, 1] of "
+                         "the device's memory (0.9 is typical).")
     return device.memory_bytes * memory_fraction
 
 
@@ -270,7 +280,17 @@ def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence
 
     Raises:
         DoesNotFit: if not even one sequence fits.
+        ValueError: for a ``tp`` that does not fit the model, a token count that is not positive
+            and finite, a ``memory_fraction`` outside (0, 1], a negative ``resident`` or a
+            ``max_batch`` below 1.
     """
+    if not (is_real(tokens_per_sequence) and 0 < tokens_per_sequence < math.inf):
+        raise ValueError(f"tokens_per_sequence={tokens_per_sequence!r} must be a positive, finite "
+                         "number of tokens.")
+    if not (is_real(resident) and 0 <= resident < math.inf):
+        raise ValueError(f"resident={resident!r} must be a finite number of bytes >= 0.")
+    if isinstance(max_batch, bool) or not (isinstance(max_batch, int) and max_batch >= 1):
+        raise ValueError(f"max_batch={max_batch!r} must be a positive integer.")
     mem = generation_memory(spec, tp, weight_bytes, kv_bytes)
     room = usable(device, memory_fraction) - mem["weights"] - resident
     per_sequence = mem["kv_per_token"] * tokens_per_sequence
@@ -321,8 +341,16 @@ def replica_decode_step_seconds(spec: TransformerSpec, device: Device, tp: int, 
     at ``context`` tokens: ``max(FLOPs / (tp peak), bytes per device / (bandwidth x
     efficiency))`` (:func:`rlm_course.cost.anatomy.decode_step_seconds`) plus its two
     all-reduces per layer (:func:`rlm_course.cost.comm.decode_tp_comm`, the engine's one-shot
-    all-reduce when the replica fits in a node; ``link`` may be None for ``tp = 1``)."""
+    all-reduce when the replica fits in a node; ``link`` may be None for ``tp = 1``).
+
+    Raises:
+        ValueError: for a ``tp`` that does not fit the model, or ``tp > 1`` without a ``link``.
+    """
     from rlm_course.cost.anatomy import decode_step_seconds
+
+    spec.check_degree("tp", tp)
+    if tp > 1 and link is None:
+        raise ValueError(f"a tp={tp} replica needs the link its all-reduces cross; give link.")
     from rlm_course.cost.comm import decode_tp_comm
 
     scaled = replace(device, memory_bandwidth=device.memory_bandwidth * bandwidth_efficiency)

@@ -319,6 +319,7 @@ class DecodeCost:
 
     def __post_init__(self) -> None:
         s, r, tp = self.spec, self.rates, self.tp
+        s.check_degree("tp", tp)
         # FLOPs of one token's matmuls, and per key it attends over
         self.per_token, self.attention = s.flop_terms
         # KV bytes of one token on one device: split over the ranks that hold distinct KV heads

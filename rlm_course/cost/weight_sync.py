@@ -213,9 +213,11 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
                         ("weight_bytes", weight_bytes)):
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise ValueError(f"sync_cost: {name}={value!r} must be a positive integer.")
-    if not bucket_bytes > 0 or tensor_seconds < 0 or fixed_seconds < 0:
+    spec.check_degree("tp", generation_tp)
+    if not (bucket_bytes > 0 and 0 <= tensor_seconds < math.inf and 0 <= fixed_seconds < math.inf):
         raise ValueError(f"sync_cost: bucket_bytes={bucket_bytes} must be positive and "
-                         f"tensor_seconds={tensor_seconds}, fixed_seconds={fixed_seconds} >= 0.")
+                         f"tensor_seconds={tensor_seconds}, fixed_seconds={fixed_seconds} finite "
+                         "and >= 0.")
     fabric = fabric or Fabric.of(device)
     bandwidth = memory_bandwidth or device.memory_bandwidth
     total = spec.params() * weight_bytes

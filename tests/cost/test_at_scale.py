@@ -13,7 +13,7 @@ from rlm_course.cost import comm
 from rlm_course.cost.anatomy import Workload, decode_step_seconds, iteration_report, lognormal_lengths
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
-from rlm_course.cost.layouts import Layout, generation_memory, training_memory
+from rlm_course.cost.layouts import Layout, generation_memory, kv_slots, training_memory, usable
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates
 from rlm_course.cost.weight_sync import sync_cost, tensor_count
 
@@ -192,3 +192,47 @@ def test_group_lengths_share_their_prompt_and_the_mean_after_the_cap():
     with pytest.raises(ValueError, match="sigma=50 must be a finite number from 0 to 3"):
         lognormal_lengths(8192, 4000, 50, 16384)
     assert sum(lognormal_lengths(8192, 4000, 3, 10**9)) > 0
+
+
+LINK = comm.Link(5e-6, 400e9)
+LLAMA8, QWEN30 = get_spec("llama-3.1-8b"), get_spec("qwen3-30b-a3b")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: comm.tensor_parallel_comm(LLAMA8, 3, 4096, LINK), "tp=3 does not divide"),
+    (lambda: comm.tensor_parallel_comm(LLAMA8, 0, 4096, LINK), "tp=0 must be a positive integer"),
+    (lambda: comm.tensor_parallel_comm(LLAMA8, 2, 4096, LINK, layers=100), "layers=100"),
+    (lambda: comm.tensor_parallel_comm(LLAMA8, 2, math.nan, LINK), "tokens=nan"),
+    (lambda: comm.tensor_parallel_layer(LLAMA8, H100, 3, 4096, LINK), "tp=3 does not divide"),
+    (lambda: comm.tensor_parallel_layer(LLAMA8, H100, 2, 4096, LINK, mfu=-1), "mfu=-1"),
+    (lambda: comm.decode_tp_comm(LLAMA8, 3, 8, LINK), "tp=3 does not divide"),
+    (lambda: comm.expert_parallel_comm(QWEN30, 3, 64, LINK), "ep=3"),
+    (lambda: comm.expert_parallel_comm(QWEN30, 0, 64, LINK), "ep=0 must be a positive integer"),
+    (lambda: comm.expert_parallel_comm(LLAMA8, 2, 64, LINK), "needs an MoE model"),
+    (lambda: comm.context_parallel_comm(LLAMA8, 0, 4096, LINK), "cp=0"),
+    (lambda: comm.ulysses_comm(LLAMA8, 0, 4096, LINK), "sp=0"),
+    (lambda: comm.data_parallel_comm(1e9, 0, LINK), "dp=0"),
+    (lambda: comm.data_parallel_step(LLAMA8, H100, 0, 4096, LINK), "dp=0"),
+    (lambda: comm.data_parallel_step(LLAMA8, H100, 8, 4096, LINK, mfu=0), "mfu=0"),
+    (lambda: comm.ring_all_reduce_seconds(math.nan, 8, LINK), "nan bytes"),
+    (lambda: decode_step_seconds(LLAMA8, H100, 64, 4, 100), "tp=64 does not divide"),
+    (lambda: DecodeCost(LLAMA8, H100, 3, Rates()), "tp=3 does not divide"),
+    (lambda: sync_cost(LLAMA8, H100, generation_tp=3), "tp=3 does not divide"),
+    (lambda: sync_cost(LLAMA8, H100, fixed_seconds=math.nan), "fixed_seconds=nan"),
+    (lambda: generation_estimate(LLAMA8, Workload(4, 2, 16, 32), H100, 8, 3, Rates()),
+     "tp=3 does not divide"),
+    (lambda: generation_estimate(LLAMA8, Workload(4, 2, 16, 32), H100, 6, 4, Rates()),
+     "devices=6 must be a positive multiple of tp=4"),
+    (lambda: generation_memory(LLAMA8, 0), "tp=0 must be a positive integer"),
+    (lambda: kv_slots(LLAMA8, 1, H100, -5), "tokens_per_sequence=-5"),
+    (lambda: kv_slots(LLAMA8, 1, H100, math.nan), "tokens_per_sequence=nan"),
+    (lambda: kv_slots(LLAMA8, 1, H100, 4096, memory_fraction=1.5), "memory_fraction=1.5"),
+    (lambda: kv_slots(LLAMA8, 1, H100, 4096, max_batch=0), "max_batch=0"),
+    (lambda: usable(H100, -1), "memory_fraction=-1"),
+])
+def test_the_cost_functions_refuse_degrees_and_sizes_that_do_not_fit(call, message):
+    """Degrees that do not fit the model (a tp not dividing the heads, 0, an ep for a dense
+    model) and sizes that are negative or NaN are refused by name; they returned numbers (or
+    divided by zero) when called from a notebook."""
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("=", "=")):
+        call()
