@@ -32,11 +32,10 @@ def _plan_flag(key: str) -> str:
 
 
 def _plan(args) -> int:
-    from rlm_course.algorithms import GROUP_ADVANTAGES, preset
     from rlm_course.cluster.calibration import calibrated_rates, default_family
-    from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_settings, format_plan,
-                                          linked_gpus, plan)
-    from rlm_course.cluster.simulator import MODES, algorithm
+    from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_group, check_settings,
+                                          format_plan, linked_gpus, plan, runnable_modes)
+    from rlm_course.cluster.simulator import algorithm
     from rlm_course.cost.anatomy import Workload
     from rlm_course.cost.architectures import SPECS, get_spec
     from rlm_course.cost.hardware import get_device, load_catalog
@@ -76,29 +75,22 @@ def _plan(args) -> int:
         raise ValueError(f"--placement disaggregated with --gpus {args.gpus}: separate pools need "
                          "at least 2 devices; give --gpus 2 or more, or --placement colocated.")
     if args.modes:
-        runs = {"colocated": [m for m in args.modes if not MODES[m].streaming],
-                "disaggregated": [m for m in args.modes if not MODES[m].stage_fusion]}
+        runs = runnable_modes(args.modes)
         if args.placement != "any" and not runs[args.placement]:
             other = "disaggregated" if args.placement == "colocated" else "colocated"
             raise ValueError(f"--modes {' '.join(args.modes)} with --placement {args.placement}: "
-                             "stage fusion (fused) runs on colocated devices, the streaming modes "
-                             "(async, async-eta2) on disaggregated pools; give --placement "
+                             "stage fusion (fused) runs on colocated devices, the off-policy modes "
+                             "(one-step-off, async, async-eta2) on disaggregated pools; give --placement "
                              f"{other} or any, or other --modes.")
         dropped = ([m for m in args.modes if m not in runs[args.placement]]
                    if args.placement != "any" else [])
         if dropped:
             verb = "does" if len(dropped) == 1 else "do"
             print(f"note: --modes {' '.join(dropped)} {verb} not run on the {args.placement} "
-                  "placement (fused needs colocated devices, async and async-eta2 disaggregated "
-                  f"pools); planning {' '.join(runs[args.placement])} only.", file=sys.stderr)
-    group_based = [name for name, c in ((n, preset(n)) for n in PRESETS)
-                   if c.advantage in GROUP_ADVANTAGES or c.dynamic_sampling]
-    if args.group_size < 2 and args.algorithm in group_based:
-        others = [name for name in PRESETS if name not in group_based]
-        raise ValueError(f"--group-size {args.group_size} with --algorithm {args.algorithm}: its "
-                         "group baseline needs 2 or more responses per prompt (with one, every "
-                         "advantage is 0); give --group-size 2 or more (16 is the default), or an "
-                         f"--algorithm without a group baseline ({', '.join(others)}).")
+                  "placement (fused needs colocated devices, one-step-off, async and async-eta2 "
+                  f"disaggregated pools); planning {' '.join(runs[args.placement])} only.",
+                  file=sys.stderr)
+    check_group(args.algorithm, args.group_size, _plan_flag)
     responses = args.prompts * args.group_size
     if args.minibatches > responses:
         print(f"note: --minibatches {args.minibatches} with {responses} responses per iteration: "
@@ -203,26 +195,40 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="search placements, per-role layouts and execution modes of an "
                                     "RL run on a cluster; print the best plans and why the others "
                                     "lose")
-    p.add_argument("--model", required=True, help="an architecture of rlm_course.cost.architectures")
-    p.add_argument("--gpus", type=int, required=True, help="devices in the cluster")
-    p.add_argument("--device", default="H100-SXM-80GB", help="a device of the hardware catalog")
-    p.add_argument("--algorithm", choices=list(PRESETS), default="grpo")
-    p.add_argument("--minibatches", type=int, default=16, help="gradient steps per iteration")
-    p.add_argument("--prompts", type=int, default=512, help="prompts per iteration")
-    p.add_argument("--group-size", type=int, default=16, help="responses per prompt")
-    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens")
+    p.add_argument("--model", required=True,
+                   help="an architecture of rlm_course.cost.architectures (e.g. llama-3.1-8b, "
+                        "qwen3-30b-a3b, deepseek-v3; a wrong name lists them all)")
+    p.add_argument("--gpus", type=int, required=True, help="devices in the cluster (1 to 10,000)")
+    p.add_argument("--device", default="H100-SXM-80GB",
+                   help="a device of the hardware catalog (default %(default)s; a wrong name "
+                        "lists them all)")
+    p.add_argument("--algorithm", choices=list(PRESETS), default="grpo",
+                   help="the RL algorithm, which decides the models held and the passes "
+                        "(default %(default)s)")
+    p.add_argument("--minibatches", type=int, default=16,
+                   help="gradient steps per iteration (default %(default)s)")
+    p.add_argument("--prompts", type=int, default=512, help="prompts per iteration (default %(default)s)")
+    p.add_argument("--group-size", type=int, default=16,
+                   help="responses per prompt (default %(default)s)")
+    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (default %(default)s)")
     p.add_argument("--mean-response", type=float, default=4000,
                    help="mean response tokens of the log-normal draw, before the budget caps its "
-                        "tail (the header prints the mean after the cap)")
-    p.add_argument("--sigma", type=float, default=0.8, help="log-normal tail of the lengths")
+                        "tail (the header prints the mean after the cap; default %(default)g)")
+    p.add_argument("--sigma", type=float, default=0.8,
+                   help="log-normal spread of the lengths, 0 to 3 (0: all of the mean length; "
+                        "default %(default)s)")
     p.add_argument("--max-response", type=int, default=None,
                    help=f"response budget (default {DEFAULT_MAX_RESPONSE:,}, or what the model's "
                         "context window leaves after the prompt if less)")
-    p.add_argument("--placement", choices=["any", "colocated", "disaggregated"], default="any")
+    p.add_argument("--placement", choices=["any", "colocated", "disaggregated"], default="any",
+                   help="colocated: every device generates and trains in turn; disaggregated: a "
+                        "rollout pool and a training pool; any: both (default %(default)s)")
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
-                   help="execution modes to try (default: all that the placement runs)")
-    p.add_argument("--top", type=int, default=5, help="plans to print in full")
-    p.add_argument("--seed", type=int, default=0, help="seed of the response lengths")
+                   help="execution modes to try (default: sync and fused colocated; sync, "
+                        "one-step-off and async disaggregated; async-eta2 only when named)")
+    p.add_argument("--top", type=int, default=5, help="plans to print in full (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the response lengths (default %(default)s)")
     p.add_argument("--rates", default=None, choices=["nemo-rl", "nemo-rl-gb200", "verl"],
                    help="the family of calibrated rates to plan with (default: the "
                         "default_family of data/published/rates.json, nemo-rl; nemo-rl-gb200 is "
@@ -241,5 +247,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="refit the rates on the calibration figures first and rewrite "
                         "data/published/rates.json (a few minutes)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress lines while --calibrate fits (predicting prints none)")
     p.set_defaults(func=_validate)

@@ -71,6 +71,16 @@ COLOCATED_MODES = ("sync", "fused")
 DISAGGREGATED_MODES = ("sync", "one-step-off", "async")
 
 
+def runnable_modes(modes=None) -> dict[str, list[str]]:
+    """``{placement: the modes of modes it runs}`` (default: :data:`COLOCATED_MODES` and
+    :data:`DISAGGREGATED_MODES`): colocated devices take turns generating and training, so no
+    streaming and nothing generated a step ahead; disaggregated pools have no stage fusion."""
+    return {"colocated": [m for m in (modes or COLOCATED_MODES)
+                          if not MODES[m].streaming and not MODES[m].staleness],
+            "disaggregated": [m for m in (modes or DISAGGREGATED_MODES)
+                              if not MODES[m].stage_fusion]}
+
+
 #: Extra training steps per version of mean staleness to reach the same accuracy: the planner's
 #: default price of asynchrony (an assumption; chapter 13 measures the toy's cost, published runs
 #: at staleness <= 1 report accuracy close to synchronous; ``plan(staleness_penalty=...)``).
@@ -568,6 +578,27 @@ class NoLayoutFits(DoesNotFit):
         self.search = search
 
 
+def check_group(algorithm_name: str, group_size: int, name=lambda key: key) -> None:
+    """Refuse a group of fewer than 2 responses for an algorithm whose advantage is a group
+    baseline (or that samples dynamically by group): with one, every advantage is 0.
+    ``name(key)`` is how the caller's user knows ``group_size`` and ``algorithm``.
+
+    Raises:
+        ValueError: naming both settings and the algorithms without a group baseline.
+    """
+    from rlm_course.algorithms import GROUP_ADVANTAGES, PRESETS, preset
+
+    group_based = [n for n in PRESETS
+                   if preset(n).advantage in GROUP_ADVANTAGES or preset(n).dynamic_sampling]
+    if group_size < 2 and algorithm_name in group_based:
+        others = [n for n in PRESETS if n not in group_based]
+        raise ValueError(f"{name('group_size')} {group_size} with {name('algorithm')} "
+                         f"{algorithm_name}: its group baseline needs 2 or more responses per "
+                         f"prompt (with one, every advantage is 0); give {name('group_size')} 2 "
+                         f"or more (16 is the default), or an {name('algorithm')} without a "
+                         f"group baseline ({', '.join(others)}).")
+
+
 def check_settings(settings: dict, name=lambda key: key, max_context: int | None = None) -> None:
     """Check a planning request before planning: ``settings`` holds ``gpus, top, prompts,
     group_size, minibatches, prompt_len`` (counts, 1 or more), ``mean_response`` (tokens, at
@@ -748,13 +779,11 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
     for m in modes or ():
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r}; choose among {', '.join(MODES)}.")
-    runnable = {"colocated": [m for m in (modes or COLOCATED_MODES) if not MODES[m].streaming],
-                "disaggregated": [m for m in (modes or DISAGGREGATED_MODES)
-                                  if not MODES[m].stage_fusion]}
+    runnable = runnable_modes(modes)
     if not any(runnable[p] for p in placements):
         raise ValueError(f"modes {', '.join(modes)} do not run on the {' or '.join(placements)} "
-                         "placement: stage fusion (fused) needs colocated devices, the streaming "
-                         "modes (async, async-eta2) need disaggregated pools.")
+                         "placement: stage fusion (fused) needs colocated devices, the off-policy "
+                         "modes (one-step-off, async, async-eta2) need disaggregated pools.")
     if placements == ("disaggregated",) and gpus < 2:
         raise ValueError(f"gpus={gpus}: a disaggregated placement needs at least 2 devices (one "
                          "per pool); use the colocated placement.")

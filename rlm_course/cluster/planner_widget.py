@@ -22,7 +22,7 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import SPECS, get_spec
 from rlm_course.cost.hardware import get_device, load_catalog
 from rlm_course.algorithms import PRESETS
-from rlm_course.cluster.planner import Plan, check_settings, format_plan, plan
+from rlm_course.cluster.planner import Plan, check_group, check_settings, format_plan, plan
 from rlm_course.cluster.simulator import algorithm
 
 #: What an answer whose settings have changed since it was planned starts with.
@@ -97,6 +97,7 @@ class PlannerWidget:
         labels = {k: c.description for k, c in self.controls.items()}
         try:
             check_settings(v, lambda key: labels[key], get_spec(v["model"]).max_context)
+            check_group(v["algorithm"], v["group_size"], lambda key: labels[key])
             get_spec(v["model"]).check_context(v["prompt_len"], v["max_response"],
                                                lambda key: labels[key])
             workload = Workload.long_tailed(v["prompts"], v["group_size"], v["prompt_len"],

@@ -214,13 +214,14 @@ def test_plan_says_when_it_plans_fewer_gradient_steps_than_asked(capsys):
 
 def test_plan_says_which_modes_the_placement_does_not_run(capsys):
     assert main(["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--placement", "colocated",
-                 "--modes", "sync", "async", "--prompts", "32", "--group-size", "8",
-                 "--mean-response", "500", "--max-response", "2048", "--top", "1"]) == 0
+                 "--modes", "sync", "async", "one-step-off", "--prompts", "32", "--group-size",
+                 "8", "--mean-response", "500", "--max-response", "2048", "--top", "1"]) == 0
     captured = capsys.readouterr()
-    assert ("note: --modes async does not run on the colocated placement (fused needs colocated "
-            "devices, async and async-eta2 disaggregated pools); planning sync only."
-            ) in captured.err
+    assert ("note: --modes async one-step-off do not run on the colocated placement (fused needs "
+            "colocated devices, one-step-off, async and async-eta2 disaggregated pools); "
+            "planning sync only.") in captured.err
     assert ", sync\n" in captured.out and ", async" not in captured.out
+    assert "one-step-off" not in captured.out
 
 
 def test_an_unknown_option_shows_the_commands_own_usage(capsys):

@@ -133,7 +133,9 @@ def test_the_widget_answers_like_the_planner_and_shows_errors():
     w.controls["gpus"].value = 1
     assert w.run() is None and "no layout of llama-3-70b fits" in w.html.value
     w.controls["group_size"].value = 1  # GRPO's group baseline needs two responses a prompt
-    assert w.run() is None and "a group baseline needs at least 2 responses" in w.message
+    assert w.run() is None and w.message.startswith(
+        "group size 1 with algorithm grpo: its group baseline needs 2 or more responses per prompt")
+    assert "give group size 2 or more" in w.message and "--" not in w.message
     w.controls["group_size"].value = 8
     w.controls["max_response"].value = 16384  # past Llama 3's 8,192-token window
     assert w.run() is None and "lower max response to at most 7,680 tokens" in w.message
@@ -150,6 +152,10 @@ def test_modes_a_placement_cannot_run_are_refused_before_the_search(capsys):
         plan(spec, grpo, WORKLOAD, H100, 8, placements=("disaggregated",), modes=["fused"])
     with pytest.raises(ValueError, match="async.*need disaggregated pools"):
         plan(spec, grpo, WORKLOAD, H100, 8, placements="colocated", modes=["async"])
+    # one step off on colocated devices would only wait a step: refused, not planned
+    with pytest.raises(ValueError, match=r"modes one-step-off do not run on the colocated "
+                                         r"placement.*\(one-step-off, async, async-eta2\)"):
+        plan(spec, grpo, WORKLOAD, H100, 8, placements="colocated", modes=["one-step-off"])
     with pytest.raises(ValueError, match="at least 2 devices"):
         plan(spec, grpo, WORKLOAD, H100, 1, placements=("disaggregated",))
     with pytest.raises(ValueError, match="keep=0"):
