@@ -578,6 +578,20 @@ class NoLayoutFits(DoesNotFit):
         self.search = search
 
 
+def _uses_groups(config: RLConfig) -> bool:
+    """Whether ``config``'s advantage is a group baseline, or it samples dynamically by group."""
+    from rlm_course.algorithms import GROUP_ADVANTAGES
+
+    return config.advantage in GROUP_ADVANTAGES or config.dynamic_sampling
+
+
+def _without_group_baseline() -> list[str]:
+    """The presets whose advantage needs no group (one response per prompt is enough)."""
+    from rlm_course.algorithms import PRESETS, preset
+
+    return [n for n in PRESETS if not _uses_groups(preset(n))]
+
+
 def check_group(algorithm_name: str, group_size: int, name=lambda key: key) -> None:
     """Refuse a group of fewer than 2 responses for an algorithm whose advantage is a group
     baseline (or that samples dynamically by group): with one, every advantage is 0.
@@ -586,12 +600,8 @@ def check_group(algorithm_name: str, group_size: int, name=lambda key: key) -> N
     Raises:
         ValueError: naming both settings and the algorithms without a group baseline.
     """
-    from rlm_course.algorithms import GROUP_ADVANTAGES, PRESETS, preset
-
-    group_based = [n for n in PRESETS
-                   if preset(n).advantage in GROUP_ADVANTAGES or preset(n).dynamic_sampling]
-    if group_size < 2 and algorithm_name in group_based:
-        others = [n for n in PRESETS if n not in group_based]
+    others = _without_group_baseline()
+    if group_size < 2 and algorithm_name not in others:
         raise ValueError(f"{name('group_size')} {group_size} with {name('algorithm')} "
                          f"{algorithm_name}: its group baseline needs 2 or more responses per "
                          f"prompt (with one, every advantage is 0); give {name('group_size')} 2 "
@@ -773,6 +783,12 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         raise ValueError(f"keep={keep!r} must be a positive integer (layouts kept per pool).")
     if isinstance(modes, str):
         modes = [modes]
+    if workload.group_size < 2 and _uses_groups(config):
+        raise ValueError(f"workload.group_size={workload.group_size} with a group baseline "
+                         f"(advantage {config.advantage!r}): it needs 2 or more responses per "
+                         "prompt (with one, every advantage is 0); plan a workload of groups of "
+                         "2 or more, or an algorithm without a group baseline "
+                         f"({', '.join(_without_group_baseline())}).")
     if modes is not None and not list(modes):
         raise ValueError("modes is empty; give one or more of "
                          f"{', '.join(MODES)}, or None for every mode the placements run.")

@@ -208,8 +208,18 @@ class Scenario:
     def __post_init__(self) -> None:
         h100 = "Cluster(get_device('H100-SXM-80GB'), 16)"
         check_kinds([("spec", self.spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
+                     ("config", self.config, RLConfig, "algorithm('grpo')"),
                      ("workload", self.workload, Workload, "Workload.long_tailed(...)"),
-                     ("cluster", self.cluster, Cluster, h100)], "Scenario.")
+                     ("cluster", self.cluster, Cluster, h100),
+                     ("rates", self.rates, Rates, "calibrated_rates('nemo-rl')")]
+                    + ([("trainer", self.trainer, Layout, "Layout(dp=8)")]
+                       if self.trainer is not None else []), "Scenario.")
+        for name in ("offload_trainer", "engine_log_probs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Scenario.{name}={getattr(self, name)!r} must be True or False.")
+        if isinstance(self.rollout_gpus, bool):
+            raise ValueError(f"Scenario.rollout_gpus={self.rollout_gpus!r} must be a number of "
+                             "devices (an integer), or None.")
         if not isinstance(self.mode, Mode):
             raise ValueError(f"mode={self.mode!r}: give a Mode, e.g. MODES[{self.mode!r}] "
                              f"(named modes: {', '.join(MODES)}).")

@@ -287,6 +287,9 @@ class Cluster:
     gpus: int
 
     def __post_init__(self) -> None:
+        if not isinstance(self.device, Device):
+            raise ValueError(f"Cluster.device={self.device!r} must be a Device; pass e.g. "
+                             "get_device('H100-SXM-80GB') (rlm_course.cost.hardware).")
         if not (isinstance(self.gpus, int) and not isinstance(self.gpus, bool) and self.gpus >= 1):
             raise ValueError(f"Cluster.gpus={self.gpus!r} must be a positive integer.")
 

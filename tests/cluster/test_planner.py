@@ -514,6 +514,26 @@ def test_the_api_names_an_argument_of_the_wrong_kind_and_how_to_make_it():
     with pytest.raises(ValueError, match="70,000 responses per iteration: the planner simulates "
                                          "at most 65,536"):
         plan(spec, grpo, Workload(70_000, 1, 256, 1024), H100, 8)
+    # the workload's groups, not the configuration's group_size, are what the plan simulates
+    with pytest.raises(ValueError, match=r"workload.group_size=1 with a group baseline \(advantage "
+                                         r"'group'\).*without a group baseline \(ppo, "
+                                         r"reinforce_pp\)"):
+        plan(spec, grpo, Workload.long_tailed(16, 1, 64, 200, 0.5, 512, seed=0), H100, 2)
+    # a Scenario built by hand: each argument of the wrong kind is named (they failed inside
+    # the simulation with an AttributeError, or a string was read as True)
+    from rlm_course.cluster.simulator import Cluster, Scenario
+
+    for kwargs, message in (({"rates": "nemo-rl"}, "Scenario.rates='nemo-rl' must be a Rates"),
+                            ({"config": "grpo"}, "Scenario.config='grpo' must be a RLConfig"),
+                            ({"offload_trainer": "yes"}, "offload_trainer='yes' must be True or"),
+                            ({"trainer": "dp8"}, "Scenario.trainer='dp8' must be a Layout"),
+                            ({"placement": "disaggregated", "rollout_gpus": True},
+                             "rollout_gpus=True must be a number of devices")):
+        settings = {"config": grpo, **kwargs}
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            Scenario(spec, settings.pop("config"), WORKLOAD, Cluster(H100, 8), **settings)
+    with pytest.raises(ValueError, match="Cluster.device='H100-SXM-80GB' must be a Device"):
+        Cluster("H100-SXM-80GB", 8)
 
 
 def test_a_device_without_links_is_never_told_to_use_more_of_it():
