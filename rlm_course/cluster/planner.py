@@ -55,7 +55,7 @@ from rlm_course.cost.hardware import Device
 from rlm_course.algorithms import RLConfig
 from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
-from rlm_course.utils import check_kinds
+from rlm_course.utils import check_kinds, is_real
 from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimResult, memory_plan,
                                           pool_label, simulate)
 
@@ -625,6 +625,11 @@ def check_settings(settings: dict, name=lambda key: key, max_context: int | None
     Raises:
         ValueError: one line naming the setting, its value and the fix.
     """
+    numbers = ("gpus", "top", "prompts", "group_size", "minibatches", "prompt_len",
+               "mean_response", "sigma", "max_response")
+    for key, value in settings.items():  # a string or a bool from a caller: named as given
+        if key in numbers and (isinstance(value, bool) or not is_real(value)):
+            raise ValueError(f"{name(key)} {value!r}: give a number.")
     for key in ("gpus", "top", "prompts", "group_size", "minibatches", "prompt_len"):
         value = settings.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -1041,10 +1046,13 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
         rates = calibrated_rates(device)
     variations = SENSITIVITY if variations is None else variations
     known = {f.name for f in fields(Rates)} | {"staleness_penalty"}
-    for name in variations:
+    for name, values in variations.items():
         if name not in known:
             raise ValueError(f"sensitivity: {name!r} is not a rate; choose among "
                              f"{', '.join(sorted(known))}.")
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise ValueError(f"sensitivity: variations[{name!r}]={values!r} must be a list of "
+                             f"values to try, e.g. [{values!r}].")
     if base is None:
         base = plan(spec, config, workload, device, gpus, rates=rates,
                     staleness_penalty=staleness_penalty, **options)

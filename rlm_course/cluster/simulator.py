@@ -90,7 +90,7 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.algorithms import RLConfig, preset
 from rlm_course.systems.async_rl import rollout_capacity
-from rlm_course.utils import check_kinds
+from rlm_course.utils import check_kinds, is_real
 from rlm_course.vocabulary import PLACEMENTS
 from rlm_course.cost.layouts import (Layout, check_training, generation_memory, kv_slots,
                                     training_memory, usable)
@@ -138,8 +138,9 @@ class Mode:
             raise ValueError(f"Mode.inflight_batches={self.inflight_batches!r} must be a number "
                              f"from 0 to {MAX_STALENESS + 1} (batches of prompts generating at "
                              "once; 0: no limit but the staleness bound).")
-        if not 0 < self.fusion_threshold < 1 or not 0 < self.fusion_tail < 1:
-            raise ValueError("Mode.fusion_threshold and fusion_tail must be fractions in (0, 1).")
+        if not all(is_real(v) and 0 < v < 1 for v in (self.fusion_threshold, self.fusion_tail)):
+            raise ValueError(f"Mode.fusion_threshold={self.fusion_threshold!r} and fusion_tail="
+                             f"{self.fusion_tail!r} must be fractions in (0, 1).")
         if self.stage_fusion and (self.streaming or self.partial_rollout or self.staleness
                                   or self.in_order):
             raise ValueError("Mode: stage fusion reorders one synchronous colocated iteration; it "

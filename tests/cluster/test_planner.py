@@ -534,6 +534,18 @@ def test_the_api_names_an_argument_of_the_wrong_kind_and_how_to_make_it():
             Scenario(spec, settings.pop("config"), WORKLOAD, Cluster(H100, 8), **settings)
     with pytest.raises(ValueError, match="Cluster.device='H100-SXM-80GB' must be a Device"):
         Cluster("H100-SXM-80GB", 8)
+    # strings where numbers belong: named as given (they crashed in a format, or read as "8")
+    from rlm_course.cluster.planner import check_settings
+    from rlm_course.cluster.simulator import Mode
+
+    with pytest.raises(ValueError, match="Mode.fusion_threshold='0.5' and fusion_tail=0.125 must"):
+        Mode(fusion_threshold="0.5")
+    for settings, message in (({"mean_response": "8"}, "mean_response '8': give a number."),
+                              ({"gpus": "8"}, "gpus '8': give a number.")):
+        with pytest.raises(ValueError, match=message):
+            check_settings(settings)
+    with pytest.raises(ValueError, match=r"variations\['train_hfu'\]=0.3 must be a list"):
+        sensitivity(spec, grpo, WORKLOAD, H100, 8, variations={"train_hfu": 0.3})
 
 
 def test_a_device_without_links_is_never_told_to_use_more_of_it():
