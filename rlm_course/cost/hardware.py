@@ -18,6 +18,7 @@ already per direction. The latencies (the alpha) are NCCL's cost model per ring 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from dataclasses import asdict, dataclass
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from rlm_course.utils import best_seconds, data_dir
+from rlm_course.utils import best_seconds, data_dir, is_real
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class Device:
             ``gpu_memory_utilization``) is taken; a datasheet's "80 GB" is 80 GiB of HBM, of
             which an H100 reports 79.11 GiB, 84.9e9 bytes, not 80e9 (0: ``memory_bytes``);
             source: where the figures come from.
+
+    Raises:
+        ValueError: for a peak, memory or bandwidth that is not positive and finite, a link,
+            latency or host bandwidth that is negative or not finite, ``devices_per_node`` that
+            is not a positive integer, or ``reported_memory_bytes`` far from ``memory_bytes``.
     """
 
     name: str
@@ -59,6 +65,28 @@ class Device:
     inter_node_latency: float = 0.0
     host_bandwidth: float = 0.0
     reported_memory_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("peak_flops", "memory_bytes", "memory_bandwidth"):
+            value = getattr(self, name)
+            if not (is_real(value) and 0 < value < math.inf):
+                raise ValueError(f"Device {self.name!r}: {name}={value!r} must be positive and "
+                                 "finite.")
+        for name in ("intra_node_bandwidth", "inter_node_bandwidth", "intra_node_latency",
+                     "inter_node_latency", "host_bandwidth"):
+            value = getattr(self, name)
+            if not (is_real(value) and 0 <= value < math.inf):
+                raise ValueError(f"Device {self.name!r}: {name}={value!r} must be finite and >= 0 "
+                                 "(0: none or unknown).")
+        if isinstance(self.devices_per_node, bool) or not (
+                isinstance(self.devices_per_node, int) and self.devices_per_node >= 1):
+            raise ValueError(f"Device {self.name!r}: devices_per_node={self.devices_per_node!r} "
+                             "must be a positive integer.")
+        if not (is_real(self.reported_memory_bytes)
+                and 0 <= self.reported_memory_bytes <= 2 * self.memory_bytes):
+            raise ValueError(f"Device {self.name!r}: reported_memory_bytes="
+                             f"{self.reported_memory_bytes:g} must be the total CUDA reports, near "
+                             f"memory_bytes={self.memory_bytes:g} (or 0).")
 
     @property
     def engine_memory_bytes(self) -> float:
@@ -115,15 +143,9 @@ def load_catalog() -> dict[str, Device]:
                                    reported_memory_bytes=float(
                                        entry.get("reported_memory_bytes", 0.0)))
         except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"hardware catalog entry {name!r} is incomplete ({err}).") from None
-        d = devices[name]
-        if min(d.peak_flops, d.memory_bytes, d.memory_bandwidth) <= 0:
-            raise ValueError(f"hardware catalog entry {name!r}: peak, memory and bandwidth must be "
-                             "positive.")
-        if not 0 <= d.reported_memory_bytes <= 2 * d.memory_bytes:
-            raise ValueError(f"hardware catalog entry {name!r}: reported_memory_bytes="
-                             f"{d.reported_memory_bytes:g} must be the total CUDA reports, near "
-                             f"memory_bytes={d.memory_bytes:g} (or left out).")
+            raise ValueError(f"hardware catalog entry {name!r} is incomplete or wrong ({err}); "
+                             "restore it from git, or measure this machine again (python -m "
+                             "rlm_course hardware --measure).") from None
     return devices
 
 

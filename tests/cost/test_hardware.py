@@ -81,3 +81,18 @@ def test_a_reported_memory_far_from_the_datasheet_is_refused(tmp_path, monkeypat
         with pytest.raises(ValueError, match="'H100-SXM-80GB': reported_memory_bytes=.* must be "
                                              "the total CUDA reports"):
             load_catalog()
+
+
+def test_a_device_with_a_figure_no_device_has_is_refused_by_name():
+    from dataclasses import replace
+
+    from rlm_course.cost.hardware import get_device
+
+    h100 = get_device("H100-SXM-80GB")
+    for field, value, message in (("peak_flops", 0.0, "peak_flops=0.0 must be positive"),
+                                  ("memory_bandwidth", float("nan"), "memory_bandwidth=nan"),
+                                  ("memory_bytes", -1.0, "memory_bytes=-1.0 must be positive"),
+                                  ("inter_node_bandwidth", -5.0, "inter_node_bandwidth=-5.0 must be finite and >= 0"),
+                                  ("devices_per_node", 0, "devices_per_node=0 must be a positive")):
+        with pytest.raises(ValueError, match=f"Device 'H100-SXM-80GB': {message}"):
+            replace(h100, **{field: value})
