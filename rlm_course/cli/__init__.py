@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of every command (whole option names only: :class:`ExactArgumentParser`)."""
     parser = ExactArgumentParser(prog="python -m rlm_course", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true",
-                        help="show the full traceback of an error (also RLM_COURSE_DEBUG=1)")
+                        help="show the full traceback of an error (also RLM_COURSE_DEBUG=1); "
+                             "before or after the command")
     sub = parser.add_subparsers(dest="command", required=True)
     train.add_parsers(sub)
     cluster.add_parsers(sub)
@@ -58,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     what to look at when a message looks like a bug of the course rather than of the input.
     """
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # before the command or among its options
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
+    args.debug = debug
     if extra:  # an unknown option of a command: its own usage, not the top-level one
         commands(parser)[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if args.debug or os.environ.get("RLM_COURSE_DEBUG", "") not in ("", "0"):

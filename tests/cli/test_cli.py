@@ -72,6 +72,8 @@ def test_flags_that_do_nothing_are_refused_and_debug_shows_the_traceback(capsys)
     assert main(["grpo", "--task", "addition", "--steps", "0"]) == 2
     with pytest.raises(ValueError, match="--steps 0 must be a positive integer"):
         main(["--debug", "grpo", "--task", "addition", "--steps", "0"])
+    with pytest.raises(ValueError, match="--steps 0 must be a positive integer"):  # after it too
+        main(["grpo", "--task", "addition", "--steps", "0", "--debug"])
 
 
 def test_debug_from_the_environment(monkeypatch):
