@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 
 import torch
@@ -46,7 +47,9 @@ def load_checkpoint(path: str | Path) -> dict:
                          "rlm_course grpo ...`; a warm start in data/checkpoints/ from `python -m "
                          "rlm_course sft --task ...`).")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle: torch warns, then our error says it
+            warnings.simplefilter("ignore", UserWarning)
+            payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for truncated or foreign files
         text = str(err).strip().splitlines()[0] if str(err).strip() else ""
         first_line = text.split(". ")[0].rstrip(".")  # torch's first sentence says what failed

@@ -49,6 +49,16 @@ def test_checkpoint_round_trip_and_truncation(tmp_path):
     torch.save({"weights": 1}, path)
     with pytest.raises(ValueError, match="not an rlm_course checkpoint"):
         load_checkpoint(path)
+    # a plain pickle: one clear error, without torch's warning about its protocol before it
+    import pickle
+    import warnings
+
+    path.write_bytes(pickle.dumps({"weights": 1}, protocol=4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="corrupt or not a torch checkpoint"):
+            load_checkpoint(path)
+    assert not [w for w in caught if "pickle" in str(w.message)], [str(w.message) for w in caught]
 
 
 def test_bad_sft_config():
