@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from rlm_course.cli import cluster, tools, train
@@ -28,6 +29,11 @@ class ExactArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        # a value such as -inf, -1e-3 or -1. is a (bad) number for the option before it, which
+        # the option's own check then names; argparse's default takes only -1 and -0.5 as
+        # numbers and read the others as unknown options ("expected one argument")
+        self._negative_number_matcher = re.compile(
+            r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
 
 
 def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

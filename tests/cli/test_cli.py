@@ -76,6 +76,15 @@ def test_flags_that_do_nothing_are_refused_and_debug_shows_the_traceback(capsys)
         main(["grpo", "--task", "addition", "--steps", "0", "--debug"])
 
 
+@pytest.mark.parametrize("value", ["-inf", "-1e-3", "-1.", "-NaN"])
+def test_a_negative_or_infinite_value_reaches_the_options_own_check(value, capsys):
+    """argparse took -inf, -1e-3 and -1. for unknown options ("expected one argument"): they are
+    values, and the option's range check names them."""
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpus", "8", "--staleness-penalty",
+                 value]) == 2
+    assert "error: --staleness-penalty " in capsys.readouterr().err
+
+
 def test_debug_from_the_environment(monkeypatch):
     monkeypatch.setenv("RLM_COURSE_DEBUG", "1")
     with pytest.raises(ValueError, match="unknown task"):
