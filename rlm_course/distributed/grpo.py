@@ -538,7 +538,6 @@ def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,
     Raises:
         ValueError: naming what does not fit and how to fix it.
     """
-    import shutil
 
     from rlm_course.lm.checkpoint import load_checkpoint
     from rlm_course.lm.tokenizer import CharTokenizer
@@ -568,9 +567,7 @@ def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,
     check_model_for_task(model_config, tokenizer, task,
                          task.max_response_len + config.overlong_buffer, f"checkpoint {path}",
                          config.overlong_buffer)
-    if run_dir.exists() and overwrite:
-        shutil.rmtree(run_dir)
-    ensure_writable_folder(run_dir, "--out")
+    ensure_writable_folder(run_dir, "--out")  # an old run goes aside in run_rl_distributed
     return str(run_dir), str(path)
 
 
@@ -601,8 +598,11 @@ def run_rl_distributed(task, config: RLConfig, nproc: int, name: str | None = No
     threads = launch_options.get("threads", 1)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"--threads {threads}: give 1 or more threads per rank.")
+    from rlm_course.rl.runs import SetAside
+
     run_dir, path = prepare_run(task, config, nproc, name, out_dir, overwrite, sft_checkpoint,
                                 progress, log, resume)
+    old_run = overwrite and not resume and any(Path(run_dir).iterdir())
     each = ("one GPU each, NCCL" if device == "cuda" else
             f"{threads} thread{'s' if threads != 1 else ''} each, gloo")
     share = config.prompts_per_step // nproc
@@ -610,10 +610,17 @@ def run_rl_distributed(task, config: RLConfig, nproc: int, name: str | None = No
         f"{share} prompt{'s' if share != 1 else ''} x {config.group_size} responses per rank "
         "per step.")
     launch_options.setdefault("log_file", Path(run_dir) / "failure.log")
-    summary = launch(grpo_job_worker, nproc, kwargs=dict(
-        task=task, config=config, run_dir=run_dir, sft_checkpoint=path,
-        checkpoint_every=checkpoint_every, progress=progress, resume=resume),
-        **launch_options)[0]
+    # --overwrite: the old run stays aside until the new one has a checkpoint, and comes back
+    # if it fails before (as run_rl keeps it); a failure after keeps the new run's checkpoint
+    with SetAside(Path(run_dir), active=old_run) as aside:
+        try:
+            summary = launch(grpo_job_worker, nproc, kwargs=dict(
+                task=task, config=config, run_dir=run_dir, sft_checkpoint=path,
+                checkpoint_every=checkpoint_every, progress=progress, resume=resume),
+                **launch_options)[0]
+        finally:
+            if (Path(run_dir) / "checkpoint.pt").exists():
+                aside.commit()
     if summary.get("interrupted"):
         log(f"Stopped at step {summary['step']}; checkpoint and metrics are in {run_dir}. "
             "Continue by running the same command with --resume (and without --overwrite).")

@@ -248,7 +248,7 @@ def run_folder(out_dir: str | Path, name: str) -> Path:
     return out_dir / name
 
 
-class _SetAside:
+class SetAside:
     """``--overwrite``: the old run's folder is moved aside, not deleted, until the new run has
     written its first checkpoint (:meth:`commit`); an error or a Ctrl-C before that puts it back,
     so a failed start never costs an existing run."""
@@ -421,13 +421,13 @@ def run_rl(task: Task, config: RLConfig, name: str | None = None, out_dir: str |
     ensure_writable_folder(run_dir, "--out")
 
     setup_start = time.perf_counter()
-    with _SetAside(run_dir, active=overwrite and has_files and not resume) as aside:
+    with SetAside(run_dir, active=overwrite and has_files and not resume) as aside:
         return _train(task, config, tokenizer, run_dir, eval_problems, state if resume else None,
                       sft_checkpoint, aside, setup_start, checkpoint_every, progress, log, device)
 
 
 def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path,
-           eval_problems: list, state: dict | None, sft_checkpoint, aside: _SetAside,
+           eval_problems: list, state: dict | None, sft_checkpoint, aside: SetAside,
            setup_start: float, checkpoint_every: int, progress: bool, log,
            device: str = "cpu") -> dict:
     """The run itself, once :func:`run_rl` has checked everything it can."""

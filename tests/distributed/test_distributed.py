@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -326,6 +327,43 @@ def test_data_parallel_refuses_what_it_cannot_run():
         check_data_parallel(preset("grpo", prompts_per_step=64), 3)
     check_data_parallel(preset("dapo", dynamic_sampling=False), 2)
     check_data_parallel(preset("dapo"), 1)  # one process runs everything
+
+
+def test_a_failed_dp_overwrite_never_costs_the_existing_run(tmp_path, monkeypatch):
+    """--overwrite of a data-parallel run: the old run stays aside until the new one has a
+    checkpoint (it was deleted before the processes started, so a failed launch lost it); the
+    launch is stubbed, no process starts."""
+    import rlm_course.distributed.launch as launcher
+    from rlm_course.distributed.grpo import run_rl_distributed
+    from rlm_course.rl.algorithms import preset
+    from rlm_course.tasks import get_task
+
+    run = tmp_path / "dp"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("old\n")
+    (run / "checkpoint.pt").write_bytes(b"old run")
+    config = preset("grpo", steps=2, prompts_per_step=4, group_size=4, eval_every=10**6)
+
+    def fails(*args, **kwargs):
+        raise launcher.DistributedError("rank 1 failed: boom", 1, {1: "boom"})
+
+    monkeypatch.setattr(launcher, "launch", fails)
+    with pytest.raises(launcher.DistributedError, match="boom"):
+        run_rl_distributed(get_task("addition"), config, 2, name="dp", out_dir=tmp_path,
+                           overwrite=True, progress=False, log=lambda *a: None)
+    assert (run / "checkpoint.pt").read_bytes() == b"old run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp"]
+
+    def writes_a_checkpoint(worker, nproc, kwargs, **options):
+        (Path(kwargs["run_dir"]) / "checkpoint.pt").write_bytes(b"new run")
+        return [{"interrupted": True, "step": 1, "run_dir": kwargs["run_dir"]}]
+
+    monkeypatch.setattr(launcher, "launch", writes_a_checkpoint)
+    run_rl_distributed(get_task("addition"), config, 2, name="dp", out_dir=tmp_path,
+                       overwrite=True, progress=False, log=lambda *a: None)
+    assert (run / "checkpoint.pt").read_bytes() == b"new run"
+    assert not (run / "metrics.jsonl").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp"]
 
 
 @pytest.mark.multiprocess
