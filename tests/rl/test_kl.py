@@ -37,3 +37,18 @@ def test_k3_hand_example_for_nearly_equal_policies():
     # log rho = -1e-6: exp(x) - x - 1 = 5.0e-13 (written naively in float32 it was -5.96e-8)
     assert kl.kl_k3(torch.tensor([0.0]), torch.tensor([-1e-6])).item() == pytest.approx(5.0e-13,
                                                                                       rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_k3_is_exact_for_a_large_negative_log_ratio_and_keeps_its_gradient(dtype):
+    # x = log rho = -100: k3 = e^-100 + 100 - 1 = 99 (the two-sided clamp made it 86.7, or 9.1
+    # in float16, with gradient 0); d k3 / d log_probs = 1 - e^x = 1
+    for x, want in ((-100.0, 99.0), (-15.0, 14.0)):
+        lp = torch.zeros(1, 1, dtype=dtype, requires_grad=True)
+        value = kl.kl_k3(lp, torch.full((1, 1), x, dtype=dtype))
+        assert value.item() == pytest.approx(want, rel=1e-2)
+        value.sum().backward()
+        assert lp.grad.item() == pytest.approx(1.0, rel=1e-3)
+    # an impossible token under the reference: a finite estimate, never NaN
+    inf = kl.kl_k3(torch.zeros(1), torch.tensor([-math.inf]))
+    assert torch.isfinite(inf).all() and inf.item() > 1e37
