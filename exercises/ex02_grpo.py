@@ -80,9 +80,11 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     ``exp(x) - 1 - x`` written as is subtracts numbers that agree in almost every bit, and in
     float32 ``x = -1e-6`` gives -6e-8 instead of 5e-13. ``expm1(x) - x`` has no such cancellation
     in ``exp(x) - 1``; for ``|x| < 0.1`` the Taylor series ``x^2/2 + x^3/6 + x^4/24 + x^5/120``
-    (relative error below 3e-7) replaces the remaining subtraction. ``x`` is clamped to
-    ``+-exp_safe_limit(dtype)`` first (:func:`exp_safe_limit`), so that where ``exp`` would
-    overflow the estimate stays finite and its gradient is not NaN.
+    (relative error below 3e-7) replaces the remaining subtraction. ``x`` is clamped above at
+    ``exp_safe_limit(dtype)`` first (:func:`exp_safe_limit`), so that where ``exp`` would
+    overflow the estimate stays finite and its gradient is not NaN; below, only at half the
+    dtype's largest value (``x = -100`` gives 99, its gradient 1, as it should; an infinite
+    ``x`` a finite estimate).
 
     Args:
         log_probs, ref_log_probs: ``(batch, R)``.
@@ -90,5 +92,5 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     Returns:
         ``(batch, R)`` non-negative estimates, exactly 0 where the log-probs are equal.
     """
-    # TODO: x = log rho is a difference of log-probs, clamped to +-exp_safe_limit(its dtype); exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120
-    raise NotImplementedError('not implemented yet: x = log rho is a difference of log-probs, clamped to +-exp_safe_limit(its dtype); exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120')
+    # TODO: x = log rho is a difference of log-probs, clamped above at exp_safe_limit(its dtype) (and below at -finfo(dtype).max / 2, where -x - 1 is still finite); exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120
+    raise NotImplementedError('not implemented yet: x = log rho is a difference of log-probs, clamped above at exp_safe_limit(its dtype) (and below at -finfo(dtype).max / 2, where -x - 1 is still finite); exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120')

@@ -82,9 +82,11 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     ``exp(x) - 1 - x`` written as is subtracts numbers that agree in almost every bit, and in
     float32 ``x = -1e-6`` gives -6e-8 instead of 5e-13. ``expm1(x) - x`` has no such cancellation
     in ``exp(x) - 1``; for ``|x| < 0.1`` the Taylor series ``x^2/2 + x^3/6 + x^4/24 + x^5/120``
-    (relative error below 3e-7) replaces the remaining subtraction. ``x`` is clamped to
-    ``+-exp_safe_limit(dtype)`` first (:func:`exp_safe_limit`), so that where ``exp`` would
-    overflow the estimate stays finite and its gradient is not NaN.
+    (relative error below 3e-7) replaces the remaining subtraction. ``x`` is clamped above at
+    ``exp_safe_limit(dtype)`` first (:func:`exp_safe_limit`), so that where ``exp`` would
+    overflow the estimate stays finite and its gradient is not NaN; below, only at half the
+    dtype's largest value (``x = -100`` gives 99, its gradient 1, as it should; an infinite
+    ``x`` a finite estimate).
 
     Args:
         log_probs, ref_log_probs: ``(batch, R)``.
@@ -93,7 +95,6 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
         ``(batch, R)`` non-negative estimates, exactly 0 where the log-probs are equal.
     """
     x = ref_log_probs - log_probs
-    limit = exp_safe_limit(x.dtype)
-    x = x.clamp(-limit, limit)
+    x = x.clamp(-torch.finfo(x.dtype).max / 2, exp_safe_limit(x.dtype))
     series = x * x * (0.5 + x * (1.0 / 6 + x * (1.0 / 24 + x / 120)))
     return torch.where(x.abs() < 0.1, series, (torch.expm1(x) - x).clamp(min=0.0))

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.rl.advantages import check_groups, constant_groups
-from rlm_course.rl.losses import AGGREGATIONS, LOG_RATIO_CLAMP, masked_mean, sequence_mean
+from rlm_course.rl.losses import AGGREGATIONS, LOG_RATIO_CLAMP, check_same_shape, masked_mean, sequence_mean, zero_padding
 
 __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
 
@@ -56,10 +56,13 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
       response length), which removes GRPO's length bias.
 
     Raises:
-        ValueError: for an unknown mode, or the Dr. GRPO mode without a positive constant length.
+        ValueError: for an unknown mode, a mask of another shape than ``per_token``, or the
+            Dr. GRPO mode without a positive constant length.
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}.")
+    check_same_shape(per_token, response_mask, "aggregate_loss", "per_token")
+    per_token = zero_padding(per_token, response_mask)  # NaN at padding never reaches the sum
     mask = response_mask.to(per_token.dtype)
     if mode == "seq-mean-token-mean":
         return sequence_mean(per_token, response_mask)

@@ -21,10 +21,23 @@ from rlm_course.rl.masked import masked_whiten
 
 
 def check_groups(rewards: Tensor, group_size: int, who: str) -> None:
-    """Raise ``ValueError`` unless ``rewards`` split into groups of ``group_size >= 2``."""
-    if group_size < 2:
-        raise ValueError(f"{who}: group_size={group_size}; a group baseline needs at least 2 "
+    """Raise ``ValueError`` unless ``rewards`` are one finite float per response, ``(batch,)``,
+    that split into groups of ``group_size >= 2``: a NaN reward would make its whole group's
+    advantages NaN, and the run would fail later as a divergence."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(f"{who}: group_size={group_size!r}; a group baseline needs at least 2 "
                          "responses per prompt.")
+    if rewards.dim() != 1:
+        raise ValueError(f"{who}: rewards of shape {tuple(rewards.shape)}; give one reward per "
+                         "response, (batch,) (a per-token tensor is summed or taken at the last "
+                         "token first).")
+    if not rewards.is_floating_point():
+        raise ValueError(f"{who}: rewards of dtype {rewards.dtype}; give floats "
+                         "(rewards.float()).")
+    bad = int((~torch.isfinite(rewards)).sum())
+    if bad:
+        raise ValueError(f"{who}: {bad} of {rewards.numel()} rewards are not finite (NaN or "
+                         "inf); the reward function must return a number for every response.")
     if rewards.numel() % group_size:
         raise ValueError(f"{who}: {rewards.numel()} rewards do not split into groups of "
                          f"{group_size}.")

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from rlm_course.rl.kl import LOG_RATIO_CLAMP
-from rlm_course.rl.masked import masked_mean
+from rlm_course.rl.masked import check_same_shape, masked_mean, zero_padding
 from rlm_course.algorithms import AGGREGATIONS
 
 
@@ -94,10 +94,13 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
       response length), which removes GRPO's length bias.
 
     Raises:
-        ValueError: for an unknown mode, or the Dr. GRPO mode without a positive constant length.
+        ValueError: for an unknown mode, a mask of another shape than ``per_token``, or the
+            Dr. GRPO mode without a positive constant length.
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}.")
+    check_same_shape(per_token, response_mask, "aggregate_loss", "per_token")
+    per_token = zero_padding(per_token, response_mask)  # NaN at padding never reaches the sum
     mask = response_mask.to(per_token.dtype)
     if mode == "seq-mean-token-mean":
         return sequence_mean(per_token, response_mask)
@@ -137,10 +140,16 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
         whose objective was clipped (no gradient through them).
 
     Raises:
-        ValueError: for an unknown ratio level, a sequence ratio with per-token advantages, or
-            the errors of :func:`clipped_objective` and :func:`aggregate_loss`.
+        ValueError: for an unknown ratio level, tensors whose shapes do not match, a sequence
+            ratio with per-token advantages, or the errors of :func:`clipped_objective` and
+            :func:`aggregate_loss`.
     """
     clip_high = clip_low if clip_high is None else clip_high
+    check_same_shape(log_probs, response_mask, "policy_loss", "log_probs")
+    check_same_shape(old_log_probs, response_mask, "policy_loss", "old_log_probs")
+    if tuple(advantages.shape) not in ((log_probs.shape[0],), tuple(log_probs.shape)):
+        raise ValueError(f"policy_loss: advantages {tuple(advantages.shape)} must be (batch,) "
+                         f"= ({log_probs.shape[0]},) or (batch, R) = {tuple(log_probs.shape)}.")
     if ratio_level == "token":
         ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         per_token = clipped_objective(ratio, advantages, clip_low, clip_high)

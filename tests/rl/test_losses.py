@@ -159,3 +159,29 @@ def test_log_ratios_past_what_exp_holds_give_finite_gradients():
                                  torch.tensor([-1.0]), torch.tensor([[False, True, False]]),
                                  loss_agg="token-mean")
     assert loss.item() == pytest.approx(math.exp(kl.LOG_RATIO_CLAMP), rel=1e-6)
+
+
+def test_masks_of_another_shape_are_refused_and_padding_never_leaks():
+    """A (batch,) or (batch, 1) mask broadcast over the wrong axis and counted rows as tokens;
+    a NaN or inf at a padded position made the whole loss NaN (inf x 0)."""
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    for bad in (torch.tensor([[True], [True]]), torch.tensor([True, False])):
+        with pytest.raises(ValueError, match=r"aggregate_loss: per_token \(2, 3\) and "
+                                             r"response_mask \(\d,( \d)?\) must have one shape"):
+            losses.aggregate_loss(per_token, bad, "token-mean")
+        with pytest.raises(ValueError, match="masked_mean"):
+            masked.masked_mean(per_token, bad)
+    leaky = torch.tensor([[1.0, 2.0, 3.0], [4.0, math.nan, math.inf]])
+    assert losses.aggregate_loss(leaky, mask, "token-mean").item() == pytest.approx(10 / 4)
+    assert losses.aggregate_loss(leaky, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    assert losses.aggregate_loss(leaky, mask, "seq-mean-token-sum-norm", 3).item() == \
+        pytest.approx(10 / 6)
+    whitened = masked.masked_whiten(leaky, mask)
+    assert torch.isfinite(whitened).all() and (whitened[~mask] == 0).all()
+    lp = torch.log(torch.full((3, 3), 0.5))
+    with pytest.raises(ValueError, match=r"old_log_probs \(3,\) and response_mask \(3, 3\)"):
+        losses.policy_loss(lp, torch.log(torch.tensor([0.25, 0.5, 1.0])), torch.ones(3),
+                           torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"advantages \(3, 1\) must be \(batch,\)"):
+        losses.policy_loss(lp, lp, torch.ones(3, 1), torch.ones(3, 3, dtype=torch.bool))
