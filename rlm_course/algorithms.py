@@ -278,11 +278,12 @@ class RLConfig:
         for name in ("steps", "prompts_per_step", "group_size", "ppo_epochs", "minibatches",
                      "eval_every", "max_sampling_rounds"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}={value} must be a positive integer.")
         for name in ("warmup_steps", "overlong_buffer"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0.")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value} must be an integer >= 0.")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1].")
         for name in ("lr", "clip_eps", "temperature", "max_grad_norm", "critic_lr", "value_clip",

@@ -23,6 +23,16 @@ def test_group_advantages_errors():
         advantages.group_advantages(torch.ones(4), 1)
     with pytest.raises(ValueError, match="do not split"):
         advantages.group_advantages(torch.ones(5), 2)
+    # a NaN reward made its whole group's advantages NaN, and the run failed later as a
+    # divergence; integer and per-token rewards failed inside torch
+    with pytest.raises(ValueError, match="1 of 4 rewards are not finite"):
+        advantages.group_advantages(torch.tensor([1.0, math.nan, 0.0, 1.0]), 2)
+    with pytest.raises(ValueError, match="rloo_advantages: 1 of 2 rewards are not finite"):
+        advantages.rloo_advantages(torch.tensor([1.0, math.inf]), 2)
+    with pytest.raises(ValueError, match="dtype torch.int64; give floats"):
+        advantages.group_advantages(torch.tensor([1, 0, 1, 1]), 2)
+    with pytest.raises(ValueError, match=r"rewards of shape \(4, 3\); give one reward per"):
+        advantages.group_advantages(torch.arange(12.0).view(4, 3), 2)
 
 
 def test_rloo_hand_example_and_identity():

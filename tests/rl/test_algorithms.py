@@ -72,6 +72,10 @@ def test_preset_set_and_constructors():
     (dict(kl_mode="none"), "kl_coef=0.005 with kl_mode='none'"),
     (dict(loss_agg="mean"), "loss_agg='mean' is not known"),
     (dict(overlong_buffer=-1), "overlong_buffer=-1"),
+    # a NaN warm-up made every step's learning rate the minimum; True was taken as 1
+    (dict(warmup_steps=float("nan")), "warmup_steps=nan must be an integer >= 0"),
+    (dict(warmup_steps=2.5), "warmup_steps=2.5 must be an integer >= 0"),
+    (dict(group_size=True), "group_size=True must be a positive integer"),
     (dict(minibatches=3), "does not divide"),
 ])
 def test_conflicting_options_raise_a_clear_error(kw, match):
