@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.rl.advantages import check_groups, constant_groups
+from rlm_course.rl.losses import math
 from rlm_course.rl.kl import exp_safe_limit
 
 __all__ = ['group_advantages', 'clipped_objective', 'kl_k3']
@@ -59,12 +60,17 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
     ``clip_high`` defaults to ``clip_low`` (symmetric PPO).
 
     Raises:
-        ValueError: if ``clip_high < clip_low`` or a bound is negative.
+        ValueError: if ``clip_high < clip_low``, a bound is negative or not finite, or
+            ``clip_low >= 1`` (the lower bound ``1 - clip_low`` would not be positive, and a
+            negative advantage would never be clipped).
     """
     clip_high = clip_low if clip_high is None else clip_high
-    if clip_low < 0 or clip_high < clip_low:
-        raise ValueError(f"clip bounds low={clip_low}, high={clip_high}: need 0 <= low <= high "
-                         "(DAPO raises only the upper bound).")
+    if not (0 <= clip_low <= clip_high < math.inf):  # NaN fails too
+        raise ValueError(f"clip bounds low={clip_low}, high={clip_high}: need 0 <= low <= high, "
+                         "finite (DAPO raises only the upper bound).")
+    if clip_low >= 1:
+        raise ValueError(f"clip bound low={clip_low}: the lower bound 1 - low would not be "
+                         "positive; use a value below 1 (0.2 is typical).")
     if advantages.dim() < ratio.dim():
         advantages = advantages.view(*advantages.shape, *([1] * (ratio.dim() - advantages.dim())))
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)

@@ -76,7 +76,9 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
     Args:
         prompt_tokens, prompt_mask: ``(batch, P)`` left-padded prompts and their real-token mask.
         temperature: softmax temperature (> 0); ignored when ``greedy``.
-        top_k: keep only the ``top_k`` most likely tokens before sampling (None: all).
+        top_k: keep only the ``top_k`` most likely tokens before sampling (None: all); the
+            rollout's log-probs are then those of the truncated distribution, which
+            :func:`response_log_probs` (no top-k) does not score: RL runs sample without it.
         greedy: take the arg-max token (for evaluation).
         generator: a seeded ``torch.Generator`` for reproducible samples.
         use_cache: False recomputes the whole prefix at every step (the baseline that
@@ -86,14 +88,15 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
         A :class:`Rollout`. Generation ends early once every sequence has emitted ``<eos>``.
 
     Raises:
-        ValueError: for a non-positive temperature or ``max_new_tokens``, or a sequence longer than
-            the model's ``max_seq_len``.
+        ValueError: for a temperature that is not positive and finite, a non-positive
+            ``max_new_tokens``, or a sequence longer than the model's ``max_seq_len``.
         FloatingPointError: if the model produces NaN or infinite logits.
     """
     if max_new_tokens <= 0:
         raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be positive.")
-    if not greedy and temperature <= 0:
-        raise ValueError(f"generate: temperature={temperature} must be > 0 (or use greedy=True).")
+    if not greedy and not 0 < temperature < float("inf"):  # NaN fails too
+        raise ValueError(f"generate: temperature={temperature} must be positive and finite (or "
+                         "use greedy=True).")
     batch, prompt_len = prompt_tokens.shape
     total = prompt_len + max_new_tokens
     if total > model.config.max_seq_len:

@@ -14,6 +14,8 @@ Shapes: per-token tensors ``(batch, R)`` with a ``response_mask (batch, R)``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -50,12 +52,17 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
     ``clip_high`` defaults to ``clip_low`` (symmetric PPO).
 
     Raises:
-        ValueError: if ``clip_high < clip_low`` or a bound is negative.
+        ValueError: if ``clip_high < clip_low``, a bound is negative or not finite, or
+            ``clip_low >= 1`` (the lower bound ``1 - clip_low`` would not be positive, and a
+            negative advantage would never be clipped).
     """
     clip_high = clip_low if clip_high is None else clip_high
-    if clip_low < 0 or clip_high < clip_low:
-        raise ValueError(f"clip bounds low={clip_low}, high={clip_high}: need 0 <= low <= high "
-                         "(DAPO raises only the upper bound).")
+    if not (0 <= clip_low <= clip_high < math.inf):  # NaN fails too
+        raise ValueError(f"clip bounds low={clip_low}, high={clip_high}: need 0 <= low <= high, "
+                         "finite (DAPO raises only the upper bound).")
+    if clip_low >= 1:
+        raise ValueError(f"clip bound low={clip_low}: the lower bound 1 - low would not be "
+                         "positive; use a value below 1 (0.2 is typical).")
     if advantages.dim() < ratio.dim():
         advantages = advantages.view(*advantages.shape, *([1] * (ratio.dim() - advantages.dim())))
     # BEGIN SOLUTION: clamp the ratio to [1 - clip_low, 1 + clip_high]; take the pessimistic (smaller) of the unclipped and clipped objectives, and negate it to make a loss
@@ -167,4 +174,4 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
         per_token = per_token * weights.detach()
     clipped = clipped_tokens(ratio, advantages, clip_low, clip_high)
     loss = aggregate_loss(per_token, response_mask, loss_agg, constant_length)
-    return loss, clipped.detach() & response_mask
+    return loss, clipped.detach() & response_mask.bool()

@@ -123,6 +123,10 @@ def test_scoring_refuses_a_bad_temperature(model):
     r = sample(model, 0)
     with pytest.raises(ValueError, match="temperature=0"):
         response_log_probs(model, r.tokens, r.attention_mask, r.prompt_len, temperature=0)
+    # sampling refuses what scoring refuses: NaN failed inside multinomial, inf sampled uniformly
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match=f"temperature={bad} must be positive and finite"):
+            sample(model, 0, temperature=bad)
 
 
 @pytest.mark.parametrize("use_cache", [False, True])

@@ -44,6 +44,17 @@ def test_clipped_objective_hand_examples_and_decoupled_bounds():
                                     0.2).shape == (2,)
     with pytest.raises(ValueError, match="low <= high"):
         losses.clipped_objective(ratio, torch.tensor([1.0]), 0.28, 0.2)
+    # a NaN bound gave NaN losses; a lower bound at or past 1 never clips a negative advantage
+    for low, high in ((math.nan, 0.2), (0.2, math.nan), (0.2, math.inf)):
+        with pytest.raises(ValueError, match="need 0 <= low <= high, finite"):
+            losses.clipped_objective(ratio, torch.tensor([1.0]), low, high)
+    with pytest.raises(ValueError, match="low=1.5: the lower bound 1 - low would not be positive"):
+        losses.clipped_objective(ratio, torch.tensor([1.0]), 1.5, 2.0)
+    # a float or integer mask: the clipped tokens are a bool tensor, as documented
+    lp = torch.log(torch.tensor([[0.5, 0.5]]))
+    for mask in (torch.ones(1, 2), torch.ones(1, 2, dtype=torch.int64)):
+        _, clipped = losses.policy_loss(lp, lp - 1.0, torch.tensor([1.0]), mask)
+        assert clipped.dtype == torch.bool and clipped.tolist() == [[True, True]]
 
 
 def test_clipped_tokens_are_those_without_gradient():
