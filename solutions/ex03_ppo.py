@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from rlm_course.rl.advantages import check_same_shape, zero_padding
 
 __all__ = ['gae']
 
@@ -32,10 +33,17 @@ def gae(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1
         ``(advantages, returns)``, each ``(batch, R)``, 0 outside the mask.
 
     Raises:
-        ValueError: if gamma or lam is outside [0, 1].
+        ValueError: if gamma or lam is outside [0, 1], or the three tensors are not of one
+            ``(batch, R)`` shape.
     """
     if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"gae: gamma={gamma} and lam={lam} must be in [0, 1].")
+    if values.dim() != 2:
+        raise ValueError(f"gae: values of shape {tuple(values.shape)}; give (batch, R).")
+    check_same_shape(values, response_mask, "gae", "values")
+    check_same_shape(rewards, response_mask, "gae", "rewards")
+    # what padded positions hold (a critic's value there can be anything, even NaN) stays out
+    values, rewards = zero_padding(values, response_mask), zero_padding(rewards, response_mask)
     mask = response_mask.to(values.dtype)
     advantages = torch.zeros_like(values)
     next_value = torch.zeros_like(values[:, 0])

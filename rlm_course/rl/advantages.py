@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlm_course.rl.masked import masked_whiten
+from rlm_course.rl.masked import check_same_shape, masked_whiten, zero_padding
 
 
 def check_groups(rewards: Tensor, group_size: int, who: str) -> None:
@@ -141,10 +141,17 @@ def gae(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1
         ``(advantages, returns)``, each ``(batch, R)``, 0 outside the mask.
 
     Raises:
-        ValueError: if gamma or lam is outside [0, 1].
+        ValueError: if gamma or lam is outside [0, 1], or the three tensors are not of one
+            ``(batch, R)`` shape.
     """
     if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"gae: gamma={gamma} and lam={lam} must be in [0, 1].")
+    if values.dim() != 2:
+        raise ValueError(f"gae: values of shape {tuple(values.shape)}; give (batch, R).")
+    check_same_shape(values, response_mask, "gae", "values")
+    check_same_shape(rewards, response_mask, "gae", "rewards")
+    # what padded positions hold (a critic's value there can be anything, even NaN) stays out
+    values, rewards = zero_padding(values, response_mask), zero_padding(rewards, response_mask)
     mask = response_mask.to(values.dtype)
     # BEGIN SOLUTION: scan t from the last position to the first, carrying V_{t+1} and A_{t+1} (both 0 past the end of a response); zero everything outside the mask
     advantages = torch.zeros_like(values)

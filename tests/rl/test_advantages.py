@@ -109,6 +109,15 @@ def test_gae_hand_example():
     assert torch.allclose(ret, torch.tensor([[0.9, 1.0]]))
     with pytest.raises(ValueError, match="gamma"):
         advantages.gae(adv, adv, torch.ones(1, 2, dtype=torch.bool), gamma=1.5)
+    # a NaN value at a padded position (the critic's output there is unused) stays out: it made
+    # every advantage of the row NaN through next_value = value x 0
+    padded = torch.tensor([[True, True, False]])
+    adv, ret = advantages.gae(torch.tensor([[0.0, 1.0, 0.0]]), torch.tensor([[0.5, 0.8, math.nan]]),
+                              padded, gamma=1.0, lam=0.5)
+    assert torch.allclose(adv, torch.tensor([[0.4, 0.2, 0.0]]))
+    assert torch.allclose(ret, torch.tensor([[0.9, 1.0, 0.0]]))
+    with pytest.raises(ValueError, match=r"gae: values \(1, 2\) and response_mask \(1, 3\)"):
+        advantages.gae(torch.zeros(1, 3), torch.zeros(1, 2), padded)
 
 
 @settings(max_examples=100, deadline=None)
