@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import os
 import random
@@ -163,6 +164,17 @@ def is_real(value) -> bool:
     """A real number (int, float, numpy's scalars), not a bool (``True`` is an ``int`` to Python;
     a bool where a rate or a count belongs is a mistake, not 1)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_amount(name: str, value, positive: bool = False) -> None:
+    """Refuse a size that is not a finite real number ``>= 0`` (``> 0`` when ``positive``):
+    tokens, sequences, parameters, bytes.
+
+    Raises:
+        ValueError: ``"{name}={value!r} must be a finite number >= 0"`` (or ``> 0``).
+    """
+    if not (is_real(value) and math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise ValueError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}.")
 
 
 def check_kinds(checks, owner: str = "") -> None:

@@ -55,6 +55,7 @@ from rlm_course.cost.accounting import predict_passes
 from rlm_course.cost.architectures import TransformerSpec, teacher_forced_flops
 from rlm_course.cost.hardware import Device
 from rlm_course.algorithms import RLConfig
+from rlm_course.utils import check_amount
 from rlm_course.vocabulary import COST_STAGES
 
 STAGES = COST_STAGES  # what this module prices (rlm_course.vocabulary)
@@ -655,7 +656,13 @@ def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute:
     eq. 1): ``L s b h (34 + 5 a s / h)`` per micro-batch, where ``5 a s^2 b`` bytes are the
     attention scores, softmax and dropout mask; a fused attention kernel (FlashAttention, Dao et
     al. 2022) recomputes those and keeps ``34 L s b h``; full recomputation keeps only each
-    layer's input, ``2 L s b h``."""
+    layer's input, ``2 L s b h``.
+
+    Raises:
+        ValueError: for a batch or sequence length that is not a finite number >= 0.
+    """
+    check_amount("batch", batch)
+    check_amount("seq_len", seq_len)
     s, b, h, a = seq_len, batch, spec.d_model, spec.n_head
     if recompute:
         per_layer = 2 * s * b * h

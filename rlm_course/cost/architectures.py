@@ -284,7 +284,17 @@ def teacher_forced_flops(spec: TransformerSpec, seq_len: int, sequences: int,
     (``value_positions`` given) has no language-model head (``2 d V`` per token) but a scalar value
     head (``2 d``) on its ``value_positions`` response positions. ``key_len``: the keys each query
     is scored against (default ``seq_len``; more when the attention kernel runs over padded keys,
-    :func:`rlm_course.lm.attention.attention_key_length`)."""
+    :func:`rlm_course.lm.attention.attention_key_length`).
+
+    Raises:
+        ValueError: for a length, count or key length that is not a finite number >= 0.
+    """
+    from rlm_course.utils import check_amount
+
+    for name, value in (("seq_len", seq_len), ("sequences", sequences),
+                        ("key_len", 0 if key_len is None else key_len),
+                        ("value_positions", 0 if value_positions is None else value_positions)):
+        check_amount(name, value)
     keys = seq_len if key_len is None else key_len
     per_token, per_key = spec.flop_terms
     flops = per_token * seq_len + per_key * seq_len * keys

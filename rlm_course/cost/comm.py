@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
-from rlm_course.utils import is_real
+from rlm_course.utils import check_amount, is_real
 
 
 @dataclass(frozen=True)
@@ -141,12 +141,6 @@ def _check(nbytes: float, p: int) -> None:
             or not (isinstance(p, int) and p >= 1)):
         raise ValueError(f"collective of {nbytes} bytes over p={p!r} ranks: need a finite number "
                          "of bytes >= 0 and a positive integer number of ranks.")
-
-
-def _check_amount(name: str, value, positive: bool = False) -> None:
-    """A finite number of tokens, parameters or bytes (>= 0, or > 0 when ``positive``)."""
-    if not (is_real(value) and math.isfinite(value) and (value > 0 if positive else value >= 0)):
-        raise ValueError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}.")
 
 
 def _check_mfu(mfu) -> None:
@@ -282,7 +276,7 @@ def data_parallel_comm(params: float, dp: int, link: Link, zero_stage: int = 0,
     """
     if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
         raise ValueError(f"ZeRO stage={zero_stage!r}: choose 0 (plain DP), 1, 2 or 3.")
-    _check_amount("params", params)
+    check_amount("params", params)
     if isinstance(dp, bool) or not (isinstance(dp, int) and dp >= 1):
         raise ValueError(f"dp={dp!r} must be a positive integer (1: no data parallelism).")
     if dp == 1:
@@ -310,7 +304,7 @@ def tensor_parallel_comm(spec: TransformerSpec, tp: int, tokens: float, link: Li
             non-finite token count, or ``layers`` outside 1..``n_layer``.
     """
     spec.check_degree("tp", tp)
-    _check_amount("tokens", tokens)
+    check_amount("tokens", tokens)
     if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int)
                                or not 1 <= layers <= spec.n_layer):
         raise ValueError(f"layers={layers!r} must be an integer from 1 to {spec.name}'s "
@@ -365,7 +359,7 @@ def decode_tp_comm(spec: TransformerSpec, tp: int, sequences: int, link: Link,
         ValueError: for a ``tp`` that does not fit the model or a negative sequence count.
     """
     spec.check_degree("tp", tp)
-    _check_amount("sequences", sequences)
+    check_amount("sequences", sequences)
     if tp == 1:
         return NONE
     m = sequences * spec.d_model * act_bytes
@@ -399,7 +393,7 @@ def context_parallel_comm(spec: TransformerSpec, cp: int, tokens: float, link: L
         ValueError: for a ``cp`` that is not a positive integer or a bad token count.
     """
     spec.check_degree("cp", cp)
-    _check_amount("tokens", tokens)
+    check_amount("tokens", tokens)
     if cp == 1:
         return NONE
     shard = 2 * tokens / cp * spec.kv_heads * spec.head_dim * kv_bytes
@@ -420,7 +414,7 @@ def ulysses_comm(spec: TransformerSpec, sp: int, tokens: float, link: Link,
         raise ValueError(f"Ulysses degree {sp} does not divide {spec.name}'s {spec.kv_heads} "
                          "key/value heads; use ring attention (context_parallel_comm) instead.")
     spec.check_degree("sp", sp)
-    _check_amount("tokens", tokens)
+    check_amount("tokens", tokens)
     if sp == 1:
         return NONE
     local = tokens / sp * spec.head_dim * act_bytes
@@ -440,7 +434,7 @@ def expert_parallel_comm(spec: TransformerSpec, ep: int, tokens: float, link: Li
             or a bad token count.
     """
     spec.check_degree("ep", ep)
-    _check_amount("tokens", tokens)
+    check_amount("tokens", tokens)
     if ep == 1:
         return NONE
     m = tokens * spec.experts_per_token * spec.d_model * act_bytes
@@ -522,7 +516,7 @@ def data_parallel_step(spec: TransformerSpec, device: Device, dp: int, tokens_pe
     Raises:
         ValueError: for non-positive sizes.
     """
-    _check_amount("tokens_per_device", tokens_per_device, positive=True)
+    check_amount("tokens_per_device", tokens_per_device, positive=True)
     _check_mfu(mfu)
     spec.check_degree("dp", dp)
     compute = 6 * spec.matmul_params() * tokens_per_device / (mfu * device.peak_flops)
@@ -547,7 +541,7 @@ def tensor_parallel_layer(spec: TransformerSpec, device: Device, tp: int, tokens
     """
     spec.check_degree("tp", tp)
     _check_mfu(mfu)
-    _check_amount("tokens", tokens)
+    check_amount("tokens", tokens)
     weights = spec.attention_params(weights_only=True) + (
         (spec.experts_per_token + spec.n_shared_experts) * spec.mlp_params(weights_only=True))
     flops = 2 * weights * tokens * (3 if backward else 1)

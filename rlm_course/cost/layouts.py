@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 from rlm_course.cost.anatomy import activation_bytes, zero_model_state_bytes
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
-from rlm_course.utils import is_real
+from rlm_course.utils import check_amount, is_real
 
 GB = 1e9
 ADAM_STATE_BYTES = 12  # fp32 master weights, momentum, variance
@@ -213,9 +213,11 @@ def training_memory(spec: TransformerSpec, layout: Layout, seq_len: int,
     too).
 
     Raises:
-        ValueError: for a layout that does not fit the architecture.
+        ValueError: for a layout that does not fit the architecture, or a sequence length that
+            is not a finite number >= 0.
     """
     layout.check(spec)
+    check_amount("seq_len", seq_len)
     dense, experts = params_per_device(spec, layout)
     dp_dense = layout.dp * layout.cp
     dp_expert = layout.tp * dp_dense // layout.ep if layout.ep > 1 else dp_dense

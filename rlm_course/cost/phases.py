@@ -70,7 +70,7 @@ from rlm_course.cost.hardware import Device
 from rlm_course.cost.layouts import Layout, model_states, axis_strides, params_per_device
 from rlm_course.cost.weight_sync import TRANSPORTS, SyncCost, sync_cost
 from rlm_course.algorithms import RLConfig
-from rlm_course.utils import is_real
+from rlm_course.utils import check_amount, is_real
 
 
 @dataclass(frozen=True)
@@ -646,5 +646,10 @@ def weight_sync(spec: TransformerSpec, device: Device, placement: str, generatio
 
 def offload_seconds(nbytes: float, rates: Rates, device: Device) -> float:
     """Seconds to move ``nbytes`` per device to host memory and back (both ways) over the host
-    link (:meth:`Rates.host`)."""
+    link (:meth:`Rates.host`).
+
+    Raises:
+        ValueError: for a byte count that is not a finite number >= 0.
+    """
+    check_amount("nbytes", nbytes)
     return 2 * nbytes / rates.host(device)

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.comm import Fabric, Link, all_gather_seconds
 from rlm_course.cost.hardware import Device
+from rlm_course.utils import check_amount
 from rlm_course.vocabulary import PLACEMENTS
 
 if TYPE_CHECKING:
@@ -115,8 +116,10 @@ def predict_transition(model_bytes: float, tp: int, tp_gen: int, pp: int = 1, pp
         fraction of bytes (and seconds) HybridFlow saves.
 
     Raises:
-        ValueError: unless ``tp_gen x pp_gen`` divides ``tp x pp``.
+        ValueError: unless ``tp_gen x pp_gen`` divides ``tp x pp``, or for a model size that is
+            not a finite number >= 0.
     """
+    check_amount("model_bytes", model_bytes)
     train, gen = tp * pp, tp_gen * pp_gen
     if min(tp, pp, tp_gen, pp_gen) < 1 or train % gen:
         raise ValueError(f"generation TP x PP = {gen} must be a positive divisor of training "

@@ -10,12 +10,13 @@ import pytest
 from rlm_course.cluster.planner import generation_estimate
 from rlm_course.cluster.simulator import Scenario, algorithm, simulate
 from rlm_course.cost import comm
-from rlm_course.cost.anatomy import Workload, decode_step_seconds, iteration_report, lognormal_lengths
-from rlm_course.cost.architectures import get_spec
+from rlm_course.cost.anatomy import (Workload, activation_bytes, decode_step_seconds,
+                                     iteration_report, lognormal_lengths)
+from rlm_course.cost.architectures import get_spec, teacher_forced_flops
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost.layouts import Layout, generation_memory, kv_slots, training_memory, usable
-from rlm_course.cost.phases import Cluster, DecodeCost, Rates
-from rlm_course.cost.weight_sync import sync_cost, tensor_count
+from rlm_course.cost.phases import Cluster, DecodeCost, Rates, offload_seconds
+from rlm_course.cost.weight_sync import predict_transition, sync_cost, tensor_count
 
 H100 = get_device("H100-SXM-80GB")
 DSV3, LLAMA70 = get_spec("deepseek-v3"), get_spec("llama-3-70b")
@@ -235,4 +236,18 @@ def test_the_cost_functions_refuse_degrees_and_sizes_that_do_not_fit(call, messa
     model) and sizes that are negative or NaN are refused by name; they returned numbers (or
     divided by zero) when called from a notebook."""
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("=", "=")):
+        call()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: training_memory(LLAMA8, Layout(), -1), "seq_len=-1 must be a finite number >= 0"),
+    (lambda: training_memory(LLAMA8, Layout(), math.nan), "seq_len=nan"),
+    (lambda: activation_bytes(LLAMA8, -1, 100, False), "batch=-1"),
+    (lambda: teacher_forced_flops(LLAMA8, -1, 4), "seq_len=-1"),
+    (lambda: offload_seconds(-1e9, Rates(), H100), "nbytes=-1000000000.0"),
+    (lambda: predict_transition(-1, 4, 2), "model_bytes=-1"),
+])
+def test_sizes_that_no_run_has_are_refused(call, message):
+    """Negative or NaN lengths, batches and bytes gave negative or NaN bytes, FLOPs and seconds."""
+    with pytest.raises(ValueError, match=message):
         call()
