@@ -106,11 +106,12 @@ def _plan(args) -> int:
                   modes=args.modes, staleness_penalty=args.staleness_penalty)
     # the budget cuts the tail: the lengths simulated average less than the mean drawn
     capped = workload.mean_response_len
-    mean = (f"mean {args.mean_response:g}" if capped >= 0.99 * args.mean_response else
-            f"mean {args.mean_response:g} before the cap, {capped:,.0f} after")
-    print(f"{spec.name}, {args.algorithm}, {args.gpus:,} x {device.name}: {args.prompts:,} "
-          f"prompts x {args.group_size}, prompts of {args.prompt_len} tokens, responses log-normal ({mean}, "
-          f"sigma {args.sigma:g}, at most {args.max_response}); rates "
+    mean = (f"mean {args.mean_response:,g}" if capped >= 0.99 * args.mean_response else
+            f"mean {args.mean_response:,g} before the cap, {capped:,.0f} after")
+    prompts = f"{args.prompts:,} prompt{'' if args.prompts == 1 else 's'}"
+    print(f"{spec.name}, {args.algorithm}, {args.gpus:,} x {device.name}: {prompts} x "
+          f"{args.group_size:,}, prompts of {args.prompt_len:,} tokens, responses log-normal "
+          f"({mean}, sigma {args.sigma:g}, at most {args.max_response:,}); rates "
           f"calibrated on {args.rates}'s published runs (decode step latency "
           f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}); "
           f"staleness priced at {args.staleness_penalty:g} extra steps per version; "

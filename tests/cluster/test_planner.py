@@ -82,7 +82,7 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--prompts", "32",
                  "--group-size", "8", "--mean-response", "500", "--placement", "colocated",
                  "--top", "1"]) == 0
-    assert "(mean 500, sigma 0.8, at most 7680)" in capsys.readouterr().out
+    assert "(mean 500, sigma 0.8, at most 7,680)" in capsys.readouterr().out
     # a budget hint fits the window, and a mean the window cannot hold says so
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--max-response", "100"]) == 2
     assert "raise it (e.g. --max-response 7680)" in capsys.readouterr().err
@@ -104,7 +104,7 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
     # the budget cuts the tail, and the header says by how much (the drawn lengths' mean)
     capped = Workload.long_tailed(512, 16, 512, 16384, 0.8, 16384, 0).mean_response_len
     assert 0.6 * 16384 < capped < 0.75 * 16384
-    assert (f"(mean 16384 before the cap, {capped:,.0f} after, sigma 0.8, at most 16384)"
+    assert (f"(mean 16,384 before the cap, {capped:,.0f} after, sigma 0.8, at most 16,384)"
             in capsys.readouterr().out)
     # a mean and a budget both past the window: one message names both, and following it plans
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--mean-response", "10000",
