@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from rlm_course.lm.model import ModelConfig
+from rlm_course.utils import check_amount
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, tokens: int,
@@ -289,8 +290,6 @@ def teacher_forced_flops(spec: TransformerSpec, seq_len: int, sequences: int,
     Raises:
         ValueError: for a length, count or key length that is not a finite number >= 0.
     """
-    from rlm_course.utils import check_amount
-
     for name, value in (("seq_len", seq_len), ("sequences", sequences),
                         ("key_len", 0 if key_len is None else key_len),
                         ("value_positions", 0 if value_positions is None else value_positions)):
