@@ -99,16 +99,22 @@ class TransformerSpec:
         for name in ("n_layer", "d_model", "n_head", "d_ff", "vocab_size", "n_experts",
                      "experts_per_token"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{self.name}: {name}={value!r} must be a positive integer.")
+        for name in ("n_shared_experts", "learned_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{self.name}: {name}={value!r} must be an integer >= 0.")
         for name in ("n_kv_head", "d_head", "max_context"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value <= 0):
                 raise ValueError(f"{self.name}: {name}={value!r} must be a positive integer.")
-        if self.norm_params_per_layer is not None and self.norm_params_per_layer < 0:
+        if self.norm_params_per_layer is not None and (
+                not isinstance(self.norm_params_per_layer, int)
+                or isinstance(self.norm_params_per_layer, bool) or self.norm_params_per_layer < 0):
             raise ValueError(f"{self.name}: norm_params_per_layer={self.norm_params_per_layer} "
-                             "must be >= 0.")
+                             "must be an integer >= 0.")
         if self.d_head is None and self.d_model % self.n_head:
             raise ValueError(f"{self.name}: n_head={self.n_head} does not divide "
                              f"d_model={self.d_model}; choose a divisor or give d_head.")
@@ -118,8 +124,6 @@ class TransformerSpec:
         if self.experts_per_token > self.n_experts:
             raise ValueError(f"{self.name}: experts_per_token={self.experts_per_token} exceeds "
                              f"n_experts={self.n_experts}.")
-        if self.n_shared_experts < 0 or self.learned_positions < 0:
-            raise ValueError(f"{self.name}: n_shared_experts and learned_positions must be >= 0.")
 
     def check_degree(self, axis: str, degree) -> None:
         """Check a parallel degree against this model: a positive integer (not a bool) for every

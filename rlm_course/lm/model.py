@@ -49,7 +49,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "mlp_ratio"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive integer.")
         if self.d_model % self.n_head:
             raise ValueError(

@@ -67,6 +67,10 @@ def test_gqa_and_mqa_shrink_only_the_kv_cache_and_kv_projections():
     (dict(n_experts=4, experts_per_token=5), "experts_per_token=5 exceeds n_experts=4"),
     (dict(n_layer=0), "n_layer=0"),
     (dict(max_context=0), "max_context=0"),
+    (dict(n_layer=True), r"n_layer=True must be a positive integer"),
+    (dict(n_shared_experts=1.5), r"n_shared_experts=1.5 must be an integer >= 0"),
+    (dict(learned_positions=-1), r"learned_positions=-1 must be an integer >= 0"),
+    (dict(norm_params_per_layer=float("nan")), r"norm_params_per_layer=nan must be an integer"),
 ])
 def test_inconsistent_specs_raise(kw, match):
     base = dict(name="x", n_layer=2, d_model=64, n_head=8, d_ff=128, vocab_size=10)

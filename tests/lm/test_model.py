@@ -92,7 +92,8 @@ def test_decode_step_flops_match_formula():
 
 @pytest.mark.parametrize("kw,match", [({"n_head": 3}, "does not divide d_model"),
                                       ({"n_layer": 0}, "positive integer"),
-                                      ({"d_model": -8}, "positive integer")])
+                                      ({"d_model": -8}, "positive integer"),
+                                      ({"n_layer": True}, r"n_layer=True: must be a positive")])
 def test_bad_config_raises_clear_error(kw, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig(TOK.vocab_size, **kw)
