@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.systems.async_rl import policy_loss
-from rlm_course.rl.off_policy import CORRECTIONS, check_log_probs
+from rlm_course.rl.off_policy import CORRECTIONS, LOG_RATIO_CLAMP, check_log_probs
 
 __all__ = ['rollout_capacity', 'behaviour_weights', 'decoupled_ppo_loss']
 
@@ -77,8 +77,8 @@ def behaviour_weights(prox_log_probs: Tensor, behaviour_log_probs: Tensor,
                          f"{', '.join(CORRECTIONS)}.")
     check_log_probs(prox_log_probs, behaviour_log_probs, response_mask, cap, "behaviour_weights")
     mask = response_mask.bool()
-    # TODO: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w), the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere
-    raise NotImplementedError("not implemented yet: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w), the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere")
+    # TODO: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w) with log w clamped to +-LOG_RATIO_CLAMP, the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere
+    raise NotImplementedError("not implemented yet: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w) with log w clamped to +-LOG_RATIO_CLAMP, the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere")
     return torch.where(mask, weights, 0.0), above  # padding: 0 even where the weight overflowed
 
 

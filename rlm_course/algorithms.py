@@ -49,6 +49,12 @@ AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 KL_MODES = ("none", "loss", "reward")
 #: KL estimators (:func:`rlm_course.rl.kl.kl_estimate`).
 KL_ESTIMATORS = ("k1", "k2", "k3")
+#: The policy loss clamps a log-ratio to +-20 before ``exp`` (a ratio of 5e8 either way), as
+#: veRL does (``core_algos.compute_policy_loss``): past about 88.7 nats ``exp`` overflows float32,
+#: and even where the loss then clips or masks the value, the backward pass multiplies a zero
+#: gradient by inf and writes NaN into the weights. The behaviour weights of
+#: :mod:`rlm_course.rl.off_policy` are clamped alike, so a correction cap must lie below exp(20).
+LOG_RATIO_CLAMP = 20.0
 #: Corrections for tokens sampled by another policy than the proximal one (staleness, the
 #: rollout/trainer mismatch): :mod:`rlm_course.rl.off_policy`.
 CORRECTIONS = ("none", "is", "tis", "mis", "seq-tis", "seq-mis")
@@ -291,9 +297,10 @@ class RLConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value} must be a positive finite number.")
-        if not (math.isfinite(self.correction_cap) and self.correction_cap >= 1.0):
-            raise ValueError(f"correction_cap={self.correction_cap} must be a finite number >= 1 "
-                             "(2 is typical); a weight below 1 is never truncated or masked.")
+        if not 1.0 <= self.correction_cap < math.exp(LOG_RATIO_CLAMP):  # NaN fails too
+            raise ValueError(f"correction_cap={self.correction_cap} must be a number from 1 to "
+                             "below exp(20) (2 is typical); a weight below 1 is never truncated "
+                             "or masked, and weights are clamped at exp(20).")
         if self.lr > 1.0:
             raise ValueError(f"lr={self.lr} is far too large for Adam (use 1e-4 to 1e-3).")
         if self.clip_eps >= 1.0:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.systems.async_rl import policy_loss
-from rlm_course.rl.off_policy import CORRECTIONS, check_log_probs
+from rlm_course.rl.off_policy import CORRECTIONS, LOG_RATIO_CLAMP, check_log_probs
 
 __all__ = ['rollout_capacity', 'behaviour_weights', 'decoupled_ppo_loss']
 
@@ -81,7 +81,7 @@ def behaviour_weights(prox_log_probs: Tensor, behaviour_log_probs: Tensor,
     if correction == "none":
         weights = torch.ones_like(log_w)
     else:
-        weights = torch.exp(log_w)
+        weights = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     above = (weights > cap) & mask if correction in ("tis", "mis", "seq-tis", "seq-mis") else \
         torch.zeros_like(mask)
     if correction in ("tis", "seq-tis"):

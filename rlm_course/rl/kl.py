@@ -14,16 +14,10 @@ import math
 import torch
 from torch import Tensor
 
-from rlm_course.algorithms import KL_ESTIMATORS
-
+from rlm_course.algorithms import KL_ESTIMATORS, LOG_RATIO_CLAMP  # noqa: F401 (re-exported)
 
 
 KL_CLAMP = 10.0
-#: The policy loss clamps a log-ratio to +-20 before ``exp`` (a ratio of 5e8 either way), as
-#: veRL does (``core_algos.compute_policy_loss``): past about 88.7 nats ``exp`` overflows float32,
-#: and even where the loss then clips or masks the value, the backward pass multiplies a zero
-#: gradient by inf and writes NaN into the weights.
-LOG_RATIO_CLAMP = 20.0
 
 
 def exp_safe_limit(dtype: torch.dtype) -> float:

@@ -45,18 +45,23 @@ while each kept token keeps its exact weight. Sequence-level weights are the rat
 responses, the one a sequence reward calls for, but their variance grows with length (a product
 of many ``w_t``). A masked token still counts in the denominator of the aggregation, as in AReaL
 (its loss is 0, not removed). verl's masking mode also has a lower threshold; here only the upper
-one is kept, as in AReaL and TRL.
+one is kept, as in AReaL and TRL. Every log-weight is clamped to ``+-LOG_RATIO_CLAMP`` (20) before
+``exp``, as the policy ratio is (:mod:`rlm_course.rl.losses`): an uncapped ``is`` weight of one
+token whose behaviour probability underflowed would otherwise be infinite (``exp`` overflows
+float32 past 88.7) and make the loss NaN.
 
 Shapes: per-token tensors ``(batch, R)`` with a ``response_mask (batch, R)``.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from rlm_course.algorithms import CORRECTIONS
-from rlm_course.rl.kl import kl_k3
+from rlm_course.rl.kl import LOG_RATIO_CLAMP, kl_k3
 from rlm_course.rl.masked import masked_mean
 
 
@@ -64,7 +69,7 @@ def check_log_probs(prox_log_probs: Tensor, behaviour_log_probs: Tensor, respons
                     cap: float, where: str) -> None:
     """Refuse what the corrections cannot weigh: tensors that are not all ``(batch, R)`` of one
     shape, log-probs that are not finite on real tokens (NaN would pass every cap unseen), or a
-    cap that is not a finite number >= 1.
+    cap that is not a number from 1 to below ``exp(LOG_RATIO_CLAMP)``.
 
     Raises:
         ValueError: naming the function ``where``, the shapes or the count of bad log-probs.
@@ -73,9 +78,11 @@ def check_log_probs(prox_log_probs: Tensor, behaviour_log_probs: Tensor, respons
     if any(len(x) != 2 for x in shapes) or len(set(shapes)) != 1:
         raise ValueError(f"{where}: proximal, behaviour log-probs and response mask must all be "
                          f"(batch, R) of one shape; got {shapes[0]}, {shapes[1]} and {shapes[2]}.")
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 1.0 <= cap < float("inf"):
-        raise ValueError(f"{where}: cap={cap!r} must be a finite number >= 1 (2 is typical; "
-                         "AReaL and TRL use 2-5).")
+    if (isinstance(cap, bool) or not isinstance(cap, (int, float))
+            or not 1.0 <= cap < math.exp(LOG_RATIO_CLAMP)):
+        raise ValueError(f"{where}: cap={cap!r} must be a number from 1 to below "
+                         f"exp({LOG_RATIO_CLAMP:g}) = {math.exp(LOG_RATIO_CLAMP):.3g}, where the "
+                         "weights are clamped (2 is typical; AReaL and TRL use 2-5).")
     mask = response_mask.bool()
     bad = int((~torch.isfinite(prox_log_probs[mask])).sum() +
               (~torch.isfinite(behaviour_log_probs[mask])).sum())
@@ -114,14 +121,14 @@ def behaviour_weights(prox_log_probs: Tensor, behaviour_log_probs: Tensor,
                          f"{', '.join(CORRECTIONS)}.")
     check_log_probs(prox_log_probs, behaviour_log_probs, response_mask, cap, "behaviour_weights")
     mask = response_mask.bool()
-    # BEGIN SOLUTION: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w), the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere
+    # BEGIN SOLUTION: the log-weight is prox - behaviour on real tokens (0 on padding); for the sequence corrections sum it over each response and broadcast; 'none' gives ones, 'is' exp(log w) with log w clamped to +-LOG_RATIO_CLAMP, the truncations clamp at cap, the masks zero the weights above cap; 'corrected' marks the real tokens above cap (only for the capped corrections); no gradient anywhere
     log_w = torch.where(mask, prox_log_probs - behaviour_log_probs, 0.0).detach()
     if correction.startswith("seq-"):
         log_w = log_w.sum(1, keepdim=True).expand_as(log_w)
     if correction == "none":
         weights = torch.ones_like(log_w)
     else:
-        weights = torch.exp(log_w)
+        weights = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     above = (weights > cap) & mask if correction in ("tis", "mis", "seq-tis", "seq-mis") else \
         torch.zeros_like(mask)
     if correction in ("tis", "seq-tis"):

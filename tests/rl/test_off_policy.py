@@ -46,6 +46,10 @@ def test_weights_carry_no_gradient_and_bad_settings_are_named():
         behaviour_weights(PROX, BEHAV, MASK, "tis", 0.5)
     with pytest.raises(ValueError, match="correction_cap"):
         preset("grpo", correction="tis", correction_cap=float("nan"))
+    with pytest.raises(ValueError, match=r"correction_cap=1000000000.0 must be a number from 1 to below"):
+        preset("grpo", correction="tis", correction_cap=1e9)
+    with pytest.raises(ValueError, match=r"cap=1000000000.0 must be a number from 1 to below exp\(20\)"):
+        behaviour_weights(PROX, BEHAV, MASK, "mis", 1e9)
     with pytest.raises(ValueError, match="rollout_precision"):
         preset("grpo", rollout_precision="int3")
 
@@ -113,3 +117,19 @@ def test_bad_shapes_and_non_finite_log_probs_are_refused():
     assert behaviour_weights(padded, BEHAV, MASK, "tis")[0][1, 2] == 0
     with pytest.raises(ValueError, match="cap=-1"):
         mismatch_stats(PROX, BEHAV, MASK, cap=-1)
+
+
+def test_an_underflowed_behaviour_probability_gives_a_finite_weight():
+    # a token the engine gave probability e^-100 and the trainer e^-1: log w = 99, past float32's
+    # exp range; the weight is clamped at exp(20) as the policy ratio is, never inf
+    prox, behav = torch.tensor([[-1.0, -0.5]]), torch.tensor([[-100.0, -0.5]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    for correction in ("is", "seq-tis", "seq-mis", "tis", "mis"):
+        w, above = behaviour_weights(prox, behav, mask, correction, cap=2.0)
+        assert torch.isfinite(w).all(), correction
+    w, _ = behaviour_weights(prox, behav, mask, "is")
+    assert w.tolist() == [[pytest.approx(math.exp(20.0), rel=1e-6), 1.0]]
+    w, above = behaviour_weights(prox, behav, mask, "mis", cap=2.0)
+    assert w.tolist() == [[0.0, 1.0]] and above.tolist() == [[True, False]]
+    w, _ = behaviour_weights(prox, behav, mask, "seq-tis", cap=3.0)
+    assert w.tolist() == [[3.0, 3.0]]
