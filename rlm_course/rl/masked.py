@@ -46,7 +46,10 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 
 def masked_whiten(x: Tensor, response_mask: Tensor, eps: float = 1e-6) -> Tensor:
     """Normalise ``x (batch, R)`` to mean 0 and standard deviation 1 over the masked tokens of the
-    whole batch (PPO's advantage whitening; verl ``masked_whiten``); 0 outside the mask.
+    whole batch (PPO's advantage whitening); 0 outside the mask. The standard deviation is the
+    population one (divided by the ``n`` masked tokens) plus ``eps``; verl's ``masked_whiten``
+    divides the variance by ``n - 1`` and adds 1e-8 to it, a relative difference of ``1 / (2n)``
+    (0.2% at 256 tokens), and refuses a single token, which here whitens to 0.
 
     Raises:
         ValueError: for a mask of another shape than ``x``.
