@@ -84,9 +84,16 @@ def clipped_tokens(ratio: Tensor, advantages: Tensor, clip_low: float,
 def sequence_mean(per_token: Tensor, response_mask: Tensor) -> Tensor:
     """GRPO's aggregation: mean over each response's tokens, then mean over responses.
 
-    ``1/G sum_i 1/|o_i| sum_t x_{i,t}`` (Shao et al. 2024, eq. 3). Inputs ``(batch, R)``.
+    ``1/G sum_i 1/|o_i| sum_t x_{i,t}`` (Shao et al. 2024, eq. 3). Inputs ``(batch, R)``. A
+    response without any real token (``|o_i| = 0``) is left out of the mean over responses, as
+    in verl's ``agg_loss``, instead of counting as a 0 that dilutes the others; with none at all
+    the loss is 0.
     """
-    return masked_mean(per_token, response_mask, dim=1).mean()
+    per_response = masked_mean(per_token, response_mask, dim=1)
+    rows = response_mask.bool().any(1)
+    if not rows.any():
+        return (per_response * 0.0).sum()
+    return per_response[rows].mean()
 
 
 def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,

@@ -16,6 +16,14 @@ def test_masked_and_sequence_means():
     # GRPO: mean per sequence (2 and 4), then over sequences -> 3
     assert losses.sequence_mean(x, m).item() == pytest.approx(3.0)
     assert masked.masked_mean(x, torch.zeros_like(m), dim=1).tolist() == [0.0, 0.0]
+    # a response without real tokens is left out of the mean over responses (verl's agg_loss),
+    # not counted as a 0: (2 + 4) / 2, not (2 + 4 + 0) / 3
+    x3, m3 = torch.cat([x, torch.full((1, 3), 7.0)]), torch.cat([m, torch.zeros(1, 3, dtype=bool)])
+    assert losses.sequence_mean(x3, m3).item() == pytest.approx(3.0)
+    empty = x.clone().requires_grad_(True)
+    loss = losses.sequence_mean(empty, torch.zeros_like(m))
+    loss.backward()
+    assert loss.item() == 0.0 and empty.grad.abs().sum() == 0
 
 
 def test_sequence_ratio_is_the_geometric_mean_of_token_ratios():
