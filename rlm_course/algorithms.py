@@ -105,6 +105,9 @@ class RLConfig:
         ratio_level: ``token`` (PPO/GRPO) or ``sequence`` (GSPO, length-normalised).
         clip_eps, clip_eps_high: epsilon_low and epsilon_high of the clipped objective
             (``clip_eps_high=None`` is symmetric; DAPO's clip-higher raises only the upper bound).
+        dual_clip: dual-clip PPO's ``c`` > 1 (Ye et al. 2020): the loss of a token with a
+            negative advantage is at most ``-c A`` (:func:`rlm_course.rl.losses.clipped_objective`;
+            None: off, as in the published presets here; verl defaults to 3).
         loss_agg: ``seq-mean-token-mean`` (GRPO), ``token-mean`` (DAPO, PPO),
             ``seq-mean-token-sum-norm`` (Dr. GRPO, divided by the generation budget).
         kl_mode: ``none`` (no reference model), ``loss`` (``kl_coef * KL`` added to the loss, GRPO)
@@ -177,6 +180,10 @@ class RLConfig:
     clip_eps: float = field(default=0.2, metadata={"help": "lower clip epsilon of the ratio"})
     clip_eps_high: float | None = field(default=None, metadata={
         "help": "upper clip epsilon (DAPO's clip-higher; 'none': the lower one)"
+    })
+    dual_clip: float | None = field(default=None, metadata={
+        "help": "dual-clip PPO's c: a negative advantage's token loss is at most -c A, however "
+                "large its ratio (verl's clip_ratio_c, 3 there; 'none': off)"
     })
     loss_agg: str = field(default="seq-mean-token-mean", metadata={
         "help": "how token losses are averaged into the loss",
@@ -338,6 +345,9 @@ class RLConfig:
             raise ValueError(f"use_critic=True with advantage={self.advantage!r}: only GAE uses the "
                              "critic's values, so it would be trained for nothing; drop the critic "
                              "(--no-use-critic) or use advantage='gae' (--advantage gae).")
+        if self.dual_clip is not None and not (1.0 < self.dual_clip < math.inf):  # NaN fails
+            raise ValueError(f"dual_clip={self.dual_clip} must be a finite number above 1 (verl "
+                             "uses 3), or none (--dual-clip none).")
         if self.clip_eps_high is not None and self.clip_eps_high < self.clip_eps:
             raise ValueError(f"clip_eps_high={self.clip_eps_high} < clip_eps={self.clip_eps}: "
                              "the upper clip bound must be at least the lower one (DAPO's "

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.rl.advantages import check_groups, constant_groups
-from rlm_course.rl.losses import math
+from rlm_course.rl.losses import check_dual_clip, math
 from rlm_course.rl.kl import exp_safe_limit
 
 __all__ = ['group_advantages', 'clipped_objective', 'kl_k3']
@@ -47,10 +47,17 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
 
 
 def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
-                      clip_high: float | None = None) -> Tensor:
+                      clip_high: float | None = None, clip_c: float | None = None) -> Tensor:
     """PPO's pessimistic clipped loss (Schulman et al. 2017, arXiv:1707.06347, eq. 7), with the
     decoupled bounds of DAPO's "clip-higher" (Yu et al. 2025, arXiv:2503.14476, eq. 8):
     ``-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)``.
+
+    ``clip_c`` (> 1) adds dual-clip PPO's bound (Ye et al. 2020, arXiv:1912.09729; verl's
+    ``clip_ratio_c``, 3 there): where ``A < 0`` the loss is at most ``-clip_c A``. PPO's clip is
+    pessimistic, so for a negative advantage it never clips a *large* ratio: a token the policy
+    now makes 50 times likelier would push with ``-50 A``, and stale or mismatched samples make
+    such ratios common; past ``clip_c`` the token's loss is the constant ``-clip_c A`` and it
+    gets no gradient.
 
     Chapter 02's GRPO uses it per token, with ``r = exp(log pi_theta - log pi_old)`` and one
     advantage per response; a token whose objective is clipped gets no gradient.
@@ -62,9 +69,11 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
     Raises:
         ValueError: if ``clip_high < clip_low``, a bound is negative or not finite, or
             ``clip_low >= 1`` (the lower bound ``1 - clip_low`` would not be positive, and a
-            negative advantage would never be clipped).
+            negative advantage would never be clipped), or ``clip_c`` is not a finite number
+            above 1.
     """
     clip_high = clip_low if clip_high is None else clip_high
+    check_dual_clip(clip_c)
     if not (0 <= clip_low <= clip_high < math.inf):  # NaN fails too
         raise ValueError(f"clip bounds low={clip_low}, high={clip_high}: need 0 <= low <= high, "
                          "finite (DAPO raises only the upper bound).")
@@ -74,7 +83,10 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
     if advantages.dim() < ratio.dim():
         advantages = advantages.view(*advantages.shape, *([1] * (ratio.dim() - advantages.dim())))
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    return -torch.minimum(ratio * advantages, clipped * advantages)
+    loss = -torch.minimum(ratio * advantages, clipped * advantages)
+    if clip_c is not None:  # dual clip: a negative advantage's loss is at most -c A
+        loss = torch.where(advantages < 0, torch.minimum(loss, -clip_c * advantages), loss)
+    return loss
 
 
 def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:

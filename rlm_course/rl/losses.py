@@ -39,10 +39,17 @@ def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tens
 
 
 def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
-                      clip_high: float | None = None) -> Tensor:
+                      clip_high: float | None = None, clip_c: float | None = None) -> Tensor:
     """PPO's pessimistic clipped loss (Schulman et al. 2017, arXiv:1707.06347, eq. 7), with the
     decoupled bounds of DAPO's "clip-higher" (Yu et al. 2025, arXiv:2503.14476, eq. 8):
     ``-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)``.
+
+    ``clip_c`` (> 1) adds dual-clip PPO's bound (Ye et al. 2020, arXiv:1912.09729; verl's
+    ``clip_ratio_c``, 3 there): where ``A < 0`` the loss is at most ``-clip_c A``. PPO's clip is
+    pessimistic, so for a negative advantage it never clips a *large* ratio: a token the policy
+    now makes 50 times likelier would push with ``-50 A``, and stale or mismatched samples make
+    such ratios common; past ``clip_c`` the token's loss is the constant ``-clip_c A`` and it
+    gets no gradient.
 
     Chapter 02's GRPO uses it per token, with ``r = exp(log pi_theta - log pi_old)`` and one
     advantage per response; a token whose objective is clipped gets no gradient.
@@ -54,9 +61,11 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
     Raises:
         ValueError: if ``clip_high < clip_low``, a bound is negative or not finite, or
             ``clip_low >= 1`` (the lower bound ``1 - clip_low`` would not be positive, and a
-            negative advantage would never be clipped).
+            negative advantage would never be clipped), or ``clip_c`` is not a finite number
+            above 1.
     """
     clip_high = clip_low if clip_high is None else clip_high
+    check_dual_clip(clip_c)
     if not (0 <= clip_low <= clip_high < math.inf):  # NaN fails too
         raise ValueError(f"clip bounds low={clip_low}, high={clip_high}: need 0 <= low <= high, "
                          "finite (DAPO raises only the upper bound).")
@@ -65,20 +74,43 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
                          "positive; use a value below 1 (0.2 is typical).")
     if advantages.dim() < ratio.dim():
         advantages = advantages.view(*advantages.shape, *([1] * (ratio.dim() - advantages.dim())))
-    # BEGIN SOLUTION: clamp the ratio to [1 - clip_low, 1 + clip_high]; take the pessimistic (smaller) of the unclipped and clipped objectives, and negate it to make a loss
+    # BEGIN SOLUTION: clamp the ratio to [1 - clip_low, 1 + clip_high]; take the pessimistic (smaller) of the unclipped and clipped objectives, and negate it into `loss` (the dual clip below then bounds it)
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    return -torch.minimum(ratio * advantages, clipped * advantages)
+    loss = -torch.minimum(ratio * advantages, clipped * advantages)
     # END SOLUTION
+    if clip_c is not None:  # dual clip: a negative advantage's loss is at most -c A
+        loss = torch.where(advantages < 0, torch.minimum(loss, -clip_c * advantages), loss)
+    return loss
+
+
+def check_dual_clip(clip_c: float | None) -> None:
+    """Refuse a dual-clip bound that is neither None nor a finite number above 1 (at 1 or below,
+    it would cap the loss of a negative advantage at ratios PPO itself keeps; verl asserts the
+    same).
+
+    Raises:
+        ValueError: naming the value and the fix.
+    """
+    if clip_c is None:
+        return
+    if (isinstance(clip_c, bool) or not isinstance(clip_c, (int, float))
+            or not 1.0 < clip_c < math.inf):
+        raise ValueError(f"dual clip c={clip_c!r} must be a finite number above 1 (verl uses 3), "
+                         "or None for none.")
 
 
 def clipped_tokens(ratio: Tensor, advantages: Tensor, clip_low: float,
-                   clip_high: float | None = None) -> Tensor:
+                   clip_high: float | None = None, clip_c: float | None = None) -> Tensor:
     """Where the clipped objective removed the gradient: the ratio above ``1 + clip_high`` with a
-    positive advantage, or below ``1 - clip_low`` with a negative one. ``ratio (batch, R)``;
-    ``advantages (batch,)`` (broadcast over tokens) or ``(batch, R)``. Returns a bool tensor."""
+    positive advantage, or below ``1 - clip_low`` with a negative one (or, with a dual clip
+    ``clip_c``, above it with a negative one). ``ratio (batch, R)``; ``advantages (batch,)``
+    (broadcast over tokens) or ``(batch, R)``. Returns a bool tensor."""
     clip_high = clip_low if clip_high is None else clip_high
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    return ((ratio > 1 + clip_high) & (adv > 0)) | ((ratio < 1 - clip_low) & (adv < 0))
+    clipped = ((ratio > 1 + clip_high) & (adv > 0)) | ((ratio < 1 - clip_low) & (adv < 0))
+    if clip_c is not None:
+        clipped = clipped | ((ratio > clip_c) & (adv < 0))
+    return clipped
 
 
 def sequence_mean(per_token: Tensor, response_mask: Tensor) -> Tensor:
@@ -132,13 +164,15 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
                 response_mask: Tensor, ratio_level: str = "token", clip_low: float = 0.2,
                 clip_high: float | None = None, loss_agg: str = "seq-mean-token-mean",
                 constant_length: int | None = None,
-                weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                weights: Tensor | None = None,
+                clip_c: float | None = None) -> tuple[Tensor, Tensor]:
     """The clipped policy-gradient loss of the whole family, one option per part.
 
     * ratio: per token, ``exp(logp - old_logp)`` (PPO, GRPO; the log-ratio clamped to
       ``+-LOG_RATIO_CLAMP`` first, so that an overflow cannot make a gradient NaN), or per sequence,
       :func:`sequence_ratio` (GSPO; every token of a response then shares its loss);
-    * clipping: :func:`clipped_objective` with ``clip_low``/``clip_high``;
+    * clipping: :func:`clipped_objective` with ``clip_low``/``clip_high`` (and dual-clip PPO's
+      ``clip_c`` for negative advantages, None: off);
     * aggregation: :func:`aggregate_loss` with ``loss_agg``;
     * ``weights``: a per-token factor without gradient (the behaviour importance weight of an
       off-policy correction, :func:`rlm_course.rl.off_policy.behaviour_weights`; ``old_log_probs``
@@ -166,19 +200,19 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
                          f"= ({log_probs.shape[0]},) or (batch, R) = {tuple(log_probs.shape)}.")
     if ratio_level == "token":
         ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        per_token = clipped_objective(ratio, advantages, clip_low, clip_high)
+        per_token = clipped_objective(ratio, advantages, clip_low, clip_high, clip_c)
     elif ratio_level == "sequence":
         if advantages.dim() != 1:
             raise ValueError("a sequence-level ratio needs one advantage per response (batch,), "
                              f"got shape {tuple(advantages.shape)}.")
         ratio = sequence_ratio(log_probs, old_log_probs, response_mask)
-        per_token = clipped_objective(ratio, advantages, clip_low, clip_high)[:, None].expand_as(
-            log_probs)
+        per_token = clipped_objective(ratio, advantages, clip_low, clip_high, clip_c)[
+            :, None].expand_as(log_probs)
         ratio = ratio[:, None].expand_as(log_probs)
     else:
         raise ValueError(f"unknown ratio level {ratio_level!r}; choose token or sequence.")
     if weights is not None:
         per_token = per_token * weights.detach()
-    clipped = clipped_tokens(ratio, advantages, clip_low, clip_high)
+    clipped = clipped_tokens(ratio, advantages, clip_low, clip_high, clip_c)
     loss = aggregate_loss(per_token, response_mask, loss_agg, constant_length)
     return loss, clipped.detach() & response_mask.bool()

@@ -356,7 +356,8 @@ class RLTrainer:
                     loss, clipped = policy_loss(log_probs, old, advantages[idx], mask,
                                                 cfg.ratio_level, cfg.clip_eps, cfg.clip_high,
                                                 cfg.loss_agg, budget,
-                                                None if weights is None else weights[idx])
+                                                None if weights is None else weights[idx],
+                                                cfg.dual_clip)
                     stats["policy_loss"] += loss.item()
                     if cfg.kl_mode == "loss" and ref_log_probs is not None:
                         kl = aggregate_loss(kl_estimate(log_probs, ref_log_probs[idx],

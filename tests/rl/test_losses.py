@@ -74,6 +74,36 @@ def test_clipped_tokens_are_those_without_gradient():
     assert x.grad.tolist() == [[0.0, -1.0, -1.0]]
 
 
+def test_dual_clip_bounds_the_loss_of_a_negative_advantage_hand_example():
+    # A = -1: PPO's loss is max(r, 1 - eps) = 0.8, 1, 2, 5; the dual clip c = 3 caps it at 3
+    ratio = torch.tensor([[0.5, 1.0, 2.0, 5.0]])
+    adv = torch.tensor([-1.0])
+    plain = losses.clipped_objective(ratio, adv, 0.2)
+    dual = losses.clipped_objective(ratio, adv, 0.2, clip_c=3.0)
+    assert plain.tolist() == [[pytest.approx(0.8), 1.0, 2.0, 5.0]]
+    assert dual.tolist() == [[pytest.approx(0.8), 1.0, 2.0, 3.0]]
+    # a positive advantage is untouched: -min(r, 1.2) A
+    assert losses.clipped_objective(ratio, -adv, 0.2, clip_c=3.0).tolist() == [
+        [-0.5, -1.0, pytest.approx(-1.2), pytest.approx(-1.2)]]
+    x = ratio.clone().requires_grad_(True)
+    losses.clipped_objective(x, adv, 0.2, clip_c=3.0).sum().backward()
+    assert x.grad.tolist() == [[0.0, 1.0, 1.0, 0.0]]  # below 1 - eps and above c: no gradient
+    assert losses.clipped_tokens(ratio, adv, 0.2, clip_c=3.0).tolist() == [[True, False, False,
+                                                                            True]]
+    lp = torch.log(ratio)
+    loss, clipped = losses.policy_loss(lp, torch.zeros_like(lp), adv, torch.ones(1, 4, dtype=bool),
+                                       loss_agg="token-mean", clip_c=3.0)
+    assert loss.item() == pytest.approx((0.8 + 1 + 2 + 3) / 4)
+    assert clipped.tolist() == [[True, False, False, True]]
+    for bad in (1.0, 0.5, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="dual clip c=.* must be a finite number above 1"):
+            losses.clipped_objective(ratio, adv, 0.2, clip_c=bad)
+    from rlm_course.algorithms import preset
+    assert preset("grpo").dual_clip is None and preset("grpo", dual_clip=3.0).dual_clip == 3.0
+    with pytest.raises(ValueError, match="dual_clip=0.9 must be a finite number above 1"):
+        preset("ppo", dual_clip=0.9)
+
+
 def test_aggregations_hand_example():
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     m = torch.tensor([[True, True, True], [True, False, False]])
