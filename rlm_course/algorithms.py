@@ -308,6 +308,9 @@ class RLConfig:
             raise ValueError(f"correction_cap={self.correction_cap} must be a number from 1 to "
                              "below exp(20) (2 is typical); a weight below 1 is never truncated "
                              "or masked, and weights are clamped at exp(20).")
+        if self.dual_clip is not None and not (1.0 < self.dual_clip < math.inf):  # NaN fails
+            raise ValueError(f"dual_clip={self.dual_clip} must be a finite number above 1 (verl "
+                             "uses 3), or none (--dual-clip none).")
         if self.lr > 1.0:
             raise ValueError(f"lr={self.lr} is far too large for Adam (use 1e-4 to 1e-3).")
         if self.clip_eps >= 1.0:
@@ -332,49 +335,54 @@ class RLConfig:
                              "--minibatches or --prompts-per-step.")
 
     def _check_combination(self) -> None:
+        """Refuse combinations that make no sense, every one of them at once (fixing one to meet
+        the next would take as many runs as there are conflicts)."""
+        problems: list[str] = []
         if self.advantage in GROUP_ADVANTAGES and self.group_size < 2:
-            raise ValueError(f"group_size={self.group_size} with advantage={self.advantage!r}: a "
-                             "group baseline needs at least 2 responses per prompt; use "
-                             "--group-size 2 or more (8 is typical), or an advantage without a "
-                             "group (gae, reinforce_pp).")
+            problems.append(f"group_size={self.group_size} with advantage={self.advantage!r}: a "
+                            "group baseline needs at least 2 responses per prompt; use "
+                            "--group-size 2 or more (8 is typical), or an advantage without a "
+                            "group (gae, reinforce_pp).")
         if self.advantage == "gae" and not self.use_critic:
-            raise ValueError("advantage='gae' needs a critic for V(s_t): set use_critic=True (--use-critic; "
-                             "--variant ppo sets it), or choose a critic-free advantage (group, rloo, "
-                             "reinforce_pp).")
+            problems.append("advantage='gae' needs a critic for V(s_t): set use_critic=True (--use-critic; "
+                            "--variant ppo sets it), or choose a critic-free advantage (group, rloo, "
+                            "reinforce_pp).")
         if self.use_critic and self.advantage != "gae":
-            raise ValueError(f"use_critic=True with advantage={self.advantage!r}: only GAE uses the "
-                             "critic's values, so it would be trained for nothing; drop the critic "
-                             "(--no-use-critic) or use advantage='gae' (--advantage gae).")
-        if self.dual_clip is not None and not (1.0 < self.dual_clip < math.inf):  # NaN fails
-            raise ValueError(f"dual_clip={self.dual_clip} must be a finite number above 1 (verl "
-                             "uses 3), or none (--dual-clip none).")
+            problems.append(f"use_critic=True with advantage={self.advantage!r}: only GAE uses the "
+                            "critic's values, so it would be trained for nothing; drop the critic "
+                            "(--no-use-critic) or use advantage='gae' (--advantage gae).")
         if self.clip_eps_high is not None and self.clip_eps_high < self.clip_eps:
-            raise ValueError(f"clip_eps_high={self.clip_eps_high} < clip_eps={self.clip_eps}: "
-                             "the upper clip bound must be at least the lower one (DAPO's "
-                             "clip-higher raises it, e.g. --clip-eps 0.2 --clip-eps-high 0.28).")
+            problems.append(f"clip_eps_high={self.clip_eps_high} < clip_eps={self.clip_eps}: "
+                            "the upper clip bound must be at least the lower one (DAPO's "
+                            "clip-higher raises it, e.g. --clip-eps 0.2 --clip-eps-high 0.28).")
         if self.ratio_level == "sequence" and self.advantage in TOKEN_ADVANTAGES:
-            raise ValueError(f"ratio_level='sequence' with advantage={self.advantage!r}: a "
-                             "sequence-level ratio weighs one advantage per response, but "
-                             f"{self.advantage} gives one per token (and puts a per-token KL in the "
-                             "reward); use advantage group or rloo with a sequence ratio, or "
-                             "ratio_level='token' (--ratio-level token).")
+            problems.append(f"ratio_level='sequence' with advantage={self.advantage!r}: a "
+                            "sequence-level ratio weighs one advantage per response, but "
+                            f"{self.advantage} gives one per token (and puts a per-token KL in the "
+                            "reward); use advantage group or rloo with a sequence ratio, or "
+                            "ratio_level='token' (--ratio-level token).")
         if self.ratio_level == "sequence" and self.correction in ("is", "tis", "mis"):
-            raise ValueError(f"correction={self.correction!r} with ratio_level='sequence': GSPO "
-                             "weighs whole responses, so weigh them with a sequence correction "
-                             "(--correction seq-tis or seq-mis), or use ratio_level='token'.")
+            problems.append(f"correction={self.correction!r} with ratio_level='sequence': GSPO "
+                            "weighs whole responses, so weigh them with a sequence correction "
+                            "(--correction seq-tis or seq-mis), or use ratio_level='token'.")
         if self.dynamic_sampling and self.advantage not in GROUP_ADVANTAGES:
-            raise ValueError(f"dynamic_sampling with advantage={self.advantage!r}: the filter drops "
-                             "groups whose rewards are all equal, so it needs a group advantage "
-                             "(group, rloo) and group_size >= 2 (--advantage group --group-size 8).")
+            problems.append(f"dynamic_sampling with advantage={self.advantage!r}: the filter drops "
+                            "groups whose rewards are all equal, so it needs a group advantage "
+                            "(group, rloo) and group_size >= 2 (--advantage group --group-size 8).")
         if self.kl_mode == "loss" and self.kl_estimator == "k1" and self.kl_coef > 0:
-            raise ValueError("kl_estimator='k1' with kl_mode='loss': as a loss on tokens sampled "
-                             "from the policy, k1 = log pi_theta - log pi_ref has expected gradient "
-                             "E[grad log pi_theta] = 0, so it would not hold the policy near the "
-                             "reference; use k3 (GRPO's) or k2 as a loss (--kl-estimator k3), or "
-                             "put k1 in the reward (--kl-mode reward).")
+            problems.append("kl_estimator='k1' with kl_mode='loss': as a loss on tokens sampled "
+                            "from the policy, k1 = log pi_theta - log pi_ref has expected gradient "
+                            "E[grad log pi_theta] = 0, so it would not hold the policy near the "
+                            "reference; use k3 (GRPO's) or k2 as a loss (--kl-estimator k3), or "
+                            "put k1 in the reward (--kl-mode reward).")
         if self.kl_mode == "none" and self.kl_coef > 0:
-            raise ValueError(f"kl_coef={self.kl_coef} with kl_mode='none': the coefficient would be "
-                             "ignored; set kl_coef 0 (--kl-coef 0), or kl_mode 'loss' or 'reward'.")
+            problems.append(f"kl_coef={self.kl_coef} with kl_mode='none': the coefficient would be "
+                            "ignored; set kl_coef 0 (--kl-coef 0), or kl_mode 'loss' or 'reward'.")
+        if len(problems) == 1:
+            raise ValueError(problems[0])
+        if problems:
+            raise ValueError(f"{len(problems)} settings conflict:\n - " + "\n - ".join(problems))
+
 
     def unused(self, names) -> dict[str, str]:
         """Which of the settings ``names`` this combination ignores, and why: e.g. the critic's

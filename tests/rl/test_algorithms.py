@@ -83,6 +83,14 @@ def test_conflicting_options_raise_a_clear_error(kw, match):
         RLConfig(**kw)
 
 
+def test_every_conflict_is_named_at_once():
+    # PPO's preset with a group baseline: its group size of 1 and its critic both conflict
+    with pytest.raises(ValueError, match=r"^2 settings conflict:\n - group_size=1 with "
+                                         r"advantage='group'.*\n - use_critic=True with "
+                                         r"advantage='group'"):
+        preset("ppo", advantage="group")
+
+
 def test_switching_the_kl_mode_brings_a_matching_coefficient():
     assert preset("grpo", kl_mode="none").kl_coef == 0 and not preset("grpo", kl_mode="none").uses_reference
     assert preset("dapo", kl_mode="loss").kl_coef == 0.005  # the course default, not a silent 0
