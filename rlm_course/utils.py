@@ -45,12 +45,18 @@ def choose_threads(requested: int | None = None) -> tuple[int, str]:
     training step can take 10x longer.
 
     Raises:
-        ValueError: for a requested count below 1.
+        ValueError: for a requested count below 1, or above 4 threads per core (where every
+            step would run many times slower, not faster).
     """
     available = cores()
     if requested is not None:
         if requested < 1:
             raise ValueError(f"--threads {requested}: give 1 or more.")
+        if requested > 4 * available:
+            raise ValueError(f"--threads {requested}: more than 4 threads per core on these "
+                             f"{available} cores; the threads would wait for each other and every "
+                             f"step would run many times slower; use at most --threads "
+                             f"{available}.")
         if requested > available:
             return requested, (f"as requested, but more than the {available} cores: the threads wait "
                                "for each other and every step is slower; use at most "

@@ -13,10 +13,19 @@ from rlm_course.arguments import (add_device_arg, add_rl_run_args, add_task_args
 
 def set_threads(args) -> None:
     """Set torch's thread count for a job (``--threads``, or
-    :func:`rlm_course.utils.choose_threads`)."""
+    :func:`rlm_course.utils.choose_threads`), once its ``--device`` is known to exist (a run
+    that cannot start says why before it says how many threads it would use).
+
+    Raises:
+        ValueError: for a device torch does not see, or a thread count out of range.
+    """
     import torch
 
+    from rlm_course.devices import resolve_device
     from rlm_course.utils import choose_threads
+
+    if getattr(args, "device", None) is not None:
+        resolve_device(args.device)
 
     threads, why = choose_threads(getattr(args, "threads", None))
     torch.set_num_threads(threads)

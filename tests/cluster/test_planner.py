@@ -236,6 +236,9 @@ def test_more_threads_than_cores_are_allowed_but_explained():
     threads, why = choose_threads(cores + 1)
     assert threads == cores + 1 and f"more than the {cores} cores" in why
     assert choose_threads(1) == (1, "as requested")
+    with pytest.raises(ValueError, match=rf"--threads {8 * cores + 1}: more than 4 threads per "
+                                         rf"core on these {cores} cores"):
+        choose_threads(8 * cores + 1)
 
 
 def test_staleness_is_priced_in_the_ranking_and_the_sensitivity_table_says_what_flips():
