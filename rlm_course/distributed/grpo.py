@@ -44,6 +44,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -365,20 +366,6 @@ def grpo_job_worker(ctx: RankContext, task, config: RLConfig, run_dir: str, sft_
                          progress, bucket_cap_mb, resume, stop)
 
 
-def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
-    """The metrics rows of steps ``<= up_to_step`` (a line cut by a hard kill ends the list)."""
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if row.get("step", 0) <= up_to_step:
-                rows.append(row)
-    return rows
-
-
 def _grpo_job(ctx: RankContext, task, config: RLConfig, run_dir: Path, sft_checkpoint: str,
               checkpoint_every: int, progress: bool, bucket_cap_mb: float | None, resume: bool,
               stop: graceful_interrupt) -> dict | None:
@@ -387,6 +374,7 @@ def _grpo_job(ctx: RankContext, task, config: RLConfig, run_dir: Path, sft_check
     from rlm_course.devices import device_description
     from rlm_course.lm.checkpoint import load_checkpoint, save_checkpoint
     from rlm_course.lm.tokenizer import CharTokenizer
+    from rlm_course.rl.runs import load_trainer_state, read_metrics
     from rlm_course.tasks.eval_sets import load_eval_set
     from rlm_course.utils import atomic_write_json, atomic_write_text, seed_everything
 
@@ -403,13 +391,14 @@ def _grpo_job(ctx: RankContext, task, config: RLConfig, run_dir: Path, sft_check
     metrics_path, timeline_path = run_dir / "metrics.jsonl", run_dir / "timeline.json"
     totals = {"wall_seconds": 0.0, **{s: 0.0 for s in PHASES}}
     if resume:
-        trainer.load_state_dict(state["trainer"])
+        load_trainer_state(trainer, state["trainer"], run_dir / "checkpoint.pt")
         totals.update({k: v for k, v in state["totals"].items() if k in totals})
         accuracy_before, sft_info = state["accuracy_before"], state["sft"]
     else:
         accuracy_before = trainer.evaluate()
         sft_info = {"checkpoint": str(sft_checkpoint)}
-    rows = _read_metrics(metrics_path, trainer.step_count) if resume else []
+    note = (lambda text: print(text, file=sys.stderr)) if ctx.is_main else None
+    rows = read_metrics(metrics_path, trainer.step_count, note) if resume else []
     if ctx.is_main:
         atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in rows))
     timeline: list[list] = [[] for _ in range(ctx.world_size)]

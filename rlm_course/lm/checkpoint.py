@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import warnings
 from pathlib import Path
@@ -18,12 +19,46 @@ def save_checkpoint(path: str | Path, model: TinyGPT, **extra) -> None:
     """Write ``model`` (config + weights) and ``extra`` entries to ``path`` atomically.
 
     ``extra`` may hold optimizer state dicts, the step, the task key, the command that made it.
+    The payload carries its SHA-256 digest (:func:`payload_digest`), which
+    :func:`load_checkpoint` checks: a damaged byte inside an optimizer state loads without any
+    error from torch, and would surface steps later as a "diverged" loss.
     """
     payload = {"format": FORMAT, "model_config": model.config.to_dict(),
                "state_dict": model.state_dict(), **extra}
+    payload["digest"] = payload_digest(payload)
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     atomic_write_bytes(path, buffer.getvalue())
+
+
+def payload_digest(payload: dict) -> str:
+    """SHA-256 of a checkpoint's payload, ``digest`` entry left out: every tensor's dtype, shape
+    and bytes, and the ``repr`` of every other value, in a fixed order (dict keys sorted)."""
+    h = hashlib.sha256()
+
+    def feed(obj) -> None:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().to("cpu").contiguous().reshape(-1)
+            h.update(f"T{t.dtype}{tuple(obj.shape)}:".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(obj, dict):
+            h.update(b"{")
+            for key in sorted(obj, key=repr):
+                if obj is payload and key == "digest":
+                    continue
+                h.update(repr(key).encode() + b":")
+                feed(obj[key])
+            h.update(b"}")
+        elif isinstance(obj, (list, tuple)):
+            h.update(b"[" if isinstance(obj, list) else b"(")
+            for item in obj:
+                feed(item)
+            h.update(b"]")
+        else:
+            h.update(repr(obj).encode() + b";")
+
+    feed(payload)
+    return h.hexdigest()
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -35,7 +70,8 @@ def load_checkpoint(path: str | Path) -> dict:
         ``model.to(device)`` moves it).
 
     Raises:
-        ValueError: if the file is missing, unreadable, or not a course checkpoint.
+        ValueError: if the file is missing, unreadable, not a course checkpoint, or damaged (its
+            digest does not match; files written before digests load without the check).
     """
     path = Path(path)
     if path.is_dir():
@@ -63,6 +99,11 @@ def load_checkpoint(path: str | Path) -> dict:
                 else f"it holds a {type(payload).__name__}, not a checkpoint's dict")
         raise ValueError(f"checkpoint {path} is not an rlm_course checkpoint ({held}); "
                          "pass a file written by `python -m rlm_course sft` or `grpo`.")
+    if "digest" in payload and payload["digest"] != payload_digest(payload):
+        raise ValueError(f"checkpoint {path} is damaged: its contents no longer match the SHA-256 "
+                         "digest written with them (a disk or copy error, or an edit); resume "
+                         "from an intact copy, or make it again with the command that wrote it "
+                         "(a run: start it again with --overwrite).")
     try:
         with torch.device("cpu"):  # on the CPU whatever the default device: .to() moves it
             model = TinyGPT(ModelConfig(**payload["model_config"]))

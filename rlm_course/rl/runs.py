@@ -184,10 +184,12 @@ def check_resumable(state: dict, config: RLConfig, task: Task, path: Path) -> No
                          "state: a warm start written by `sft`?); start a new run with "
                          "--overwrite, or pass the file as --sft-checkpoint of a run with another "
                          "--name.")
+    check_run_state(state, path)
     if state.get("algorithm", "grpo") != config.algorithm:
-        raise ValueError(f"--resume: {path} is a {state.get('algorithm', 'grpo')} run, not "
-                         f"{config.algorithm}; resume it with its own command (pass --variant "
-                         f"{state.get('algorithm', 'grpo')}).")
+        ran = state.get("algorithm", "grpo")
+        command = "ppo" if ran == "ppo" else f"grpo --variant {ran}"
+        raise ValueError(f"--resume: {path} is a {ran} run, not {config.algorithm}; resume it "
+                         f"with its own command: python -m rlm_course {command} ... --resume.")
     if state.get("task") != task.key:
         raise ValueError(f"--resume: {path} is a run on task {state.get('task')}, not "
                          f"{task.key}; pass the same task options as the run.")
@@ -206,6 +208,92 @@ def check_resumable(state: dict, config: RLConfig, task: Task, path: Path) -> No
         raise ValueError(f"--resume: the run already has {done} steps; pass --steps {done} or more.")
 
 
+#: What a run writes into its folder (single-process and data-parallel runs); an atomic write's
+#: temporary file is ``.<name>.<random>.tmp`` (:func:`rlm_course.utils.atomic_write_bytes`).
+RUN_FILES = ("checkpoint.pt", "metrics.jsonl", "summary.json", "learning_curve.png",
+             "timeline.json", "timeline.png", "failure.log")
+
+
+def foreign_files(run_dir: Path) -> list[str]:
+    """The entries of ``run_dir`` a run does not write (sorted; folders end with ``/``): files
+    ``--overwrite`` must not delete."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir()
+                  if not (p.name in RUN_FILES and p.is_file())
+                  and not (p.name.startswith(".") and p.name.endswith(".tmp") and p.is_file()))
+
+
+def check_run_state(state: dict, path: Path) -> None:
+    """Refuse a run checkpoint whose entries are missing or of the wrong kind (a damaged file
+    without a digest, or one from another version of the course), before anything is resumed.
+
+    Raises:
+        ValueError: naming the entry and how to recover.
+    """
+    trainer, step = state.get("trainer"), (state.get("trainer") or {}).get("step")
+    accuracy = state.get("accuracy_before")
+    problems = []
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        problems.append(f"trainer step {step!r} (an integer >= 0)")
+    if not isinstance(trainer.get("optimizer"), dict):
+        problems.append("the optimizer's state")
+    if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float)) \
+            or not 0.0 <= accuracy <= 1.0:
+        problems.append(f"accuracy_before {accuracy!r} (a share in [0, 1])")
+    if not isinstance(state.get("totals"), dict):
+        problems.append("the run's totals")
+    if "sft" not in state:
+        problems.append("the warm start's record (sft)")
+    if not isinstance(state.get("config", {}), dict):
+        problems.append("the run's options (config)")
+    if problems:
+        raise ValueError(f"--resume: {path} lacks or has an invalid {'; '.join(problems)}: the "
+                         "file is damaged or from another version of the course; start the run "
+                         "again with --overwrite.")
+
+
+def load_trainer_state(trainer, state: dict, path: Path) -> None:
+    """``trainer.load_state_dict(state)``, with a damaged state (tensors of the wrong shape, a
+    missing entry) refused by name instead of failing inside torch.
+
+    Raises:
+        ValueError: naming the file and how to recover.
+    """
+    try:
+        trainer.load_state_dict(state)
+    except (KeyError, TypeError, RuntimeError, ValueError, IndexError) as err:
+        why = f"no {err.args[0]!r} entry" if isinstance(err, KeyError) else \
+            " ".join(str(err).split())[:200]
+        raise ValueError(f"--resume: the trainer state in {path} does not load ({why}): the file "
+                         "is damaged or from another version of the course; start the run again "
+                         "with --overwrite.") from None
+    for role in ("reference", "critic"):
+        module = getattr(trainer, role, None)
+        if module is not None and not all(torch.isfinite(p).all() for p in module.parameters()):
+            raise ValueError(f"--resume: the {role} model in {path} holds NaN or inf weights: the "
+                             "file is damaged; start the run again with --overwrite.")
+    # torch loads an optimizer state of any shape or value: Adam would fail at the first step, or
+    # a NaN moment would look like a diverged run
+    for optimizer in (trainer.optimizer, getattr(trainer, "critic_optimizer", None)):
+        if optimizer is None:
+            continue
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                for key, value in optimizer.state.get(param, {}).items():
+                    if not isinstance(value, torch.Tensor):
+                        continue
+                    if value.dim() and value.shape != param.shape:
+                        why = (f"its {key} has shape {tuple(value.shape)} for a parameter of "
+                               f"shape {tuple(param.shape)}")
+                    elif not torch.isfinite(value).all():
+                        why = f"its {key} holds NaN or inf"
+                    else:
+                        continue
+                    raise ValueError(f"--resume: the optimizer state in {path} is damaged ({why}); "
+                                     "start the run again with --overwrite.")
+
+
 def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = False,
                      sft_checkpoint: str | Path | None = None) -> None:
     """Refuse what the run folder and the flags cannot do together (nothing is read or written
@@ -213,10 +301,22 @@ def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = Fals
 
     Raises:
         ValueError: ``resume`` with ``overwrite`` or an ``sft_checkpoint``; ``resume`` without a
-            checkpoint; a folder that holds files, without ``resume`` or ``overwrite``.
+            checkpoint; a folder that holds files, without ``resume`` or ``overwrite``; a folder
+            holding files a run does not write (``--overwrite`` would delete them); the old run
+            an earlier ``--overwrite`` set aside and never replaced (:class:`SetAside`).
     """
     ckpt = run_dir / "checkpoint.pt"
     has_files = run_dir.is_dir() and any(run_dir.iterdir())
+    backup = SetAside.backup_of(run_dir)
+    if backup.exists():
+        raise ValueError(SetAside.stranded_message(run_dir, backup))
+    foreign = foreign_files(run_dir)
+    if foreign and not resume:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5
+                                          else "")
+        raise ValueError(f"run folder {run_dir} holds files a run does not write ({shown}): it "
+                         "is not a run's folder, and --overwrite would delete them; nothing was "
+                         "changed. Choose another --name (or --out), or move those files away.")
     if resume and overwrite:
         raise ValueError("--resume continues a run and --overwrite deletes it: pass only one.")
     if resume and sft_checkpoint is not None:
@@ -256,16 +356,25 @@ class SetAside:
     def __init__(self, run_dir: Path, active: bool) -> None:
         self.run_dir, self.active, self.backup = run_dir, active, None
 
+    @staticmethod
+    def backup_of(run_dir: Path) -> Path:
+        """Where ``--overwrite`` keeps the old run of ``run_dir`` until the new one's first
+        checkpoint."""
+        return run_dir.with_name(f".{run_dir.name}.replaced")
+
+    @staticmethod
+    def stranded_message(run_dir: Path, backup: Path) -> str:
+        return (f"{backup} holds the run an earlier --overwrite of {run_dir} set aside and never "
+                "replaced (that run was killed before its first checkpoint); nothing was "
+                f"changed. To keep the old run: rm -r {run_dir} && mv {backup} {run_dir}; to "
+                f"drop it: rm -r {backup}; then run again.")
+
     def __enter__(self):
         if self.active:
-            self.backup = backup = self.run_dir.with_name(f".{self.run_dir.name}.replaced")
+            self.backup = backup = self.backup_of(self.run_dir)
             if backup.exists():  # an earlier --overwrite was killed before its first checkpoint
                 self.backup = None
-                raise ValueError(
-                    f"{backup} holds the run an earlier --overwrite of {self.run_dir} set aside "
-                    "and never replaced (that run was killed before its first checkpoint); "
-                    f"nothing was changed. To keep the old run: rm -r {self.run_dir} && "
-                    f"mv {backup} {self.run_dir}; to drop it: rm -r {backup}; then run again.")
+                raise ValueError(self.stranded_message(self.run_dir, backup))
             self.run_dir.rename(self.backup)
             self.run_dir.mkdir()
         return self
@@ -314,17 +423,32 @@ class _GracefulInterrupt:
         return False
 
 
-def _read_metrics(path: Path, up_to_step: int) -> list[dict]:
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a line cut by a hard kill: everything after it is dropped too
-            if row.get("step", 0) <= up_to_step:
-                rows.append(row)
-    return rows
+def read_metrics(path: Path, up_to_step: int, log=None) -> list[dict]:
+    """The rows of a run's ``metrics.jsonl`` up to ``up_to_step`` (the checkpoint's), one per
+    step. A line that is not a JSON row with an integer step (the last line cut by a hard kill,
+    or a damaged one) is left out, and only that line: ``log`` (if given) names the damaged
+    ones; a step written twice keeps its last row."""
+    rows: dict[int, dict] = {}
+    if not path.exists():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    bad = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        step = row.get("step") if isinstance(row, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            if number < len(lines) and line.strip():  # a cut last line is the usual hard kill
+                bad.append(number)
+            continue
+        if step <= up_to_step:
+            rows[step] = row
+    if bad and log is not None:
+        log(f"Note: {path} had {len(bad)} damaged line(s) (line {', '.join(map(str, bad[:5]))}"
+            f"{', ...' if len(bad) > 5 else ''}), left out; the steps of its other lines are kept.")
+    return [rows[k] for k in sorted(rows)]
 
 
 def cost_summary(trainer: RLTrainer, wall_seconds: float) -> dict:
@@ -456,9 +580,9 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
     trainer = RLTrainer(policy, task, tokenizer, config, eval_problems)
     totals = {"wall_seconds": 0.0, **{s: 0.0 for s in STAGES}, "tokens_generated": 0}
     if resume:
-        trainer.load_state_dict(state["trainer"])
+        load_trainer_state(trainer, state["trainer"], run_dir / "checkpoint.pt")
         totals.update(state["totals"])
-    metrics = _read_metrics(metrics_path, trainer.step_count)
+    metrics = read_metrics(metrics_path, trainer.step_count, log)
     atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in metrics))
     setup_seconds = time.perf_counter() - setup_start
     log(f"Held-out greedy accuracy before {config.algorithm.upper()}: {accuracy_before:.1%} "

@@ -1,6 +1,7 @@
 """The main job end to end: learning, Ctrl-C and --resume, and bad input."""
 
 import functools
+import io
 import json
 import os
 import signal
@@ -322,9 +323,102 @@ def test_a_run_saved_before_a_setting_existed_resumes_with_its_default(tmp_path)
     payload = torch.load(path, weights_only=False)
     for key in ("rollout_precision", "correction", "correction_cap"):  # as an older run saved it
         del payload["config"][key]
+    del payload["digest"]  # (older runs wrote no digest either)
     torch.save(payload, path)
     assert main(["grpo", "--task", "addition", "--steps", "2", "--resume", "--out", str(tmp_path),
                  "--name", "old", "--no-progress", *SMALL]) == 0
+
+
+def test_a_damaged_run_checkpoint_is_named_before_anything_resumes(tmp_path, capsys):
+    """A byte changed inside an optimizer state loads without an error from torch; the digest
+    names it. A file without a digest (an older run's) gets its entries checked instead: a step
+    that is not an integer, an optimizer state of the wrong shape or with NaN."""
+    import torch
+
+    assert main(["grpo", "--task", "addition", "--steps", "1", "--out", str(tmp_path),
+                 "--name", "src", "--no-progress", *SMALL]) == 0
+    path = tmp_path / "src" / "checkpoint.pt"
+    intact = path.read_bytes()
+    resume = ["grpo", "--task", "addition", "--steps", "2", "--resume", "--out", str(tmp_path),
+              "--name", "src", "--no-progress", *SMALL]
+    payload = torch.load(path, weights_only=False)
+    moment = next(iter(payload["trainer"]["optimizer"]["state"].values()))["exp_avg_sq"]
+    moment.view(-1)[moment.numel() // 2] += 1.0  # one value changed, the digest kept
+    torch.save(payload, path)
+    assert main(resume) == 2
+    assert "is damaged: its contents no longer match the SHA-256 digest" in capsys.readouterr().err
+
+    def edited(change):
+        payload = torch.load(io.BytesIO(intact), weights_only=False)
+        del payload["digest"]
+        change(payload)
+        torch.save(payload, path)
+        assert main(resume) == 2
+        return capsys.readouterr().err
+
+    def step_as_text(p):
+        p["trainer"]["step"] = "1"
+
+    def lost_totals(p):
+        del p["totals"]
+
+    def wrong_shape(p):
+        state = next(iter(p["trainer"]["optimizer"]["state"].values()))
+        state["exp_avg"] = state["exp_avg"].reshape(-1)[:-1]
+
+    def nan_moment(p):
+        next(iter(p["trainer"]["optimizer"]["state"].values()))["exp_avg_sq"].fill_(float("nan"))
+
+    assert "lacks or has an invalid trainer step '1' (an integer >= 0)" in edited(step_as_text)
+    assert "lacks or has an invalid the run's totals" in edited(lost_totals)
+    assert "optimizer state in" in edited(wrong_shape) and "is damaged (its exp_avg has shape" in \
+        edited(wrong_shape)
+    assert "is damaged (its exp_avg_sq holds NaN or inf)" in edited(nan_moment)
+    path.write_bytes(intact)
+    assert main(resume) == 0
+
+
+def test_overwrite_never_deletes_files_a_run_does_not_write(tmp_path, capsys):
+    docs = tmp_path / "mydocs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "notes.txt").write_text("important")
+    for extra in ([], ["--overwrite"]):
+        assert main(["grpo", "--task", "addition", "--steps", "1", "--out", str(tmp_path),
+                     "--name", "mydocs", "--no-progress", *SMALL, *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"run folder {docs} holds files a run does not write (notes.txt, sub/)" in err
+        assert "--overwrite would delete them; nothing was changed" in err
+    assert (docs / "notes.txt").read_text() == "important" and (docs / "sub").is_dir()
+
+
+def test_a_run_set_aside_and_forgotten_is_named_even_when_its_folder_is_empty(tmp_path, capsys):
+    run, aside = tmp_path / "r", tmp_path / ".r.replaced"
+    run.mkdir()
+    aside.mkdir()
+    (aside / "checkpoint.pt").write_bytes(b"old run")
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        assert main(["grpo", "--task", "addition", "--steps", "1", "--out", str(tmp_path),
+                     "--name", "r", "--no-progress", *SMALL, *extra]) == 2
+        assert f"{aside} holds the run an earlier --overwrite of {run} set aside" in \
+            capsys.readouterr().err
+    assert (aside / "checkpoint.pt").read_bytes() == b"old run"
+
+
+def test_a_damaged_metrics_line_costs_only_itself():
+    import tempfile
+
+    from rlm_course.rl.runs import read_metrics
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "metrics.jsonl"
+        rows = [json.dumps({"step": k, "reward_mean": k / 10}) for k in range(1, 8)]
+        rows[2] = "{garbage"
+        path.write_text("\n".join(rows) + '\n{"step": 8, "rew')  # and a last line cut by a kill
+        notes = []
+        kept = read_metrics(path, 6, notes.append)
+        assert [r["step"] for r in kept] == [1, 2, 4, 5, 6]
+        assert notes == [f"Note: {path} had 1 damaged line(s) (line 3), left out; the steps of "
+                         "its other lines are kept."]
 
 
 def test_resume_needs_the_same_variant(tmp_path, capsys):
@@ -334,7 +428,8 @@ def test_resume_needs_the_same_variant(tmp_path, capsys):
     assert summary["algorithm"] == "gspo" and summary["config"]["ratio_level"] == "sequence"
     assert main(["grpo", "--task", "addition", "--steps", "2", "--resume", "--out", str(tmp_path),
                  "--name", "g", "--no-progress", *SMALL]) == 2
-    assert "pass --variant gspo" in capsys.readouterr().err
+    assert "its own command: python -m rlm_course grpo --variant gspo ... --resume" in \
+        capsys.readouterr().err
 
 
 def test_run_files_are_readable_by_others(tmp_path):
