@@ -62,6 +62,9 @@ CORRECTIONS = ("none", "is", "tis", "mis", "seq-tis", "seq-mis")
 #: trainer's own (fp32), bf16 weights and activations, or weights rounded to fp8 (e4m3).
 PRECISIONS = ("fp32", "bf16", "fp8")
 
+#: The lowest sampling temperature a run accepts: logits of up to 1e35 divided by it stay finite
+#: in float32 (at 1e-38 they overflow and sampling fails).
+MIN_TEMPERATURE = 1e-3
 MAX_BATCH = 16384  # responses per step; more does not fit a laptop's memory comfortably
 
 
@@ -311,8 +314,14 @@ class RLConfig:
         if self.dual_clip is not None and not (1.0 < self.dual_clip < math.inf):  # NaN fails
             raise ValueError(f"dual_clip={self.dual_clip} must be a finite number above 1 (verl "
                              "uses 3), or none (--dual-clip none).")
-        if self.lr > 1.0:
-            raise ValueError(f"lr={self.lr} is far too large for Adam (use 1e-4 to 1e-3).")
+        for name in ("lr", "critic_lr"):
+            if getattr(self, name) > 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} is far too large for Adam (use "
+                                 "1e-4 to 1e-3).")
+        if self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature={self.temperature} is below {MIN_TEMPERATURE:g}: the "
+                             "logits divided by it leave float range; sample at 1e-3 or more, or "
+                             "evaluate greedily (vLLM treats temperatures under 1e-5 as greedy).")
         if self.clip_eps >= 1.0:
             raise ValueError(f"clip_eps={self.clip_eps}: the lower clip bound 1 - clip_eps would not "
                              "be positive; use a value below 1 (0.2 is typical).")

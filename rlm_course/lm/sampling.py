@@ -88,8 +88,9 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
         A :class:`Rollout`. Generation ends early once every sequence has emitted ``<eos>``.
 
     Raises:
-        ValueError: for a temperature that is not positive and finite, a non-positive
-            ``max_new_tokens``, or a sequence longer than the model's ``max_seq_len``.
+        ValueError: for a temperature that is not positive and finite (or so small that the
+            logits divided by it overflow), a non-positive ``max_new_tokens``, or a sequence
+            longer than the model's ``max_seq_len``.
         FloatingPointError: if the model produces NaN or infinite logits.
     """
     if max_new_tokens <= 0:
@@ -130,6 +131,9 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
         else:
             step_logp = F.log_softmax(_filter_logits(logits.to(log_probs.dtype), temperature, top_k),
                                       dim=-1)
+            if bool(torch.isnan(step_logp).any()):  # finite logits over a tiny temperature
+                raise ValueError(f"generate: temperature={temperature} divides the logits past "
+                                 "float range; sample at 1e-3 or more, or use greedy=True.")
             next_token = torch.multinomial(step_logp.exp(), 1, generator=generator).squeeze(-1)
             step_log_probs = step_logp.gather(-1, next_token[:, None]).squeeze(-1)
         alive = ~finished

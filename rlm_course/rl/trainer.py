@@ -384,10 +384,21 @@ class RLTrainer:
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(),
                                                            cfg.max_grad_norm)
+                critic_norm = (torch.nn.utils.clip_grad_norm_(self.critic.trainable_parameters(),
+                                                              cfg.max_grad_norm)
+                               if self.critic is not None else torch.zeros(()))
+                if not (torch.isfinite(grad_norm) and torch.isfinite(critic_norm)):
+                    # clipping an inf norm scales every gradient by 0 or NaN: refuse the update
+                    terms = f"--kl-coef {cfg.kl_coef:g}, --entropy-coef {cfg.entropy_coef:g}" + (
+                        f", --value-coef {cfg.value_coef:g}" if self.critic is not None else "")
+                    raise FloatingPointError(
+                        f"{cfg.variant} gradient norm is {float(grad_norm)}"
+                        + (f" (critic {float(critic_norm)})" if self.critic is not None else "")
+                        + f" at step {step} although the loss is finite: a "
+                        f"loss term is too large for float32 ({terms}); the update was not "
+                        "applied; lower the coefficient that is far above its usual value.")
                 self.optimizer.step()
                 if self.critic is not None:
-                    torch.nn.utils.clip_grad_norm_(self.critic.trainable_parameters(),
-                                                   cfg.max_grad_norm)
                     self.critic_optimizer.step()
                 stats["clip_fraction"] += masked_mean(clipped.float(), mask).item()
                 stats["entropy"] += masked_mean(entropy.detach(), mask).item()

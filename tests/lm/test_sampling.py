@@ -83,6 +83,9 @@ def test_top_k_one_is_greedy(model):
 
 @pytest.mark.parametrize("kw,match", [({"max_new_tokens": 0}, "max_new_tokens"),
                                       ({"temperature": 0.0}, "temperature"),
+                                      # logits / 1e-45 overflow: multinomial crashed on NaN
+                                      ({"temperature": 1e-45}, r"temperature=1e-45 divides the "
+                                                               r"logits past float range"),
                                       ({"max_new_tokens": 40}, "exceeds max_seq_len")])
 def test_bad_arguments(model, kw, match):
     tokens, mask = prompts()

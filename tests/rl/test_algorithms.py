@@ -77,6 +77,8 @@ def test_preset_set_and_constructors():
     (dict(warmup_steps=2.5), "warmup_steps=2.5 must be an integer >= 0"),
     (dict(group_size=True), "group_size=True must be a positive integer"),
     (dict(minibatches=3), "does not divide"),
+    (dict(critic_lr=1e9), "critic_lr=1000000000.0 is far too large for Adam"),
+    (dict(temperature=1e-38), r"temperature=1e-38 is below 0.001"),
 ])
 def test_conflicting_options_raise_a_clear_error(kw, match):
     with pytest.raises(ValueError, match=match):
