@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        hint = ("continue it from its last checkpoint with the same command plus --resume"
+        hint = ("if its run folder holds a checkpoint.pt, continue from it with the same "
+                "command plus --resume; if not (stopped before its first checkpoint, e.g. during "
+                "the warm start or the first evaluation), run the same command again, with "
+                "--overwrite if the folder now holds files"
                 if hasattr(args, "resume") else "run the same command again to redo it")
         print(f"\nInterrupted. Files written so far are kept (checkpoints and stored results are "
               f"written atomically); {hint}.", file=sys.stderr)
