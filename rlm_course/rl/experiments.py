@@ -82,6 +82,11 @@ def run_family(task: Task, task_flags: list[str], seeds: list[int], steps: int,
     bad = [s for s in seeds if not 0 <= s < 2**63]
     if bad:
         raise ValueError(f"--seeds: {bad} out of range; seeds are integers in [0, 2**63).")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"--seeds: {', '.join(map(str, repeated))} given more than once; a seed "
+                         "repeats its run exactly, so it would count twice in the means and "
+                         "standard deviations; give distinct seeds (e.g. --seeds 0 1 2).")
     out = Path(out) if out is not None else default_results_path(task)
     out.parent.mkdir(parents=True, exist_ok=True)
     threads = os.environ.get("OMP_NUM_THREADS")

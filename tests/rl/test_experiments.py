@@ -33,6 +33,9 @@ def test_family_experiment_rejects_bad_input(tmp_path):
         run_family(TASK, ["--task", "addition"], [0], 2, ["grpo", "ppo2"], out=tmp_path / "f.json")
     with pytest.raises(ValueError, match="at least one seed"):
         run_family(TASK, ["--task", "addition"], [], 2, out=tmp_path / "f.json")
+    with pytest.raises(ValueError, match=r"--seeds: 0 given more than once"):
+        run_family(TASK, ["--task", "addition"], [0, 1, 0], 2, out=tmp_path / "f.json")
+    assert not (tmp_path / "f.json").exists()
 
 
 def test_stored_family_results_cover_every_preset_and_name_their_command():
