@@ -90,6 +90,22 @@ def test_learner_code_that_exits_is_reported_not_fatal():
     assert report.n_passed == 0 and "SystemExit" in str(report)
 
 
+def test_learner_code_that_never_returns_is_reported_within_the_limit():
+    import time
+
+    from rlm_course.tools.checks import run_check
+
+    def endless(*args, **kwargs):
+        while True:
+            pass
+
+    start = time.perf_counter()
+    report = run_check("kl_k3", endless, seconds=0.2)
+    assert time.perf_counter() - start < 5  # one check timed out, the others skipped
+    assert report.n_passed == 0 and len(report.results) == 1
+    assert "did not finish within 0.2 s (an endless loop" in str(report)
+
+
 def test_regenerating_keeps_edited_exercises_unless_forced(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(exercisegen, "repo_root", lambda: tmp_path)
     assert exercisegen.main() == 0

@@ -16,7 +16,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+import signal
+import threading
+import time
 import traceback
+from contextlib import contextmanager
 from types import ModuleType
 
 from rlm_course.tools.checks.common import CheckReport, CheckResult
@@ -45,8 +49,42 @@ def _all_checks() -> dict:
 CHECKS = _all_checks()
 
 
-def run_check(name: str, fn) -> CheckReport:
-    """Run every check of exercise ``name`` on ``fn``.
+#: Seconds one check may run (every check of the solutions takes under 3 s on 2 cores): past it,
+#: an endless loop in a learner's function is reported instead of hanging the grader.
+CHECK_SECONDS = 60
+
+
+class CheckTimeout(Exception):
+    """A check ran past :data:`CHECK_SECONDS`."""
+
+
+@contextmanager
+def _time_limit(seconds: float):
+    """Raise :class:`CheckTimeout` in the main thread after ``seconds`` (SIGALRM); elsewhere (a
+    thread, a platform without SIGALRM) no limit."""
+    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CheckTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    start = time.monotonic()
+    outer = signal.setitimer(signal.ITIMER_REAL, seconds)  # another timer's (delay, interval)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer[0] > 0:  # give back what was left of a timer set around the grader
+            signal.setitimer(signal.ITIMER_REAL, max(outer[0] - (time.monotonic() - start), 1e-3),
+                             outer[1])
+
+
+def run_check(name: str, fn, seconds: float = CHECK_SECONDS) -> CheckReport:
+    """Run every check of exercise ``name`` on ``fn``, each within ``seconds``; a check that
+    runs past it fails, and the exercise's later checks are skipped (they would likely hang too).
 
     Raises:
         ValueError: for an unknown exercise name.
@@ -56,9 +94,15 @@ def run_check(name: str, fn) -> CheckReport:
     report = CheckReport(name)
     for description, check in CHECKS[name](fn):
         try:
-            passed, message = check()
+            with _time_limit(seconds):
+                passed, message = check()
         except NotImplementedError as err:
             report.not_implemented = str(err) or "raises NotImplementedError"
+            return report
+        except CheckTimeout:
+            report.results.append(CheckResult(
+                description, False, f"did not finish within {seconds:g} s (an endless loop, or a "
+                "wait that never returns?); the exercise's other checks were skipped"))
             return report
         except (Exception, SystemExit) as err:  # a learner's bug: report it, keep going
             passed = False
