@@ -199,8 +199,8 @@ def expected_files(root: Path | None = None) -> dict[Path, str]:
 def main(check: bool = False, force: bool = False) -> int:
     """Write the generated files (or, with ``check``, report the stale ones).
 
-    Exercise modules that differ from their stub may hold a learner's work: they are only
-    overwritten with ``force``.
+    Exercise modules and notebooks that differ from their stub may hold a learner's work (code,
+    notes, the outputs of a run): they are only overwritten with ``force``.
     """
     root = repo_root()
     stale = [p for p, text in expected_files().items() if not p.exists() or p.read_text() != text]
@@ -216,8 +216,7 @@ def main(check: bool = False, force: bool = False) -> int:
         print(f"exercises and solutions up to date: {len(expected_files())} generated files "
               "match the package.")
         return 0
-    kept = [p for p in stale if p.parent.name == "exercises" and p.suffix == ".py" and p.exists()
-            and not force]
+    kept = [p for p in stale if p.parent.name == "exercises" and p.exists() and not force]
     for path, text in expected_files().items():
         if path in stale and path not in kept:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,7 +224,8 @@ def main(check: bool = False, force: bool = False) -> int:
             print(f"wrote {path.relative_to(root)}")
     if kept:
         names = ", ".join(str(p.relative_to(root)) for p in kept)
-        print(f"error: kept {names}: it differs from the generated stub and may hold your work. "
+        print(f"error: kept {names}: {'it differs' if len(kept) == 1 else 'they differ'} from the "
+              "generated stub and may hold your work. "
               "Copy it somewhere safe, then pass --force to replace it with a fresh stub.",
               file=sys.stderr)
         return 1

@@ -118,6 +118,11 @@ def test_regenerating_keeps_edited_exercises_unless_forced(tmp_path, monkeypatch
     assert "may hold your work" in capsys.readouterr().err
     assert exercisegen.main(force=True) == 0
     assert "# my work" not in mine.read_text()
+    notebook = tmp_path / "exercises" / "ex04_grpo_family.ipynb"  # a run's outputs, notes
+    notebook.write_text(notebook.read_text().replace('"outputs": []', '"outputs": ["mine"]', 1))
+    assert exercisegen.main() == 1
+    assert '"mine"' in notebook.read_text()
+    assert "kept exercises/ex04_grpo_family.ipynb" in capsys.readouterr().err
 
 
 def test_the_check_says_when_everything_is_up_to_date(capsys):
