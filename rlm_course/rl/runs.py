@@ -195,6 +195,11 @@ def check_resumable(state: dict, config: RLConfig, task: Task, path: Path) -> No
                          f"{task.key}; pass the same task options as the run.")
     # a run saved before a field existed ran with its default
     defaults = {f.name: f.default for f in fields(RLConfig)}
+    unknown = sorted(set(state.get("config") or {}) - set(defaults))
+    if unknown:
+        raise ValueError(f"--resume: {path} was saved with settings this version of the course "
+                         f"does not know ({', '.join(unknown)}): it comes from another version; "
+                         "resume it with that version, or start the run again with --overwrite.")
     saved, wanted = {**defaults, **(state.get("config") or {})}, asdict(config)
     differ = sorted(k for k in set(saved) | set(wanted)
                     if k != "steps" and saved.get(k) != wanted.get(k))
@@ -342,9 +347,14 @@ def run_folder(out_dir: str | Path, name: str) -> Path:
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"--name {name!r}: give a plain folder name (no slashes), e.g. my-run; "
                          "use --out to choose the parent folder.")
+    if not str(out_dir).strip():
+        raise ValueError("--out '': give a folder for the runs (default runs; . for this one).")
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file, not a folder; pass a folder (default runs).")
+    if (out_dir / name).exists() and not (out_dir / name).is_dir():
+        raise ValueError(f"--name {name}: {out_dir / name} is a file, not a run's folder; choose "
+                         "another --name.")
     return out_dir / name
 
 
@@ -583,6 +593,18 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
         load_trainer_state(trainer, state["trainer"], run_dir / "checkpoint.pt")
         totals.update(state["totals"])
     metrics = read_metrics(metrics_path, trainer.step_count, log)
+    if resume and len(metrics) < trainer.step_count:
+        log(f"Note: {metrics_path} holds {len(metrics)} of the {trainer.step_count} steps done "
+            "(the file was shortened or deleted): the learning curve and the summary's metrics "
+            "cover only those.")
+    saved_steps = (state or {}).get("config", {}).get("steps") if resume else None
+    if saved_steps is not None and saved_steps != config.steps:
+        now, before = config.lr_at(trainer.step_count + 1), RLConfig(
+            **{**asdict(config), "steps": saved_steps}).lr_at(min(trainer.step_count + 1,
+                                                                   saved_steps))
+        log(f"Note: --steps {config.steps} where the run planned {saved_steps}: the learning-rate "
+            f"schedule decays to step {config.steps} now, so step {trainer.step_count + 1} runs "
+            f"at {now:.3g} (the planned schedule: {before:.3g}).")
     atomic_write_text(metrics_path, "".join(json.dumps(m) + "\n" for m in metrics))
     setup_seconds = time.perf_counter() - setup_start
     log(f"Held-out greedy accuracy before {config.algorithm.upper()}: {accuracy_before:.1%} "

@@ -160,6 +160,12 @@ def test_out_must_be_a_folder(tmp_path, capsys):
     assert main(["sft", "--task", "addition", "--out", str(tmp_path), "--no-progress"]) == 2
     assert "is a folder" in capsys.readouterr().err
     assert afile.read_text() == "keep me"
+    assert main(["grpo", "--task", "addition", "--out", str(tmp_path), "--name", "afile",
+                 "--no-progress"]) == 2
+    assert f"--name afile: {afile} is a file, not a run's folder" in capsys.readouterr().err
+    assert main(["grpo", "--task", "addition", "--out", "", "--no-progress"]) == 2
+    assert "--out '': give a folder" in capsys.readouterr().err
+    assert afile.read_text() == "keep me"
 
 
 def test_eval_checks_the_task_and_arguments(capsys):
@@ -374,6 +380,12 @@ def test_a_damaged_run_checkpoint_is_named_before_anything_resumes(tmp_path, cap
     assert "optimizer state in" in edited(wrong_shape) and "is damaged (its exp_avg has shape" in \
         edited(wrong_shape)
     assert "is damaged (its exp_avg_sq holds NaN or inf)" in edited(nan_moment)
+
+    def newer_setting(p):
+        p["config"]["bogus_field"] = 1
+
+    assert "saved with settings this version of the course does not know (bogus_field)" in \
+        edited(newer_setting)
     path.write_bytes(intact)
     assert main(resume) == 0
 
