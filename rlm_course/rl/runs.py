@@ -597,11 +597,15 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
         log(f"Note: {metrics_path} holds {len(metrics)} of the {trainer.step_count} steps done "
             "(the file was shortened or deleted): the learning curve and the summary's metrics "
             "cover only those.")
-    saved_steps = (state or {}).get("config", {}).get("steps") if resume else None
-    if saved_steps is not None and saved_steps != config.steps:
-        now, before = config.lr_at(trainer.step_count + 1), RLConfig(
-            **{**asdict(config), "steps": saved_steps}).lr_at(min(trainer.step_count + 1,
-                                                                   saved_steps))
+    saved_steps = ((state or {}).get("config") or {}).get("steps") if resume else None
+    try:
+        planned = (RLConfig(**{**asdict(config), "steps": saved_steps})
+                   if saved_steps is not None and saved_steps != config.steps else None)
+    except (TypeError, ValueError):  # a damaged count: the resume's own checks name the rest
+        planned = None
+    if planned is not None:
+        now = config.lr_at(trainer.step_count + 1)
+        before = planned.lr_at(min(trainer.step_count + 1, saved_steps))
         log(f"Note: --steps {config.steps} where the run planned {saved_steps}: the learning-rate "
             f"schedule decays to step {config.steps} now, so step {trainer.step_count + 1} runs "
             f"at {now:.3g} (the planned schedule: {before:.3g}).")
