@@ -386,8 +386,9 @@ class RLTrainer:
                                                            cfg.max_grad_norm)
                 critic_norm = (torch.nn.utils.clip_grad_norm_(self.critic.trainable_parameters(),
                                                               cfg.max_grad_norm)
-                               if self.critic is not None else torch.zeros(()))
-                if not (torch.isfinite(grad_norm) and torch.isfinite(critic_norm)):
+                               if self.critic is not None else None)
+                if not (torch.isfinite(grad_norm)
+                        and (critic_norm is None or torch.isfinite(critic_norm))):
                     # clipping an inf norm scales every gradient by 0 or NaN: refuse the update
                     terms = f"--kl-coef {cfg.kl_coef:g}, --entropy-coef {cfg.entropy_coef:g}" + (
                         f", --value-coef {cfg.value_coef:g}" if self.critic is not None else "")
