@@ -461,10 +461,37 @@ class Controller:
         except ray.exceptions.RayTaskError as err:
             name = worker.name if worker else "a worker"
             cause = err.cause if getattr(err, "cause", None) is not None else err
+            dead = self._dead_peer(worker)
+            if dead is not None:  # the root cause: a peer died and this collective broke
+                self.close()
+                raise WorkerDiedError(
+                    f"worker {dead.name} (pid {dead.pid}, device {dead.device}) died: its process "
+                    f"is gone; worker {name} then failed while {what} ({type(cause).__name__}). "
+                    "The run stopped and every worker was shut down.", dead.name, what) from cause
             self.close()
             raise WorkerError(f"worker {name} failed while {what}: {type(cause).__name__}: "
                               f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}",
                               name, what) from cause
+
+    def _dead_peer(self, failed: "WorkerInfo | None") -> "WorkerInfo | None":
+        """A worker other than ``failed`` whose process is gone, if one is (checked in ``/proc``
+        for workers on this machine; None elsewhere): a collective fails in the survivors when a
+        peer is killed, and which of the two errors reaches the controller first is a race."""
+        import socket
+
+        here = socket.gethostname()
+        for w in getattr(self, "workers", []):
+            if w is failed or not w.pid or w.node != here:
+                continue
+            try:
+                state = open(f"/proc/{w.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:
+                return w
+            except (OSError, IndexError):  # no /proc here: cannot tell
+                continue
+            if state in ("Z", "X"):  # a zombie: dead, not yet reaped
+                return w
+        return None
 
     def call(self, workers: Sequence[WorkerInfo], method, *args, what: str = "",
              per_worker: Sequence[dict] | None = None, **kwargs) -> list:

@@ -1,6 +1,8 @@
 """The controller without Ray (rlm_course.systems.controller): device mappings, and worker methods
 passed by reference."""
 
+import os
+
 import pytest
 
 from rlm_course.lm.tokenizer import CharTokenizer
@@ -45,3 +47,29 @@ def test_worker_methods_are_passed_by_reference_and_a_wrong_one_fails_in_the_dri
         method_name(RLWorker, len)
     with pytest.raises(TypeError, match="is not a method"):
         method_name(RLWorker, 3)
+
+
+def test_a_failure_after_a_peer_died_names_the_dead_peer():
+    """When a rollout worker is killed, the actor's collective with it fails too, and either
+    error may reach the controller first: the controller looks for a peer whose process is gone
+    and names it (the root cause), not the survivor's broken send."""
+    import socket
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from rlm_course.systems.controller import Controller, WorkerInfo
+
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()  # exited and reaped: its pid is gone
+    here = socket.gethostname()
+
+    def worker(name, pid, node=here):
+        return WorkerInfo(name, ("x",), 0, 0, 0, None, pid=pid, node=node)
+
+    actor, rollout = worker("actor/0", os.getpid()), worker("rollout/0", done.pid)
+    stub = SimpleNamespace(workers=[actor, rollout])
+    assert Controller._dead_peer(stub, actor) is rollout
+    assert Controller._dead_peer(stub, rollout) is None  # the failed one itself is not a peer
+    elsewhere = worker("rollout/0", done.pid, node="another-host")
+    assert Controller._dead_peer(SimpleNamespace(workers=[actor, elsewhere]), actor) is None
