@@ -478,16 +478,19 @@ class Controller:
         for workers on this machine; None elsewhere): a collective fails in the survivors when a
         peer is killed, and which of the two errors reaches the controller first is a race."""
         import socket
+        from pathlib import Path
 
+        if not Path("/proc/self/stat").exists():  # no /proc here (macOS): cannot tell
+            return None
         here = socket.gethostname()
         for w in getattr(self, "workers", []):
             if w is failed or not w.pid or w.node != here:
                 continue
             try:
-                state = open(f"/proc/{w.pid}/stat").read().rsplit(")", 1)[1].split()[0]
-            except FileNotFoundError:
+                state = Path(f"/proc/{w.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:  # gone and reaped
                 return w
-            except (OSError, IndexError):  # no /proc here: cannot tell
+            except (OSError, IndexError):
                 continue
             if state in ("Z", "X"):  # a zombie: dead, not yet reaped
                 return w
