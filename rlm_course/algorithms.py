@@ -55,6 +55,38 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 #: gradient by inf and writes NaN into the weights. The behaviour weights of
 #: :mod:`rlm_course.rl.off_policy` are clamped alike, so a correction cap must lie below exp(20).
 LOG_RATIO_CLAMP = 20.0
+
+
+def check_correction_cap(cap, name: str = "correction_cap") -> None:
+    """Refuse a truncation/masking cap of the off-policy corrections that is not a number from 1
+    to below ``exp(LOG_RATIO_CLAMP)`` (a weight below 1 is never truncated or masked, and the
+    weights are clamped at ``exp(LOG_RATIO_CLAMP)``).
+
+    Raises:
+        ValueError: naming ``name``, the value and the range.
+    """
+    if (isinstance(cap, bool) or not isinstance(cap, (int, float))
+            or not 1.0 <= cap < math.exp(LOG_RATIO_CLAMP)):  # NaN fails too
+        raise ValueError(f"{name}={cap!r} must be a number from 1 to below "
+                         f"exp({LOG_RATIO_CLAMP:g}) = {math.exp(LOG_RATIO_CLAMP):.3g}, where the "
+                         "weights are clamped (2 is typical; AReaL and TRL use 2-5); a weight "
+                         "below 1 is never truncated or masked.")
+
+
+def check_dual_clip(clip_c, name: str = "dual clip c") -> None:
+    """Refuse a dual-clip bound that is neither None nor a finite number above 1 (at 1 or below,
+    it would cap the loss of a negative advantage at ratios PPO itself keeps; verl asserts the
+    same).
+
+    Raises:
+        ValueError: naming ``name``, the value and the fix.
+    """
+    if clip_c is not None and (isinstance(clip_c, bool) or not isinstance(clip_c, (int, float))
+                               or not 1.0 < clip_c < math.inf):  # NaN fails too
+        raise ValueError(f"{name}={clip_c!r} must be a finite number above 1 (verl uses 3), or "
+                         "none to turn it off.")
+
+
 #: Corrections for tokens sampled by another policy than the proximal one (staleness, the
 #: rollout/trainer mismatch): :mod:`rlm_course.rl.off_policy`.
 CORRECTIONS = ("none", "is", "tis", "mis", "seq-tis", "seq-mis")
@@ -307,13 +339,8 @@ class RLConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value} must be a positive finite number.")
-        if not 1.0 <= self.correction_cap < math.exp(LOG_RATIO_CLAMP):  # NaN fails too
-            raise ValueError(f"correction_cap={self.correction_cap} must be a number from 1 to "
-                             "below exp(20) (2 is typical); a weight below 1 is never truncated "
-                             "or masked, and weights are clamped at exp(20).")
-        if self.dual_clip is not None and not (1.0 < self.dual_clip < math.inf):  # NaN fails
-            raise ValueError(f"dual_clip={self.dual_clip} must be a finite number above 1 (verl "
-                             "uses 3), or none (--dual-clip none).")
+        check_correction_cap(self.correction_cap)
+        check_dual_clip(self.dual_clip, "dual_clip")
         for name in ("lr", "critic_lr"):
             if getattr(self, name) > 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} is far too large for Adam (use "
@@ -391,7 +418,6 @@ class RLConfig:
             raise ValueError(problems[0])
         if problems:
             raise ValueError(f"{len(problems)} settings conflict:\n - " + "\n - ".join(problems))
-
 
     def unused(self, names) -> dict[str, str]:
         """Which of the settings ``names`` this combination ignores, and why: e.g. the critic's

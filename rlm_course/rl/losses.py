@@ -21,7 +21,7 @@ from torch import Tensor
 
 from rlm_course.rl.kl import LOG_RATIO_CLAMP
 from rlm_course.rl.masked import check_same_shape, masked_mean, zero_padding
-from rlm_course.algorithms import AGGREGATIONS
+from rlm_course.algorithms import AGGREGATIONS, check_dual_clip
 
 
 
@@ -83,22 +83,6 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
     return loss
 
 
-def check_dual_clip(clip_c: float | None) -> None:
-    """Refuse a dual-clip bound that is neither None nor a finite number above 1 (at 1 or below,
-    it would cap the loss of a negative advantage at ratios PPO itself keeps; verl asserts the
-    same).
-
-    Raises:
-        ValueError: naming the value and the fix.
-    """
-    if clip_c is None:
-        return
-    if (isinstance(clip_c, bool) or not isinstance(clip_c, (int, float))
-            or not 1.0 < clip_c < math.inf):
-        raise ValueError(f"dual clip c={clip_c!r} must be a finite number above 1 (verl uses 3), "
-                         "or None for none.")
-
-
 def clipped_tokens(ratio: Tensor, advantages: Tensor, clip_low: float,
                    clip_high: float | None = None, clip_c: float | None = None) -> Tensor:
     """Where the clipped objective removed the gradient: the ratio above ``1 + clip_high`` with a
@@ -122,10 +106,7 @@ def sequence_mean(per_token: Tensor, response_mask: Tensor) -> Tensor:
     the loss is 0.
     """
     per_response = masked_mean(per_token, response_mask, dim=1)
-    rows = response_mask.bool().any(1)
-    if not rows.any():
-        return (per_response * 0.0).sum()
-    return per_response[rows].mean()
+    return masked_mean(per_response, response_mask.bool().any(1))
 
 
 def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,

@@ -55,12 +55,10 @@ Shapes: per-token tensors ``(batch, R)`` with a ``response_mask (batch, R)``.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from rlm_course.algorithms import CORRECTIONS
+from rlm_course.algorithms import CORRECTIONS, check_correction_cap
 from rlm_course.rl.kl import LOG_RATIO_CLAMP, kl_k3
 from rlm_course.rl.masked import masked_mean
 
@@ -78,11 +76,7 @@ def check_log_probs(prox_log_probs: Tensor, behaviour_log_probs: Tensor, respons
     if any(len(x) != 2 for x in shapes) or len(set(shapes)) != 1:
         raise ValueError(f"{where}: proximal, behaviour log-probs and response mask must all be "
                          f"(batch, R) of one shape; got {shapes[0]}, {shapes[1]} and {shapes[2]}.")
-    if (isinstance(cap, bool) or not isinstance(cap, (int, float))
-            or not 1.0 <= cap < math.exp(LOG_RATIO_CLAMP)):
-        raise ValueError(f"{where}: cap={cap!r} must be a number from 1 to below "
-                         f"exp({LOG_RATIO_CLAMP:g}) = {math.exp(LOG_RATIO_CLAMP):.3g}, where the "
-                         "weights are clamped (2 is typical; AReaL and TRL use 2-5).")
+    check_correction_cap(cap, f"{where}: cap")
     mask = response_mask.bool()
     bad = int((~torch.isfinite(prox_log_probs[mask])).sum() +
               (~torch.isfinite(behaviour_log_probs[mask])).sum())

@@ -24,7 +24,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import torch
@@ -599,7 +599,7 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
             "cover only those.")
     saved_steps = ((state or {}).get("config") or {}).get("steps") if resume else None
     try:
-        planned = (RLConfig(**{**asdict(config), "steps": saved_steps})
+        planned = (replace(config, steps=saved_steps)
                    if saved_steps is not None and saved_steps != config.steps else None)
     except (TypeError, ValueError):  # a damaged count: the resume's own checks name the rest
         planned = None
