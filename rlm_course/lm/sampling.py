@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlm_course.algorithms import MIN_TEMPERATURE
 from rlm_course.lm.model import KVCache, TinyGPT
 
 
@@ -131,7 +132,9 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
         else:
             step_logp = F.log_softmax(_filter_logits(logits.to(log_probs.dtype), temperature, top_k),
                                       dim=-1)
-            if bool(torch.isnan(step_logp).any()):  # finite logits over a tiny temperature
+            # finite logits over a temperature below the runs' floor can overflow (NaN here);
+            # above it they cannot, so the decode loop pays no extra check
+            if temperature < MIN_TEMPERATURE and bool(torch.isnan(step_logp).any()):
                 raise ValueError(f"generate: temperature={temperature} divides the logits past "
                                  "float range; sample at 1e-3 or more, or use greedy=True.")
             next_token = torch.multinomial(step_logp.exp(), 1, generator=generator).squeeze(-1)
