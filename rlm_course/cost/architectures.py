@@ -351,6 +351,12 @@ SPECS: dict[str, TransformerSpec] = {
         vocab_size=128256, max_context=131072,
         source="config.json of meta-llama/Llama-3.1-70B (Llama 3's 70B architecture, RoPE "
                "scaled to a 131,072-token context): 70.6B parameters"),
+    "qwen3-4b": TransformerSpec(
+        "qwen3-4b", n_layer=36, d_model=2560, n_head=32, n_kv_head=8, d_head=128, d_ff=9728,
+        vocab_size=151936, norm_params_per_layer=2 * 2560 + 2 * 128, tied_embeddings=True,
+        max_context=40960,
+        source="config.json of Qwen/Qwen3-4B (36 layers, 32 query heads and 8 KV heads of 128, "
+               "SwiGLU 9,728, QK-norm, head tied to the embedding): 4.0B parameters"),
     "qwen3-32b": TransformerSpec(
         "qwen3-32b", n_layer=64, d_model=5120, n_head=64, n_kv_head=8, d_head=128, d_ff=25600,
         vocab_size=151936, norm_params_per_layer=2 * 5120 + 2 * 128, max_context=40960,
