@@ -262,7 +262,8 @@ assert all(r["delta_bytes"] < 0.25 * r["dense_bytes"] for r in delta_rows[1e-6])
 #   broadcast first assembles whole tensors (FSDP's `full_tensor()`, Megatron's TP and EP
 #   gathers);
 # * **transfer**: none colocated; disaggregated, a pipelined broadcast of the whole model from one
-#   rank (verl's one-step-off and fully-async recipes), or shard to shard from every trainer
+#   rank (verl's one-step-off and fully-async recipes; across nodes NCCL's rings use all of a
+#   node's network cards at once, `broadcast_link`), or shard to shard from every trainer
 #   device (checkpoint-engine, NeMo-RL's reshard refit);
 # * **copies**: packing, unpacking and loading into the engine, at the memory bandwidth;
 # * **software**: a cost per tensor: the Python loop over the state dict, a collective launch and

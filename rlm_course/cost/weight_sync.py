@@ -18,7 +18,8 @@ adds five terms, each with its source:
 * **transfer**: none colocated (CUDA IPC handles or the same process); disaggregated, a
   pipelined broadcast of the whole model from one rank to every rollout device (verl's
   one-step-off and fully-async recipes, NeMo-RL's NCCL refit): ``B x ceil(log2(r + 1)) x alpha +
-  M / beta`` over the sender's link, ``B`` buckets, ``r`` receivers; or shard-parallel, every
+  M / beta`` over the group's link, ``B`` buckets, ``r`` receivers, across nodes at all of a
+  node's network cards together (:func:`broadcast_link`); or shard-parallel, every
   trainer device sending its ``M / trainer`` and every rollout device receiving its
   ``M / generation_tp`` (the larger decides);
 * **copies** at the memory bandwidth: packing the buckets on the sender and unpacking them on the
@@ -74,6 +75,28 @@ def tensor_count(spec: TransformerSpec) -> int:
     per_layer += (spec.n_experts + spec.n_shared_experts) * mlp if spec.is_moe else mlp
     per_layer += 1 if spec.is_moe else 0  # the router
     return spec.n_layer * per_layer + 2 + (0 if spec.tied_embeddings else 1)
+
+
+def broadcast_link(fabric: Fabric, ranks: int) -> Link:
+    """The link a broadcast over a group of ``ranks`` ranks, filling nodes in rank order, runs
+    at: inside one node the intra-node link; across nodes NCCL runs several rings at once, each
+    entering a node by the network card of one of the group's GPUs there and leaving by another's
+    after crossing the node over NVLink, so the broadcast takes the bandwidth of ``c`` cards
+    together, ``c x beta_inter`` up to the intra-node link's, ``c`` the fewest of the group's GPUs
+    on any of its nodes (NCCL's maintainers, NVIDIA/nccl#412: "NCCL is able to aggregate the
+    bandwidth of multiple NICs, but that requires GPUs to be connected with NVLink"). verl's and
+    NeMo-RL's update groups hold all the trainer's ranks and all the rollout's, whole nodes: 8
+    cards on H100 nodes; a group of 9 (8 + 1) crosses by the last node's one card.
+
+    Raises:
+        ValueError: if the fabric has no link for such a group.
+    """
+    wire = fabric.link(ranks)
+    if wire is not fabric.inter or fabric.intra is None:
+        return wire
+    per_node = fabric.devices_per_node
+    cards = min(per_node, ranks - (math.ceil(ranks / per_node) - 1) * per_node)
+    return Link(wire.alpha, min(cards * wire.beta, fabric.intra.beta))
 
 
 def broadcast_seconds(total_bytes: float, messages: int, link: Link, receivers: int = 1,
@@ -199,7 +222,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
         weight_bytes: bytes per weight the rollout holds (1: fp8, quantized on the way).
         tensor_seconds, fixed_seconds: the software rates.
         link: the transfer's link (default: the fabric's link for a group of trainer and rollout
-            devices, inter-node unless both pools fit in one node).
+            devices, inter-node unless both pools fit in one node; a broadcast's across nodes at a
+            node's cards together, :func:`broadcast_link`).
         memory_bandwidth: bytes/s of the copies (default the device's).
         pipelined: the transfer's broadcast is pipelined (NCCL); ``False``: a binomial tree of
             whole messages (gloo, chapter 12's run on CPUs).
@@ -265,6 +289,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
     messages = max(1, math.ceil(total / bucket_bytes))
     ranks = trainer_devices + rollout_devices
     wire = link or fabric.link(ranks)
+    if transport == "broadcast" and link is None:
+        wire = broadcast_link(fabric, ranks)
     if transport == "broadcast":
         if zero3:
             gather = all_gather_seconds(total, dp, fabric.link(dp, tp * trainer.cp))

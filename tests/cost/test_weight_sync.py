@@ -6,7 +6,9 @@ import pytest
 
 from rlm_course.cost import workdepth as wd
 from rlm_course.cost.anatomy import Workload, iteration_report
-from rlm_course.cost.weight_sync import sync_cost
+from rlm_course.cost.comm import Fabric
+from rlm_course.cost.layouts import Layout
+from rlm_course.cost.weight_sync import broadcast_link, sync_cost
 from rlm_course.cost.architectures import SPECS
 from rlm_course.cost.hardware import get_device
 from rlm_course.lm.tokenizer import CharTokenizer
@@ -24,6 +26,15 @@ def test_stage_four_in_the_anatomy_and_the_dag():
     assert dis.transfer == pytest.approx(dis.messages * 4 * h100.inter_node_latency
                                          + dis.bytes / h100.inter_node_bandwidth)
     assert dis.copies == pytest.approx(4 * dis.bytes / h100.memory_bandwidth)
+    # 8 trainer ranks and an engine of 8: two whole nodes, the broadcast on all 8 cards of each
+    full = sync_cost(spec, h100, generation_tp=8, replicas=1, trainer=Layout(tp=8))
+    assert full.transfer == pytest.approx(full.messages * 4 * h100.inter_node_latency
+                                          + full.bytes / (8 * h100.inter_node_bandwidth))
+    fabric = Fabric.of(h100)
+    assert broadcast_link(fabric, 20).beta == 4 * h100.inter_node_bandwidth  # 8 + 8 + 4
+    assert broadcast_link(fabric, 8) is fabric.intra
+    nvl = Fabric.of(get_device("GB200-NVL72-186GB"))
+    assert broadcast_link(nvl, 144).beta == nvl.intra.beta  # 72 cards, capped by NVLink
     assert dis.seconds == pytest.approx(dis.transfer + dis.copies) and dis.ideal <= dis.seconds
     col = sync_cost(spec, h100, "colocated", generation_tp=8, replicas=1)
     assert col.network_bytes == 0 and col.seconds < dis.seconds / 10
