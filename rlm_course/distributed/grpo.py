@@ -84,9 +84,9 @@ def check_data_parallel(config: RLConfig, world_size: int) -> None:
                          "gradient steps) would differ: data-parallel runs do not support it; "
                          "pass --no-dynamic-sampling, or run with --nproc 1.")
     if config.use_critic or config.advantage not in ("group", "rloo"):
-        raise ValueError(f"advantage={config.advantage!r}"
-                         + (" with a critic" if config.use_critic else "")
-                         + ": it normalises advantages over the whole batch, which would need "
+        raise ValueError(f"--variant {config.variant} (advantage={config.advantage!r}"
+                         + (", with a critic" if config.use_critic else "")
+                         + "): it normalises advantages over the whole batch, which would need "
                          "statistics from every rank; data-parallel runs support the group "
                          "advantages (group, rloo: grpo, dr_grpo, dapo, rloo, gspo). Use one of "
                          "them, or --nproc 1.")

@@ -338,6 +338,10 @@ def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = Fals
                          "from scratch, or --name for a new run.")
 
 
+#: characters Windows refuses in a file name (and that shells treat specially elsewhere)
+_NOT_IN_NAMES = frozenset('<>:"|?*')
+
+
 def run_folder(out_dir: str | Path, name: str) -> Path:
     """``out_dir / name``, the folder of a run, after checking both.
 
@@ -347,6 +351,12 @@ def run_folder(out_dir: str | Path, name: str) -> Path:
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"--name {name!r}: give a plain folder name (no slashes), e.g. my-run; "
                          "use --out to choose the parent folder.")
+    odd = sorted({c for c in name if c in _NOT_IN_NAMES or ord(c) < 32})
+    if odd or name != name.strip():
+        what = (f"the character(s) {''.join(odd)!r}" if odd
+                else "spaces at its start or end")
+        raise ValueError(f"--name {name!r} has {what}, which some systems do not allow in a "
+                         "folder name; use letters, digits, - _ and ., e.g. my-run.")
     if not str(out_dir).strip():
         raise ValueError("--out '': give a folder for the runs (default runs; . for this one).")
     out_dir = Path(out_dir)

@@ -319,7 +319,8 @@ def test_data_parallel_refuses_what_it_cannot_run():
 
     with pytest.raises(ValueError, match="dynamic sampling"):
         check_data_parallel(preset("dapo"), 2)
-    with pytest.raises(ValueError, match="normalises advantages over the whole batch"):
+    with pytest.raises(ValueError, match=r"--variant ppo \(advantage='gae', with a critic\): it "
+                       "normalises advantages over the whole batch"):
         check_data_parallel(preset("ppo"), 2)
     with pytest.raises(ValueError, match="normalises advantages over the whole batch"):
         check_data_parallel(preset("reinforce_pp"), 2)
