@@ -22,14 +22,15 @@ def set_threads(args) -> None:
     import torch
 
     from rlm_course.devices import resolve_device
-    from rlm_course.utils import choose_threads
+    from rlm_course.utils import choose_threads, cores
 
     if getattr(args, "device", None) is not None:
         resolve_device(args.device)
 
     threads, why = choose_threads(getattr(args, "threads", None))
     torch.set_num_threads(threads)
-    if not getattr(args, "no_progress", False):
+    # more threads than cores is a warning, shown even without progress lines
+    if not getattr(args, "no_progress", False) or threads > cores():
         print(f"Using {threads} CPU thread{'s' if threads > 1 else ''} ({why}; --threads to "
               "change).", file=sys.stderr)
 

@@ -241,6 +241,24 @@ def test_more_threads_than_cores_are_allowed_but_explained():
         choose_threads(8 * cores + 1)
 
 
+def test_too_many_threads_are_said_even_without_progress_lines(capsys):
+    import argparse
+    import os
+
+    import torch
+
+    from rlm_course.cli.train import set_threads
+
+    cores, before = len(os.sched_getaffinity(0)), torch.get_num_threads()
+    try:
+        set_threads(argparse.Namespace(threads=cores + 1, no_progress=True, device=None))
+        assert f"more than the {cores} cores" in capsys.readouterr().err
+        set_threads(argparse.Namespace(threads=1, no_progress=True, device=None))
+        assert capsys.readouterr().err == ""  # a fitting count stays quiet
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_staleness_is_priced_in_the_ranking_and_the_sensitivity_table_says_what_flips():
     spec, grpo = get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4)
     free = plan(spec, grpo, WORKLOAD, H100, 16, staleness_penalty=0.0)
