@@ -593,6 +593,11 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
                 "the numbers will differ in the last bits from an uninterrupted run (pass "
                 f"--threads {threads} to repeat it exactly).")
     else:
+        if config.warmup_steps > config.steps:
+            log(f"Note: --warmup-steps {config.warmup_steps} is longer than --steps {config.steps}: "
+                f"the learning rate only rises, to {config.steps / config.warmup_steps:.0%} of --lr "
+                f"{config.lr:g} and never decays (a --warmup-steps below {config.steps} gives "
+                "a warm-up and then a decay).")
         policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log, device)
         accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy
 

@@ -204,6 +204,9 @@ def test_existing_run_is_not_overwritten_by_accident(tmp_path, capsys):
 def test_a_failed_overwrite_never_costs_the_existing_run(tmp_path, capsys, monkeypatch):
     assert main(["grpo", "--task", "addition", "--steps", "1", "--out", str(tmp_path),
                  "--name", "mine", "--no-progress", *SMALL]) == 0
+    # the default 20 warm-up steps are longer than the run: said, with the rate it reaches
+    assert ("Note: --warmup-steps 20 is longer than --steps 1: the learning rate only rises, to "
+            "5% of --lr 0.0003") in capsys.readouterr().out
     run = tmp_path / "mine"
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     # an error found by the checks ...
