@@ -288,9 +288,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
                         received / near.beta if received else 0.0)
     messages = max(1, math.ceil(total / bucket_bytes))
     ranks = trainer_devices + rollout_devices
-    wire = link or fabric.link(ranks)
-    if transport == "broadcast" and link is None:
-        wire = broadcast_link(fabric, ranks)
+    wire = link or (broadcast_link(fabric, ranks) if transport == "broadcast"
+                    else fabric.link(ranks))
     if transport == "broadcast":
         if zero3:
             gather = all_gather_seconds(total, dp, fabric.link(dp, tp * trainer.cp))
