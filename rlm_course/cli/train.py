@@ -31,8 +31,9 @@ def set_threads(args) -> None:
     torch.set_num_threads(threads)
     # more threads than cores is a warning, shown even without progress lines
     if not getattr(args, "no_progress", False) or threads > cores():
-        print(f"Using {threads} CPU thread{'s' if threads > 1 else ''} ({why}; --threads to "
-              "change).", file=sys.stderr)
+        change = "" if "--threads" in why else "; --threads to change"
+        print(f"Using {threads} CPU thread{'s' if threads > 1 else ''} ({why}{change}).",
+              file=sys.stderr)
 
 
 def _rl(args) -> int:

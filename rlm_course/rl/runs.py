@@ -338,8 +338,13 @@ def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = Fals
                          "from scratch, or --name for a new run.")
 
 
-#: characters Windows refuses in a file name (and that shells treat specially elsewhere)
+#: characters Windows refuses in a file name (and that shells treat specially elsewhere), and
+#: the names it keeps for devices (with any extension)
 _NOT_IN_NAMES = frozenset('<>:"|?*')
+_RESERVED_NAMES = frozenset(["CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)),
+                             *(f"LPT{i}" for i in range(1, 10))])
+#: the longest run name: folder names stop at 255 bytes, and --overwrite's hidden copy adds 10
+MAX_NAME = 200
 
 
 def run_folder(out_dir: str | Path, name: str) -> Path:
@@ -349,12 +354,18 @@ def run_folder(out_dir: str | Path, name: str) -> Path:
         ValueError: for a name that is not a plain folder name, or an ``out_dir`` that is a file.
     """
     if not name or name in (".", "..") or "/" in name or "\\" in name:
-        raise ValueError(f"--name {name!r}: give a plain folder name (no slashes), e.g. my-run; "
-                         "use --out to choose the parent folder.")
+        raise ValueError(f"--name {name!r}: give a plain folder name (not empty, . or .., no "
+                         "slashes), e.g. my-run; use --out to choose the parent folder.")
+    if len(name) > MAX_NAME:
+        raise ValueError(f"--name of {len(name)} characters: give at most {MAX_NAME} (a folder "
+                         "name has a length limit, and --overwrite adds a few), e.g. my-run.")
     odd = sorted({c for c in name if c in _NOT_IN_NAMES or ord(c) < 32})
-    if odd or name != name.strip():
-        what = (f"the character(s) {''.join(odd)!r}" if odd
-                else "spaces at its start or end")
+    what = (f"the character(s) {''.join(odd)!r}" if odd
+            else "spaces at its start or end" if name != name.strip()
+            else "a dot at its end" if name.endswith(".")
+            else "a name Windows reserves for a device"
+            if name.split(".")[0].upper() in _RESERVED_NAMES else None)
+    if what:
         raise ValueError(f"--name {name!r} has {what}, which some systems do not allow in a "
                          "folder name; use letters, digits, - _ and ., e.g. my-run.")
     if not str(out_dir).strip():
@@ -594,10 +605,11 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
                 f"--threads {threads} to repeat it exactly).")
     else:
         if config.warmup_steps > config.steps:
+            hint = (f" (a --warmup-steps below {config.steps} gives a warm-up and then a decay)"
+                    if config.steps > 1 else "")
             log(f"Note: --warmup-steps {config.warmup_steps} is longer than --steps {config.steps}: "
-                f"the learning rate only rises, to {config.steps / config.warmup_steps:.0%} of --lr "
-                f"{config.lr:g} and never decays (a --warmup-steps below {config.steps} gives "
-                "a warm-up and then a decay).")
+                f"the learning rate only rises, to {config.steps}/{config.warmup_steps} of --lr "
+                f"{config.lr:g}, and never decays{hint}.")
         policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log, device)
         accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy
 

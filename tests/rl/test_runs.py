@@ -121,6 +121,10 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     (["--task", "addition", "--name", "run:1?"], "--name 'run:1?' has the character(s) ':?'"),
     (["--task", "addition", "--name", "a\tb"], "has the character"),
     (["--task", "addition", "--name", " run"], "spaces at its start or end"),
+    (["--task", "addition", "--name", "..."], "a dot at its end"),
+    (["--task", "addition", "--name", "con.txt"], "a name Windows reserves for a device"),
+    (["--task", "addition", "--name", "x" * 201], "--name of 201 characters: give at most 200"),
+    (["--task", "addition", "--name", "."], "not empty, . or .., no slashes"),
     (["--task", "addition", "--resume", "--overwrite"], "pass only one"),
     (["--task", "addition", "--resume", "--sft-checkpoint", "x.pt"], "not used with --resume"),
     (["--task", "addition", "--advantage", "gae"], "--advantage gae needs a critic"),
@@ -206,7 +210,7 @@ def test_a_failed_overwrite_never_costs_the_existing_run(tmp_path, capsys, monke
                  "--name", "mine", "--no-progress", *SMALL]) == 0
     # the default 20 warm-up steps are longer than the run: said, with the rate it reaches
     assert ("Note: --warmup-steps 20 is longer than --steps 1: the learning rate only rises, to "
-            "5% of --lr 0.0003") in capsys.readouterr().out
+            "1/20 of --lr 0.0003, and never decays.") in capsys.readouterr().out
     run = tmp_path / "mine"
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     # an error found by the checks ...
