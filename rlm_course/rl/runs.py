@@ -343,7 +343,7 @@ def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = Fals
 _NOT_IN_NAMES = frozenset('<>:"|?*')
 _RESERVED_NAMES = frozenset(["CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)),
                              *(f"LPT{i}" for i in range(1, 10))])
-#: the longest run name: folder names stop at 255 bytes, and --overwrite's hidden copy adds 10
+#: the longest run name in bytes: folder names stop at 255, and --overwrite's hidden copy adds 10
 MAX_NAME = 200
 
 
@@ -356,9 +356,10 @@ def run_folder(out_dir: str | Path, name: str) -> Path:
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"--name {name!r}: give a plain folder name (not empty, . or .., no "
                          "slashes), e.g. my-run; use --out to choose the parent folder.")
-    if len(name) > MAX_NAME:
-        raise ValueError(f"--name of {len(name)} characters: give at most {MAX_NAME} (a folder "
-                         "name has a length limit, and --overwrite adds a few), e.g. my-run.")
+    size = len(name.encode("utf-8", "surrogateescape"))  # the limit counts bytes
+    if size > MAX_NAME:
+        raise ValueError(f"--name of {size} bytes: give at most {MAX_NAME} (a folder name has a "
+                         "length limit, and --overwrite adds a few), e.g. my-run.")
     odd = sorted({c for c in name if c in _NOT_IN_NAMES or ord(c) < 32})
     what = (f"the character(s) {''.join(odd)!r}" if odd
             else "spaces at its start or end" if name != name.strip()
