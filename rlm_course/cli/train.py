@@ -27,11 +27,13 @@ def set_threads(args) -> None:
     if getattr(args, "device", None) is not None:
         resolve_device(args.device)
 
-    threads, why = choose_threads(getattr(args, "threads", None))
+    requested = getattr(args, "threads", None)
+    threads, why = choose_threads(requested)
     torch.set_num_threads(threads)
-    # more threads than cores is a warning, shown even without progress lines
-    if not getattr(args, "no_progress", False) or threads > cores():
-        change = "" if "--threads" in why else "; --threads to change"
+    over = threads > cores()  # a warning, shown even without progress lines
+    if not getattr(args, "no_progress", False) or over:
+        # a requested count above the cores already names the --threads that fits
+        change = "" if over and requested is not None else "; --threads to change"
         print(f"Using {threads} CPU thread{'s' if threads > 1 else ''} ({why}{change}).",
               file=sys.stderr)
 

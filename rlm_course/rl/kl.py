@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from rlm_course.algorithms import KL_ESTIMATORS, LOG_RATIO_CLAMP  # noqa: F401 (re-exported)
+from rlm_course.algorithms import KL_ESTIMATORS, LOG_RATIO_CLAMP  # noqa: F401 (its old home)
 
 
 KL_CLAMP = 10.0

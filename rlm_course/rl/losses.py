@@ -19,9 +19,8 @@ import math
 import torch
 from torch import Tensor
 
-from rlm_course.rl.kl import LOG_RATIO_CLAMP
 from rlm_course.rl.masked import check_same_shape, masked_mean, zero_padding
-from rlm_course.algorithms import AGGREGATIONS, check_dual_clip
+from rlm_course.algorithms import AGGREGATIONS, LOG_RATIO_CLAMP, check_dual_clip
 
 
 

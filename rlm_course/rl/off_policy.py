@@ -58,8 +58,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlm_course.algorithms import CORRECTIONS, check_correction_cap
-from rlm_course.rl.kl import LOG_RATIO_CLAMP, kl_k3
+from rlm_course.algorithms import CORRECTIONS, LOG_RATIO_CLAMP, check_correction_cap
+from rlm_course.rl.kl import kl_k3
 from rlm_course.rl.masked import masked_mean
 
 

@@ -236,7 +236,8 @@ def check_run_state(state: dict, path: Path) -> None:
     Raises:
         ValueError: naming the entry and how to recover.
     """
-    trainer, step = state.get("trainer"), (state.get("trainer") or {}).get("step")
+    trainer = state.get("trainer") if isinstance(state.get("trainer"), dict) else {}
+    step = trainer.get("step")
     accuracy = state.get("accuracy_before")
     problems = []
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
