@@ -365,6 +365,8 @@ def run_folder(out_dir: str | Path, name: str) -> Path:
     what = (f"the character(s) {''.join(odd)!r}" if odd
             else "spaces at its start or end" if name != name.strip()
             else "a dot at its end" if name.endswith(".")
+            else "a dash at its start (commands such as rm and ls read it as an option)"
+            if name.startswith("-")
             else "a name Windows reserves for a device"
             if name.split(".")[0].upper() in _RESERVED_NAMES else None)
     if what:

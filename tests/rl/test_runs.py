@@ -123,6 +123,7 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     (["--task", "addition", "--name", " run"], "spaces at its start or end"),
     (["--task", "addition", "--name", "..."], "a dot at its end"),
     (["--task", "addition", "--name", "con.txt"], "a name Windows reserves for a device"),
+    (["--task", "addition", "--name=-dash"], "--name '-dash' has a dash at its start"),
     (["--task", "addition", "--name", "x" * 201], "--name of 201 bytes: give at most 200"),
     (["--task", "addition", "--name", "é" * 101], "--name of 202 bytes: give at most 200"),
     (["--task", "addition", "--name", "."], "not empty, . or .., no slashes"),
