@@ -284,12 +284,12 @@ SUMMED = ("tokens_generated", "responses_generated", "responses_trained", "group
 
 def combine_metrics(rows: list[dict]) -> dict:
     """One metrics row for the whole step from every rank's: counts summed, rates and losses
-    averaged over ranks (equal shares), stage seconds of the slowest rank (each rank's are kept in
-    ``rank_seconds``)."""
+    averaged over ranks (equal shares; the step and its learning rate as every rank has them),
+    stage seconds of the slowest rank (each rank's are kept in ``rank_seconds``)."""
     out = {}
     for key, value in rows[0].items():
         values = [r[key] for r in rows if key in r]
-        if key == "step" or not isinstance(value, (int, float)) or isinstance(value, bool):
+        if key in ("step", "lr") or not isinstance(value, (int, float)) or isinstance(value, bool):
             out[key] = value
         elif key in SUMMED:
             out[key] = sum(values)

@@ -314,6 +314,7 @@ class RLTrainer:
 
         seconds = timer.reset()
         metrics = self.rollout_metrics(step, batch, seconds)
+        metrics["lr"] = cfg.lr_at(step)  # the policy's learning rate of this step's updates
         metrics.update({k: v / max(n_updates, 1) for k, v in stats.items()})
         metrics.update(off_policy)
         if kl_reward is not None:

@@ -214,6 +214,9 @@ def test_a_failed_overwrite_never_costs_the_existing_run(tmp_path, capsys, monke
     assert ("Note: --warmup-steps 20 is longer than --steps 1: the learning rate only rises, to "
             "1/20 of --lr 0.0003, and never decays.") in capsys.readouterr().out
     run = tmp_path / "mine"
+    # each metrics row carries the learning rate its updates used: here 1/20 of --lr
+    (row,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert row["step"] == 1 and row["lr"] == pytest.approx(0.0003 / 20, rel=1e-12)
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     # an error found by the checks ...
     assert main(["grpo", "--task", "addition", "--variant", "dapo", "--overlong-buffer", "40",
