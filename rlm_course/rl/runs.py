@@ -348,6 +348,19 @@ _RESERVED_NAMES = frozenset(["CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in ra
 MAX_NAME = 200
 
 
+def warmup_note(config) -> str | None:
+    """The note a new run starts with when its warm-up (``config.warmup_steps``) is longer than
+    the run (``config.steps``): its learning rate then only rises, to ``steps / warmup_steps`` of
+    ``config.lr`` (:meth:`~rlm_course.algorithms.RLConfig.lr_at`); None otherwise."""
+    if config.warmup_steps <= config.steps:
+        return None
+    hint = (f" (a --warmup-steps below {config.steps} gives a warm-up and then a decay)"
+            if config.steps > 1 else "")
+    return (f"Note: --warmup-steps {config.warmup_steps} is longer than --steps {config.steps}: "
+            f"the learning rate only rises, to {config.steps}/{config.warmup_steps} of --lr "
+            f"{config.lr:g}, and never decays{hint}.")
+
+
 def run_folder(out_dir: str | Path, name: str) -> Path:
     """``out_dir / name``, the folder of a run, after checking both.
 
@@ -608,12 +621,9 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
                 "the numbers will differ in the last bits from an uninterrupted run (pass "
                 f"--threads {threads} to repeat it exactly).")
     else:
-        if config.warmup_steps > config.steps:
-            hint = (f" (a --warmup-steps below {config.steps} gives a warm-up and then a decay)"
-                    if config.steps > 1 else "")
-            log(f"Note: --warmup-steps {config.warmup_steps} is longer than --steps {config.steps}: "
-                f"the learning rate only rises, to {config.steps}/{config.warmup_steps} of --lr "
-                f"{config.lr:g}, and never decays{hint}.")
+        note = warmup_note(config)
+        if note:
+            log(note)
         policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log, device)
         accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy
 

@@ -377,12 +377,18 @@ def test_a_dp_grpo_run_writes_its_files_and_resumes_with_the_uninterrupted_numbe
 
     task = get_task("addition")
     config = preset("grpo", steps=2, prompts_per_step=4, group_size=4, eval_every=10**6)
+    said = []
     summary = run_rl_distributed(task, config, 2, name="dp", out_dir=tmp_path, progress=False,
-                                 log=lambda *a: None)
+                                 log=said.append)
     run = tmp_path / "dp"
     assert summary["world_size"] == 2 and summary["steps"] == 2
+    # the default 20 warm-up steps are longer than the run: said, as a one-process run says it
+    assert ("Note: --warmup-steps 20 is longer than --steps 2: the learning rate only rises, to "
+            "2/20 of --lr 0.0003, and never decays (a --warmup-steps below 2 gives a warm-up "
+            "and then a decay).") in said
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+    assert [r["lr"] for r in rows] == [config.lr_at(1), config.lr_at(2)]
     assert rows[0]["responses_generated"] == 16 and len(rows[0]["rank_seconds"]) == 2
     timeline = json.loads((run / "timeline.json").read_text())
     assert len(timeline["ranks"]) == 2
