@@ -615,6 +615,12 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
             log(f"Note: the run ran on {ran_on}, this process on {device}: it continues from the "
                 "checkpoint, with other random draws and rounding than an uninterrupted run "
                 f"(pass --device {ran_on} to repeat it exactly).")
+        ran = state.get("world_size", 1)
+        if ran != 1:
+            log(f"Note: the run used {ran} processes, this one 1: it continues from step "
+                f"{state['trainer']['step']}, but with other samples than an uninterrupted run "
+                f"(pass --nproc {ran} to repeat it exactly); its timeline.json and timeline.png "
+                "keep the steps its processes ran.")
         threads = state.get("threads")
         if threads is not None and threads != torch.get_num_threads():
             log(f"Note: the run used {threads} CPU threads, this process {torch.get_num_threads()}: "

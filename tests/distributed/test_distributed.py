@@ -421,9 +421,13 @@ def test_a_dp_grpo_run_writes_its_files_and_resumes_with_the_uninterrupted_numbe
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["reward_mean"] for r in rows] == [r["reward_mean"] for r in same]
     # the distributed run's checkpoint also continues in one process
+    said = []
     resumed = run_rl(task, longer, name="dp-copy", out_dir=tmp_path, resume=True,
-                     progress=False, log=lambda *a: None)
+                     progress=False, log=said.append)
     assert resumed["steps"] == 3
+    assert ("Note: the run used 2 processes, this one 1: it continues from step 2, but with other "
+            "samples than an uninterrupted run (pass --nproc 2 to repeat it exactly); its "
+            "timeline.json and timeline.png keep the steps its processes ran.") in said
 
 
 def test_cli_nproc_refusals(capsys):
