@@ -172,7 +172,8 @@ def scenario(setup: dict, rates: Rates) -> Scenario:
                     rates=Rates.from_dict(setup.get("rates"), rates),
                     offload_trainer=setup.get("offload_trainer", False),
                     engine_log_probs=setup.get("engine_log_probs", False),
-                    oversample=setup.get("oversample", 1.0))
+                    oversample=setup.get("oversample", 1.0),
+                    offload_reference=setup.get("offload_reference", False))
 
 
 def sync_seconds(setup: dict, rates: Rates) -> float:

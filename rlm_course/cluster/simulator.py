@@ -181,6 +181,13 @@ class Scenario:
             rollout generates (slime's and verl's offload), paying the transfer both ways.
         engine_log_probs: take ``pi_old`` from the rollout engine and skip the old policy's
             scoring forward (:func:`~rlm_course.cost.phases.pass_flops`).
+        offload_reference: keep the reference model's weights in host memory and swap them into
+            the policy's place for the reference's scoring pass (NeMo-RL's Megatron worker keeps
+            the reference state dict on the CPU: ``use_reference_model`` in
+            ``nemo_rl/models/policy/workers/megatron_policy_worker.py``): no reference weights on
+            the trainer's devices, and each iteration's scoring moves a device's weight shard
+            three times over the host link (the policy's out, the reference's in, the policy's
+            back in; :func:`reference_swap_seconds`). Needs a configuration with a reference.
         oversample: prompts generated per prompt trained (DAPO's dynamic sampling generates a
             larger batch and keeps the groups whose rewards differ, e.g. verl's
             ``gen_batch_size`` 1536 for ``train_batch_size`` 512: 3); the extra groups are
@@ -205,6 +212,7 @@ class Scenario:
     offload_trainer: bool = False
     engine_log_probs: bool = False
     oversample: float = 1.0
+    offload_reference: bool = False
 
     def __post_init__(self) -> None:
         h100 = "Cluster(get_device('H100-SXM-80GB'), 16)"
@@ -215,7 +223,7 @@ class Scenario:
                      ("rates", self.rates, Rates, "calibrated_rates('nemo-rl')")]
                     + ([("trainer", self.trainer, Layout, "Layout(dp=8)")]
                        if self.trainer is not None else []), "Scenario.")
-        for name in ("offload_trainer", "engine_log_probs"):
+        for name in ("offload_trainer", "engine_log_probs", "offload_reference"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Scenario.{name}={getattr(self, name)!r} must be True or False.")
         if isinstance(self.rollout_gpus, bool):
@@ -224,6 +232,10 @@ class Scenario:
         if not isinstance(self.mode, Mode):
             raise ValueError(f"mode={self.mode!r}: give a Mode, e.g. MODES[{self.mode!r}] "
                              f"(named modes: {', '.join(MODES)}).")
+        if self.offload_reference and not self.config.uses_reference:
+            raise ValueError("offload_reference moves the reference model's weights to host "
+                             "memory, but this configuration holds no reference (its KL term is "
+                             "off); drop offload_reference.")
         g = self.cluster.gpus
         self.spec.check_context(self.workload.prompt_len, self.workload.response_len)
         if not (self.oversample >= 1 and math.isfinite(self.oversample)):
@@ -282,7 +294,8 @@ class Scenario:
                            None if self.placement == "colocated" else self.rollout_gpus)
         return (f"{pools}, generation tp{self.generation_tp} x {self.replicas}, trainer "
                 f"{self.trainer_layout.describe()}, {self.mode.name}"
-                + (", offload" if self.offload_trainer else ""))
+                + (", offload" if self.offload_trainer else "")
+                + (", reference on the host" if self.offload_reference else ""))
 
 
 #: The most gradient steps per iteration :func:`algorithm` sets (published recipes use 1 to 64).
@@ -338,7 +351,7 @@ def memory_plan(s: Scenario) -> dict:
     if s.config.use_critic:
         critic = training_memory(spec, lay, seq)
         extra.update({f"critic {k}": v for k, v in critic.items() if k in ("weights", "gradients", "optimizer")})
-    if s.config.uses_reference:
+    if s.config.uses_reference and not s.offload_reference:
         extra["reference weights"] = training_memory(spec, lay, seq, trained=False)["weights"]
     trainer = check_training(spec, lay, dev, seq, r.memory_fraction, "trainer", extra)
     resident = 0.0
@@ -359,6 +372,18 @@ def memory_plan(s: Scenario) -> dict:
         rollout["resident trainer state"] = resident
     return {"trainer": trainer, "rollout": rollout, "slots": slots,
             "usable": usable(dev, r.memory_fraction)}
+
+
+def reference_swap_seconds(s: Scenario) -> float:
+    """Seconds an iteration's scoring spends swapping the reference model in and out when its
+    weights live in host memory (:attr:`Scenario.offload_reference`): a trainer device's weight
+    shard three times over the host link (the policy's copied out, the reference's loaded, the
+    policy's loaded back; NeMo-RL's ``use_reference_model``); 0 without the offload."""
+    if not s.offload_reference:
+        return 0.0
+    seq = s.workload.prompt_len + s.workload.max_response_len
+    shard = training_memory(s.spec, s.trainer_layout, seq, trained=False)["weights"]
+    return 3 * shard / s.rates.host(s.cluster.device)
 
 
 # ---------------------------------------------------------------------- results
@@ -601,6 +626,7 @@ class _Sim:
         self.sync = weight_sync(s.spec, s.cluster.device, s.placement, s.generation_tp,
                                 s.replicas, s.trainer_layout, r, fabric, w.weight_bytes)
         self.sync_seconds = self.sync.seconds
+        self.reference_swap = reference_swap_seconds(s)
         lengths = list(w.lengths)
         if length_buckets:
             # levels of the longest response drawn, not of the budget: a budget far above every
@@ -749,6 +775,8 @@ class _Sim:
         for stage, t in seconds.items():
             if stage == "scoring" and skip_scoring:
                 continue
+            if stage == "scoring":
+                t += self.reference_swap
             start = env.now
             yield env.timeout(t)
             self.log("trainer", stage, start, it)
@@ -883,7 +911,8 @@ class _Sim:
             if s.mode.stage_fusion:  # what the fused scoring left: the tail's samples
                 batch = self.take(prompts)
                 score = self.trainer_cost.seconds(batch).get("scoring", 0.0)
-                tail_scoring = max(0.0, score - self.trainer_cost.seconds(head).get("scoring", 0.0))
+                tail_scoring = (max(0.0, score - self.trainer_cost.seconds(head).get("scoring", 0.0))
+                                + self.reference_swap)
                 start = env.now
                 yield env.timeout(tail_scoring)
                 self.log("trainer", "scoring", start, it)

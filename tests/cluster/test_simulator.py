@@ -242,6 +242,39 @@ def test_colocated_generation_memory_contention_and_offload():
     assert b.stages["offload"] > 0
 
 
+def test_a_reference_kept_in_host_memory_frees_the_device_and_pays_three_copies():
+    """NeMo-RL's Megatron worker keeps the reference's weights on the CPU and swaps them in for
+    its log-probs: Llama-3.1-8B on 8 H100s with data parallelism only (NeMo-RL v0.3's run) does
+    not fit with a resident reference (80.6 GB of 72 GB usable: the reference's 16.1 GB bf16
+    weights among them) and fits without it; the scoring pays the device's 16.06 GB shard three
+    times over the host link (the policy's out, the reference's in, the policy's back)."""
+    from rlm_course.cluster.simulator import reference_swap_seconds
+
+    spec = get_spec("llama-3.1-8b")
+    kw = dict(trainer=Layout(dp=8, zero=1), offload_trainer=True,
+              rates=Rates(rollout_memory_fraction=0.6))
+    workload, cluster = Workload(64, 32, 110, 3986), Cluster(H100, 8)  # 4,096-token sequences
+    with pytest.raises(DoesNotFit, match=r"reference weights 16.1 GB"):
+        memory_plan(Scenario(spec, preset("grpo", minibatches=4), workload, cluster, **kw))
+    s = Scenario(spec, preset("grpo", minibatches=4), workload, cluster, offload_reference=True,
+                 **kw)
+    assert "reference weights" not in memory_plan(s)["trainer"]
+    swap = 3 * spec.params() * 2 / s.rates.host(H100)
+    assert reference_swap_seconds(s) == pytest.approx(swap, rel=1e-12)
+    assert 0.5 < swap < 1.5  # 48 GB at PCIe Gen5's host bandwidth
+    # where both fit (TP 2), the reference's swap is the only difference: in the scoring stage
+    both = dict(trainer=Layout(tp=2, dp=8, zero=1), offload_trainer=True, rates=kw["rates"])
+    resident = Scenario(spec, preset("grpo", minibatches=4), workload, Cluster(H100, 16), **both)
+    host = Scenario(spec, preset("grpo", minibatches=4), workload, Cluster(H100, 16),
+                    offload_reference=True, **both)
+    a, b = simulate(resident, iterations=2, warmup=1), simulate(host, iterations=2, warmup=1)
+    assert b.stages["scoring"] - a.stages["scoring"] == pytest.approx(
+        reference_swap_seconds(host), rel=1e-9)
+    assert "reference on the host" in host.describe()
+    with pytest.raises(ValueError, match="holds no reference"):
+        Scenario(spec, preset("dapo"), workload, cluster, offload_reference=True, **kw)
+
+
 def test_nonsense_rates_and_modes_are_refused():
     import math
 
