@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -88,7 +89,7 @@ import simpy
 
 from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
-from rlm_course.algorithms import RLConfig, preset
+from rlm_course.algorithms import GROUP_ADVANTAGES, RLConfig, preset
 from rlm_course.systems.async_rl import rollout_capacity
 from rlm_course.utils import check_kinds, is_real
 from rlm_course.vocabulary import PLACEMENTS
@@ -229,6 +230,10 @@ class Scenario:
         if isinstance(self.rollout_gpus, bool):
             raise ValueError(f"Scenario.rollout_gpus={self.rollout_gpus!r} must be a number of "
                              "devices (an integer), or None.")
+        for name in ("rollout_gpus", "generation_tp"):  # numpy's integers (np.arange sweeps)
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, name, int(value))
         if not isinstance(self.mode, Mode):
             raise ValueError(f"mode={self.mode!r}: give a Mode, e.g. MODES[{self.mode!r}] "
                              f"(named modes: {', '.join(MODES)}).")
@@ -238,9 +243,17 @@ class Scenario:
                              "off); drop offload_reference.")
         g = self.cluster.gpus
         self.spec.check_context(self.workload.prompt_len, self.workload.response_len)
-        if not (self.oversample >= 1 and math.isfinite(self.oversample)):
-            raise ValueError(f"oversample={self.oversample} must be >= 1 (prompts generated per "
-                             "prompt trained).")
+        if not (is_real(self.oversample) and 1 <= self.oversample <= MAX_OVERSAMPLE):
+            raise ValueError(f"Scenario.oversample={self.oversample!r} must be a number from 1 to "
+                             f"{MAX_OVERSAMPLE} (prompts generated per prompt trained: 3 for "
+                             "DAPO's usual 3x generation batch).")
+        object.__setattr__(self, "oversample", float(self.oversample))
+        if self.config.advantage in GROUP_ADVANTAGES and self.workload.group_size < 2:
+            raise ValueError(f"a workload of {self.workload.group_size} response per prompt with "
+                             f"advantage={self.config.advantage!r}: a group baseline needs 2 or "
+                             "more responses per prompt (with one, every advantage is 0); give "
+                             "the workload a larger group, or an algorithm without a group "
+                             "baseline.")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r}: choose one of {PLACEMENTS}.")
         if self.placement == "disaggregated":
@@ -259,10 +272,24 @@ class Scenario:
                                  f"rollout_gpus={self.rollout_gpus}.")
             if self.mode.streaming:
                 raise ValueError("streaming trains while generating: it needs disaggregated pools.")
+            if self.mode.staleness and not self.mode.partial_rollout:
+                raise ValueError(f"a colocated placement with staleness {self.mode.staleness:g}: "
+                                 "the shared devices take turns generating and training, so a "
+                                 "staleness bound lets nothing overlap and the step is the sync "
+                                 "one; use the disaggregated placement for an off-policy mode (or "
+                                 "partial_rollout, which carries unfinished groups to the next "
+                                 "generation phase).")
         if not (isinstance(self.generation_tp, int) and self.generation_tp >= 1
                 and self.rollout_pool % self.generation_tp == 0):
             raise ValueError(f"generation_tp={self.generation_tp!r} must divide the "
                              f"{self.rollout_pool} rollout devices.")
+        per_step = self.workload.responses // self.config.minibatches
+        if self.trainer_layout.dp > per_step:
+            raise ValueError(f"the trainer's {self.trainer_layout.dp} data-parallel ranks are more "
+                             f"than the {per_step} sequences of a gradient step "
+                             f"({self.workload.responses} responses in {self.config.minibatches} "
+                             "gradient steps), so ranks would hold none; use fewer data-parallel "
+                             "ranks (raise tp or pp) or fewer gradient steps.")
         if self.mode.stage_fusion and self.replicas < 2:
             raise ValueError(f"stage fusion moves the tail to some replicas while the others score: "
                              f"it needs at least 2 generation replicas, and {self.rollout_pool} "
@@ -297,6 +324,11 @@ class Scenario:
                 + (", offload" if self.offload_trainer else "")
                 + (", reference on the host" if self.offload_reference else ""))
 
+
+#: The most prompts generated per prompt trained a scenario takes (:attr:`Scenario.oversample`):
+#: published dynamic-sampling recipes generate 3x (NeMo-RL's batch_multiplier, verl's
+#: gen_batch_size) and allow up to about 10 rounds.
+MAX_OVERSAMPLE = 64
 
 #: The most gradient steps per iteration :func:`algorithm` sets (published recipes use 1 to 64).
 MAX_MINIBATCHES = 1_024

@@ -290,8 +290,10 @@ class Cluster:
         if not isinstance(self.device, Device):
             raise ValueError(f"Cluster.device={self.device!r} must be a Device; pass e.g. "
                              "get_device('H100-SXM-80GB') (rlm_course.cost.hardware).")
-        if not (isinstance(self.gpus, int) and not isinstance(self.gpus, bool) and self.gpus >= 1):
+        if not (isinstance(self.gpus, numbers.Integral) and not isinstance(self.gpus, bool)
+                and self.gpus >= 1):
             raise ValueError(f"Cluster.gpus={self.gpus!r} must be a positive integer.")
+        object.__setattr__(self, "gpus", int(self.gpus))  # numpy's integers too
 
     def fabric(self, rates: Rates) -> comm.Fabric:
         return comm.Fabric.of(self.device, rates.intra_link, rates.inter_link)

@@ -275,6 +275,34 @@ def test_a_reference_kept_in_host_memory_frees_the_device_and_pays_three_copies(
         Scenario(spec, preset("dapo"), workload, cluster, offload_reference=True, **kw)
 
 
+def test_scenario_inputs_of_every_kind_are_checked():
+    import math
+
+    import numpy as np
+
+    # numpy's integers (a sweep over np.arange) are integers
+    s = _scenario(gpus=np.int64(16), generation_tp=np.int64(2))
+    assert (s.cluster.gpus, s.generation_tp) == (16, 2) and type(s.generation_tp) is int
+    d = _scenario(placement="disaggregated", rollout_gpus=np.int64(8))
+    assert d.rollout_gpus == 8 and d.trainer_pool == 8
+    # oversampling: a number from 1 to 64 (1e6 simulated for hours)
+    for bad in ("2", True, 0.5, 65, 1e6, math.nan, math.inf, None):
+        with pytest.raises(ValueError, match="oversample=.* must be a number from 1 to 64"):
+            _scenario(oversample=bad)
+    assert _scenario(oversample=3).oversample == 3.0
+    # a colocated staleness bound lets nothing overlap: refused, not the sync step in disguise
+    with pytest.raises(ValueError, match="colocated placement with staleness 1: .* use the "
+                                         "disaggregated placement"):
+        _scenario(mode=Mode(staleness=1))
+    _scenario(mode=Mode(staleness=1, partial_rollout=True))  # carries groups over: allowed
+    # a group baseline with one response per prompt; more ranks than sequences of a step
+    with pytest.raises(ValueError, match="a group baseline needs 2 or more"):
+        _scenario(workload=Workload(32, 1, 256, 1024))
+    with pytest.raises(ValueError, match="16 data-parallel ranks are more than the 8 sequences "
+                                         "of a gradient step .* ranks would hold none"):
+        _scenario(workload=Workload(2, 8, 256, 1024), trainer=Layout(dp=16, zero=3))
+
+
 def test_nonsense_rates_and_modes_are_refused():
     import math
 
