@@ -46,9 +46,20 @@ def _hardware(args) -> int:
     from rlm_course.utils import format_table
 
     if args.measure:
+        import os
+
+        try:  # before measuring: the measurement's own threads raise it
+            load, cores = os.getloadavg()[0], os.cpu_count() or 1
+        except (AttributeError, OSError):
+            load, cores = 0.0, 1
         device = measure_this_machine()
         print(f"measured this machine: {device.peak_flops / 1e9:.1f} GFLOP/s fp32 matmul peak, "
-              f"{device.memory_bandwidth / 1e9:.1f} GB/s copy bandwidth")
+              f"{device.memory_bandwidth / 1e9:.1f} GB/s copy bandwidth "
+              "(written to data/hardware/this-machine.json)")
+        if load >= 0.5:
+            print(f"Note: the machine was busy when measured (load average {load:.1f} on {cores} "
+                  "cores): other jobs took part of its cores and memory bandwidth, so these "
+                  "figures are low; measure again when it is idle.")
     rows = [[d.name, f"{d.peak_flops / 1e12:,.2f}", f"{d.memory_bytes / 1e9:,.0f}",
              f"{d.memory_bandwidth / 1e12:.3f}", f"{d.ridge_point:,.0f}",
              f"{d.intra_node_bandwidth / 1e9:,.0f}", f"{d.inter_node_bandwidth / 1e9:,.0f}"]

@@ -96,3 +96,23 @@ def test_a_device_with_a_figure_no_device_has_is_refused_by_name():
                                   ("devices_per_node", 0, "devices_per_node=0 must be a positive")):
         with pytest.raises(ValueError, match=f"Device 'H100-SXM-80GB': {message}"):
             replace(h100, **{field: value})
+
+
+def test_a_measurement_on_a_busy_machine_says_its_figures_are_low(monkeypatch, capsys):
+    import os
+
+    from rlm_course.cli import main
+    from rlm_course.cost import hardware
+
+    measured = []
+    monkeypatch.setattr(hardware, "measure_this_machine",
+                        lambda: measured.append(1) or get_device("H100-SXM-80GB"))
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.6, 1.2, 0.9))
+    assert main(["hardware", "--measure"]) == 0
+    out = capsys.readouterr().out
+    assert measured == [1]
+    assert ("Note: the machine was busy when measured (load average 1.6 on "
+            f"{os.cpu_count()} cores)") in out and "measure again when it is idle" in out
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    assert main(["hardware", "--measure"]) == 0
+    assert "busy" not in capsys.readouterr().out
