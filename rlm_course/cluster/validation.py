@@ -29,8 +29,9 @@ from __future__ import annotations
 import math
 
 from rlm_course.cluster.calibration import family_rates, fitted_workload, free_parameter_count
-from rlm_course.cluster.published import (Predictor, check_figure, direction_error, error,
-                                          load_document, load_figures, resolve, scenario, within)
+from rlm_course.cluster.published import (TOLERANCE, Predictor, check_figure, direction_error,
+                                          error, load_document, load_figures, resolve, scenario,
+                                          within)
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost.layouts import DoesNotFit
@@ -217,7 +218,9 @@ def format_validation(rows: list[dict]) -> str:
               ("yes" if r["within"] else "NO") + (" (direction)" if r["direction_error"] else "")]
              for r in rows]
     lines = [format_table(table, ["figure", "sample", "predicted", "published", "null model",
-                                  "error", "null error", "within"])]
+                                  "error", "null error", "within"]),
+             f"within tolerance: |error| <= {TOLERANCE['seconds']:.0%} on seconds, "
+             f"<= {TOLERANCE['gain']:.0%} on a speed-up's gain (speed-up - 1)"]
     by_reason: dict[str, list[str]] = {}  # one line per reason, with every figure it explains
     for r in rows:
         if not r["within"]:

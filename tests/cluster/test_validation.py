@@ -236,6 +236,9 @@ def test_the_misses_are_listed_once_per_reason_with_every_figure_it_explains():
     misses = text.split("misses, by reason:\n")[1].splitlines()
     assert misses == [" - a, c: same cause", " - d: no reason recorded"]
     assert "misses" not in validation.format_validation([row("b", True)])
+    # the tolerance the "within" column applies is said under the table
+    assert ("within tolerance: |error| <= 30% on seconds, <= 25% on a speed-up's gain "
+            "(speed-up - 1)") in text.splitlines()
 
 
 def test_implied_update_hfu_refuses_a_figure_it_cannot_read():
