@@ -172,6 +172,29 @@ def is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def unknown_name(kind: str, name, known) -> str:
+    """The start of the error for a ``name`` that is not one of ``known``: ``unknown {kind}
+    'name'`` (cut to 60 characters), with the known name it most likely means when there is one
+    (the same name in another case or with spaces around it, a name it begins, or a close
+    spelling: ``Llama-3.1-70B``, ``h100``, ``qwen3-32``), then ``; choose one of ...``."""
+    import difflib
+
+    known = list(known)
+    text = name if isinstance(name, str) else repr(name)
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    lower = {k.lower(): k for k in known}
+    query = text.strip().lower()
+    guess = lower.get(query)
+    if guess is None and query:
+        starts = [k for k in known if k.lower().startswith(query)]
+        guess = starts[0] if len(starts) == 1 else None
+    if guess is None and query:
+        close = difflib.get_close_matches(query, list(lower), n=1, cutoff=0.75)
+        guess = lower[close[0]] if close else None
+    hint = f" (did you mean {guess!r}?)" if guess else ""
+    return f"unknown {kind} {shown!r}{hint}; choose one of {', '.join(known)}"
+
+
 def check_amount(name: str, value, positive: bool = False) -> None:
     """Refuse a size that is not a finite real number ``>= 0`` (``> 0`` when ``positive``):
     tokens, sequences, parameters, bytes.

@@ -39,16 +39,15 @@ def _plan(args) -> int:
     from rlm_course.cost.anatomy import Workload
     from rlm_course.cost.architectures import SPECS, get_spec
     from rlm_course.cost.hardware import get_device, load_catalog
+    from rlm_course.utils import unknown_name
 
     if args.model not in SPECS:
-        raise ValueError(f"--model {args.model}: unknown architecture {args.model!r}; choose one "
-                         f"of {', '.join(SPECS)}.")
+        raise ValueError(f"--model: {unknown_name('architecture', args.model, SPECS)}.")
     catalog = load_catalog()
     if args.device not in catalog:
         hint = ("; measure this machine first (python -m rlm_course hardware --measure)"
                 if args.device == "this-machine" else "")
-        raise ValueError(f"--device {args.device}: unknown device {args.device!r}; choose one of "
-                         f"{', '.join(catalog)}{hint}.")
+        raise ValueError(f"--device: {unknown_name('device', args.device, catalog)}{hint}.")
     spec, device = get_spec(args.model), get_device(args.device)
     if args.max_response is None:  # 16,384, or what the model's window leaves after the prompt
         room = (DEFAULT_MAX_RESPONSE if spec.max_context is None

@@ -400,8 +400,10 @@ def get_spec(name: str) -> TransformerSpec:
         ValueError: for an unknown name.
     """
     if name not in SPECS:
-        raise ValueError(f"unknown architecture {name!r}; choose one of {', '.join(SPECS)}, or "
-                         "build a TransformerSpec.")
+        from rlm_course.utils import unknown_name
+
+        raise ValueError(f"{unknown_name('architecture', name, SPECS)}, or build a "
+                         "TransformerSpec.")
     return SPECS[name]
 
 

@@ -159,7 +159,9 @@ def get_device(name: str) -> Device:
     if name not in devices:
         hint = (" Measure this machine first: python -m rlm_course hardware --measure."
                 if name == "this-machine" else "")
-        raise ValueError(f"unknown device {name!r}; the catalog has {', '.join(devices)}.{hint}")
+        from rlm_course.utils import unknown_name
+
+        raise ValueError(f"{unknown_name('device', name, devices)}.{hint}")
     return devices[name]
 
 

@@ -169,9 +169,18 @@ def test_grpo_resume_with_nproc_is_accepted_and_checked(capsys):
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "this-machine"],
      "--gpus 8 with --device this-machine: this-machine has no link between devices, so a plan "
      "holds at most 1; give --gpus 1"),
-    (["--model", "gpt-9", "--gpus", "8"], "--model gpt-9: unknown architecture 'gpt-9'; choose "),
+    (["--model", "gpt-9", "--gpus", "8"], "--model: unknown architecture 'gpt-9'; choose "),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"],
-     "--device TPU9: unknown device 'TPU9'; choose one of "),
+     "--device: unknown device 'TPU9'; choose one of "),
+    # a name in another case, one the user began, a close spelling: the one meant is named
+    (["--model", "Llama-3.1-70B", "--gpus", "8"],
+     "--model: unknown architecture 'Llama-3.1-70B' (did you mean 'llama-3.1-70b'?); choose "),
+    (["--model", "qwen3-32", "--gpus", "8"],
+     "--model: unknown architecture 'qwen3-32' (did you mean 'qwen3-32b'?); choose "),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "h100"],
+     "--device: unknown device 'h100' (did you mean 'H100-SXM-80GB'?); choose one of "),
+    (["--model", "x" * 5000, "--gpus", "8"],  # a long name is cut, not echoed whole
+     "--model: unknown architecture '" + "x" * 57 + "...'; choose one of "),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--group-size", "1"],  # as training refuses it
      "--group-size 1 with --algorithm grpo: its group baseline needs 2 or more responses per "
      "prompt (with one, every advantage is 0); give --group-size 2 or more (16 is the default), "
