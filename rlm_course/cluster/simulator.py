@@ -283,13 +283,15 @@ class Scenario:
                 and self.rollout_pool % self.generation_tp == 0):
             raise ValueError(f"generation_tp={self.generation_tp!r} must divide the "
                              f"{self.rollout_pool} rollout devices.")
-        per_step = self.workload.responses // self.config.minibatches
+        # a gradient step holds at least one response (TrainerCost takes at most one step each)
+        steps = min(self.config.minibatches, self.workload.responses)
+        per_step = self.workload.responses // steps
         if self.trainer_layout.dp > per_step:
             raise ValueError(f"the trainer's {self.trainer_layout.dp} data-parallel ranks are more "
                              f"than the {per_step} sequences of a gradient step "
-                             f"({self.workload.responses} responses in {self.config.minibatches} "
-                             "gradient steps), so ranks would hold none; use fewer data-parallel "
-                             "ranks (raise tp or pp) or fewer gradient steps.")
+                             f"({self.workload.responses} responses in {steps} gradient steps), so "
+                             "ranks would hold none; use fewer data-parallel ranks (raise tp or "
+                             "pp) or fewer gradient steps.")
         if self.mode.stage_fusion and self.replicas < 2:
             raise ValueError(f"stage fusion moves the tail to some replicas while the others score: "
                              f"it needs at least 2 generation replicas, and {self.rollout_pool} "
