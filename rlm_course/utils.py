@@ -172,6 +172,16 @@ def is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def seconds_text(seconds: float, decimals: int = 1) -> str:
+    """A duration for a reader: ``decimals`` decimals in seconds from 1 s (``1,234.5 s``), three
+    significant digits in milliseconds below (``12.3 ms``, where ``0.0 s`` would hide it), and
+    the hours beside from an hour (``96,475.7 s (26.8 h)``)."""
+    if float(f"{seconds * 1e3:.3g}") < 1000:  # 0.9996 s would read 1e+03 ms
+        return f"{seconds * 1e3:.3g} ms"
+    text = f"{seconds:,.{decimals}f} s"
+    return text + (f" ({seconds / 3600:,.1f} h)" if seconds >= 3600 else "")
+
+
 def unknown_name(kind: str, name, known) -> str:
     """The start of the error for a ``name`` that is not one of ``known``: ``unknown {kind}
     'name'`` (cut to 60 characters), with the known name it most likely means when there is one

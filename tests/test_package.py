@@ -168,3 +168,13 @@ def test_the_graph_is_read_right():
     assert _layer("rlm_course.cluster.planner") > _layer("rlm_course.cost.phases")
     assert _layer("rlm_course.cost.anatomy") < _layer("rlm_course.rl.trainer")
     assert len(_string_method_calls('c.call(ws, "train")\nc.submit(w, RLWorker.train)', "x")) == 1
+
+
+def test_durations_are_shown_in_units_that_keep_their_digits():
+    from rlm_course.utils import seconds_text
+
+    assert seconds_text(0.0) == "0 ms" and seconds_text(0.01234) == "12.3 ms"
+    assert seconds_text(0.99949) == "999 ms" and seconds_text(0.9996) == "1.0 s"
+    assert seconds_text(1.0) == "1.0 s" and seconds_text(475.25, 0) == "475 s"
+    assert seconds_text(96475.7) == "96,475.7 s (26.8 h)"
+    assert seconds_text(3599.0, 0) == "3,599 s"

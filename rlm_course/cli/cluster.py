@@ -118,7 +118,7 @@ def _plan(args) -> int:
     print(format_plan(result, args.top))
     if args.sensitivity:
         from rlm_course.cluster.planner import sensitivity
-        from rlm_course.utils import format_table
+        from rlm_course.utils import format_table, seconds_text
 
         rows = sensitivity(spec, config, workload, device, args.gpus, rates=rates, base=result,
                            staleness_penalty=args.staleness_penalty, placements=placements,
@@ -136,8 +136,9 @@ def _plan(args) -> int:
         print("which rates decide the plan (planned again with one rate moved; the plan above "
               "used " + ", ".join(f"{rate} {shown(rate, v)}" for rate, v in now.items()) + "):")
         print(format_table([[r["rate"], shown(r["rate"], r["value"]), r["best"],
-                             f"{r['step']:,.0f}", "yes" if r["flips"] else ""] for r in rows],
-                           ["rate", "value", "best plan", "step s", "flips"]))
+                             seconds_text(r["step"], 0), "yes" if r["flips"] else ""]
+                            for r in rows],
+                           ["rate", "value", "best plan", "step", "flips"]))
     return 0
 
 

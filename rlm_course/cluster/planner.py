@@ -55,7 +55,7 @@ from rlm_course.cost.hardware import Device
 from rlm_course.algorithms import RLConfig
 from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
-from rlm_course.utils import check_kinds, is_real
+from rlm_course.utils import check_kinds, is_real, seconds_text
 from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimResult, memory_plan,
                                           pool_label, simulate)
 
@@ -944,7 +944,7 @@ def why(candidate: Candidate, best: Candidate) -> str:
     r = candidate.result
     slower = candidate.cost / best.cost
     if candidate.step <= best.step:  # faster per step, but its staleness costs more steps
-        return (f"{slower:.2f}x the cost: {r.step_seconds:,.0f} s per step at a mean staleness of "
+        return (f"{slower:.2f}x the cost: {seconds_text(r.step_seconds, 0)} per step at a mean staleness of "
                 f"{r.staleness:.2f} versions (priced at {candidate.staleness_penalty:g} extra "
                 "steps per version)")
     top, seconds = max(r.stages.items(), key=lambda kv: kv[1])
@@ -954,10 +954,10 @@ def why(candidate: Candidate, best: Candidate) -> str:
     where = f"{reason} ({seconds / r.step_seconds:.0%} of its step)"
     # the two pay different prices for staleness: the cost ratio is not the steps' ratio
     if abs(candidate.cost / candidate.step - best.cost / best.step) > 0.005:
-        return (f"{slower:.2f}x the cost ({r.step_seconds:,.0f} s per step, "
+        return (f"{slower:.2f}x the cost ({seconds_text(r.step_seconds, 0)} per step, "
                 f"{candidate.step / best.step:.2f}x the best's step, at a mean staleness of "
                 f"{r.staleness:.2f} versions against {best.result.staleness:.2f}): {where}")
-    return f"{slower:.2f}x slower ({r.step_seconds:,.0f} s): {where}"
+    return f"{slower:.2f}x slower ({seconds_text(r.step_seconds, 0)}): {where}"
 
 
 def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
@@ -984,14 +984,14 @@ def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
         trainer_mem = sum(r.memory["trainer"].values()) / GB
         rollout_mem = sum(r.memory["rollout"].values()) / GB
         lines.append(f"{i}. {c.name}")
-        lines.append(f"   step {r.step_seconds:,.1f} s, {r.tokens_per_second:,.0f} tokens/s "
+        lines.append(f"   step {seconds_text(r.step_seconds)}, {r.tokens_per_second:,.0f} tokens/s "
                      f"({r.tokens_per_second / c.scenario.cluster.gpus:,.1f} per GPU), MFU "
                      f"{r.mfu:.1%} (training MFU {r.training_mfu:.1%}, HFU {r.training_hfu:.1%}), "
                      + (f"generation {r.generation_share:.0%} of the step"
                         if c.scenario.placement == "colocated" else
                         f"the trainer waits for samples {r.generation_share:.0%} of the step"))
         lines.append(f"   staleness {r.staleness:.2f} versions: {c.samples_per_second:,.2f} samples/s, "
-                     f"{c.cost:,.1f} s per step priced at {c.staleness_penalty:g} extra steps per "
+                     f"{seconds_text(c.cost)} per step priced at {c.staleness_penalty:g} extra steps per "
                      "version")
         lines.append(f"   memory per device: trainer {trainer_mem:,.1f} GB, rollout "
                      f"{rollout_mem:,.1f} GB of {r.memory['usable'] / GB:,.1f} GB usable; "
