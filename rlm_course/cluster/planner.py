@@ -895,7 +895,9 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
     if not out.ranked:
         # only counts the device's links can join (a machine without links: this one alone)
         most = min(MAX_PLAN_GPUS, linked_gpus(device, rates))
-        found = smallest_fitting_gpus(spec, config, workload, device, gpus, rates, placements,
+        # memory is searched on the placements that run a mode asked (async: disaggregated)
+        runs = tuple(p for p in placements if runnable[p])
+        found = smallest_fitting_gpus(spec, config, workload, device, gpus, rates, runs,
                                       max(gpus, int(most)))
         if found.fits == gpus:  # memory is not what stops it: the modes asked cannot run here
             raise NoLayoutFits(
