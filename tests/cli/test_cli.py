@@ -172,7 +172,8 @@ def test_grpo_resume_with_nproc_is_accepted_and_checked(capsys):
     (["--model", "gpt-9", "--gpus", "8"], "--model: unknown architecture 'gpt-9'; choose "),
     # async runs on disaggregated pools only: memory is searched there (one GPU per pool misses)
     (["--model", "llama-3.1-8b", "--gpus", "2", "--modes", "async"],
-     "the smallest count that fits is 4 (on 2 the nearest layout misses by 2.4 GB)"),
+     "no layout of llama-3.1-8b fits 2 x H100-SXM-80GB for this workload; the smallest count "
+     "that fits is 4 (on 2 the nearest layout misses by 2.4 GB)"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"],
      "--device: unknown device 'TPU9'; choose one of "),
     # a name in another case, one the user began, a close spelling: the one meant is named
