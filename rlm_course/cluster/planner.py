@@ -865,16 +865,18 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         def runs(tp, name):
             return not (MODES[name].stage_fusion and pool_devices // tp < 2)
 
-        # every mode with the best-ranked layouts, then the other layouts in the best mode
-        first = [evaluate(rollout, gens[0], trainers[0], name) for name in names
-                 if runs(gens[0], name)]
+        # every mode with the best-ranked layouts it can run (stage fusion needs two replicas:
+        # the best generation TP that leaves two), then the other layouts in the best mode
+        best_tp = {name: next((tp for tp in gens if runs(tp, name)), None) for name in names}
+        first = [evaluate(rollout, best_tp[name], trainers[0], name) for name in names
+                 if best_tp[name] is not None]
         simulated = [c for c in first if c.result]
         if not simulated:
             return first
-        mode = min(simulated, key=lambda c: c.cost).scenario.mode
-        name = next(n for n in names if MODES[n] == mode)
+        top = min(simulated, key=lambda c: c.cost)
+        name = next(n for n in names if MODES[n] == top.scenario.mode)
         rest = [evaluate(rollout, tp, lay, name) for tp in gens for lay in trainers
-                if (tp, lay) != (gens[0], trainers[0]) and runs(tp, name)]
+                if (tp, lay) != (best_tp[name], trainers[0]) and runs(tp, name)]
         return first + rest
 
     if "colocated" in placements:

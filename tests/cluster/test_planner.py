@@ -174,6 +174,12 @@ def test_stage_fusion_needs_two_replicas():
     # one device: nothing can score while the tail decodes, so no fused plan is offered
     result = plan(get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4), WORKLOAD, H100, 1)
     assert result.ranked and not any(c.scenario.mode.stage_fusion for c in result.ranked)
+    # where the best-ranked generation TP leaves one replica, fused runs at the next one that
+    # leaves two (Llama-3.1-8B on 2 GPUs ranks TP 2 first: fused was never tried)
+    two = plan(get_spec("llama-3.1-8b"), algorithm("grpo", minibatches=4), WORKLOAD, H100, 2,
+               modes=["fused"])
+    assert two.ranked and all(c.scenario.mode.stage_fusion and c.scenario.generation_tp == 1
+                              for c in two.ranked)
     # asked for fused alone on one device: not a memory problem, and the message says so
     from rlm_course.cluster.planner import NoLayoutFits
 
