@@ -232,8 +232,9 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
     if fewest is not None and not fits:
         dp, tp, pp = fewest
         refused.append(f"trainer: every layout of {devices:,} devices has at least {dp:,} "
-                       f"data-parallel ranks (tp{tp} pp{pp}), more than the {max_dp:,} sequences "
-                       "of a gradient step, so ranks would hold none; take fewer gradient steps "
+                       f"data-parallel ranks (tp{tp} pp{pp}), more than the {max_dp:,} "
+                       f"sequence{'s' if max_dp != 1 else ''} of a gradient step, so ranks would "
+                       "hold none; take fewer gradient steps "
                        "per iteration or a larger batch, or give the trainer fewer devices (a "
                        "disaggregated split).")
     return fits, refused
@@ -563,8 +564,18 @@ def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Wor
     below = max(c for c in misses if found is None or c < found)
     reason = misses[below]
     # a few counts just below the one asked: the largest that fits, if any
-    fits_below = next((c for c in _counts_to_try(device, 0, gpus - 1)[::-1][:BELOW_TRIES]
-                       if check(c)), None)
+    below_counts = _counts_to_try(device, 0, gpus - 1)[::-1]
+    fits_below = next((c for c in below_counts[:BELOW_TRIES] if check(c)), None)
+    # then halving: a batch too small for this many devices fits far below (ranks would hold
+    # no sequence), where a model too large for them never does
+    target = gpus // 2
+    while fits_below is None and target >= 1:
+        count = next((c for c in below_counts if c <= target), None)
+        if count is None:
+            break
+        if count not in checked and check(count):
+            fits_below = count
+        target = count // 2
     return GpuSearch(gpus, found, below, shortfall_gb(reason), reason, limit, checked, fits_below,
                      misses[gpus])
 
@@ -919,8 +930,12 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             fix = f"Use {found.fits_below:,} devices"
         else:
             fix = "Use more devices" if found.fits == gpus else ""
-        fix = (f"{fix}, a device with more memory, or shorter sequences." if fix else
-               "Use a device with more memory or shorter sequences.")
+        if "would hold none" in closest and found.fits_below is not None:
+            # too many devices for the batch, not too little memory
+            fix = f"Use {found.fits_below:,} devices, or a larger batch."
+        else:
+            fix = (f"{fix}, a device with more memory, or shorter sequences." if fix else
+                   "Use a device with more memory or shorter sequences.")
         raise NoLayoutFits(f"no layout of {spec.name} fits {gpus:,} x {device.name} for this "
                            f"workload; {found.describe()}. The nearest miss on {gpus:,}: "
                            f"{closest}. {fix}", found)

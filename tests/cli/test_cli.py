@@ -170,6 +170,15 @@ def test_grpo_resume_with_nproc_is_accepted_and_checked(capsys):
      "--gpus 8 with --device this-machine: this-machine has no link between devices, so a plan "
      "holds at most 1; give --gpus 1"),
     (["--model", "gpt-9", "--gpus", "8"], "--model: unknown architecture 'gpt-9'; choose "),
+    # a batch too small for the cluster: the count below that fits, not "more memory"
+    (["--model", "r1-distill-qwen-1.5b", "--gpus", "10000", "--prompts", "1", "--group-size", "2",
+      "--mean-response", "1", "--max-response", "1", "--minibatches", "2"],
+     "no layout of r1-distill-qwen-1.5b fits 10,000 x H100-SXM-80GB for this workload; 10,000 "
+     "does not fit (nothing fits on 10,000) and the planner plans at most 10,000 GPUs; 72, below "
+     "it, fits. The nearest miss on 10,000: trainer: every layout of 10,000 devices has at least "
+     "625 data-parallel ranks (tp1 pp16), more than the 1 sequence of a gradient step, so ranks "
+     "would hold none; take fewer gradient steps per iteration or a larger batch, or give the "
+     "trainer fewer devices (a disaggregated split). Use 72 devices, or a larger batch.\n"),
     # async runs on disaggregated pools only: memory is searched there (one GPU per pool misses)
     (["--model", "llama-3.1-8b", "--gpus", "2", "--modes", "async"],
      "no layout of llama-3.1-8b fits 2 x H100-SXM-80GB for this workload; the smallest count "
