@@ -108,13 +108,15 @@ def _plan(args) -> int:
     mean = (f"mean {args.mean_response:,g}" if capped >= 0.99 * args.mean_response else
             f"mean {args.mean_response:,g} before the cap, {capped:,.0f} after")
     prompts = f"{args.prompts:,} prompt{'' if args.prompts == 1 else 's'}"
+    tokens = f"{args.prompt_len:,} token{'' if args.prompt_len == 1 else 's'}"
     print(f"{spec.name}, {args.algorithm}, {args.gpus:,} x {device.name}: {prompts} x "
-          f"{args.group_size:,}, prompts of {args.prompt_len:,} tokens, responses log-normal "
+          f"{args.group_size:,}, prompts of {tokens}, responses log-normal "
           f"({mean}, sigma {args.sigma:g}, at most {args.max_response:,}); rates "
           f"calibrated on {args.rates}'s published runs (decode step latency "
           f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}); "
           f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
-          f"{len(result.ranked)} plans simulated, {len(result.refused)} refused")
+          f"{len(result.ranked)} plan{'s' if len(result.ranked) != 1 else ''} simulated, "
+          f"{len(result.refused)} refused")
     print(format_plan(result, args.top))
     if args.sensitivity:
         from rlm_course.cluster.planner import sensitivity
