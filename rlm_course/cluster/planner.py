@@ -963,8 +963,8 @@ def why(candidate: Candidate, best: Candidate) -> str:
     r = candidate.result
     slower = candidate.cost / best.cost
     if candidate.step <= best.step:  # faster per step, but its staleness costs more steps
-        return (f"{slower:.2f}x the cost: {seconds_text(r.step_seconds, 0)} per step at a mean staleness of "
-                f"{r.staleness:.2f} versions (priced at {candidate.staleness_penalty:g} extra "
+        return (f"{slower:.2f}x the cost: {seconds_text(r.step_seconds, 0)} per step at a mean "
+                f"staleness of {r.staleness:.2f} versions (priced at {candidate.staleness_penalty:g} extra "
                 "steps per version)")
     top, seconds = max(r.stages.items(), key=lambda kv: kv[1])
     reason = {"generation": "waits for generation", "policy update": "training-bound",
@@ -1003,15 +1003,16 @@ def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
         trainer_mem = sum(r.memory["trainer"].values()) / GB
         rollout_mem = sum(r.memory["rollout"].values()) / GB
         lines.append(f"{i}. {c.name}")
-        lines.append(f"   step {seconds_text(r.step_seconds)}, {r.tokens_per_second:,.0f} tokens/s "
+        lines.append(f"   step {seconds_text(r.step_seconds)}, "
+                     f"{r.tokens_per_second:,.0f} tokens/s "
                      f"({r.tokens_per_second / c.scenario.cluster.gpus:,.1f} per GPU), MFU "
                      f"{r.mfu:.1%} (training MFU {r.training_mfu:.1%}, HFU {r.training_hfu:.1%}), "
                      + (f"generation {r.generation_share:.0%} of the step"
                         if c.scenario.placement == "colocated" else
                         f"the trainer waits for samples {r.generation_share:.0%} of the step"))
         lines.append(f"   staleness {r.staleness:.2f} versions: {c.samples_per_second:,.2f} samples/s, "
-                     f"{seconds_text(c.cost)} per step priced at {c.staleness_penalty:g} extra steps per "
-                     "version")
+                     f"{seconds_text(c.cost)} per step priced at {c.staleness_penalty:g} extra "
+                     "steps per version")
         lines.append(f"   memory per device: trainer {trainer_mem:,.1f} GB, rollout "
                      f"{rollout_mem:,.1f} GB of {r.memory['usable'] / GB:,.1f} GB usable; "
                      f"KV cache room for {r.memory['slots']:,} sequences per replica")

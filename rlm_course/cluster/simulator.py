@@ -196,8 +196,12 @@ class Scenario:
 
     Raises:
         ValueError: for an unknown placement, pools that do not add up, a ``generation_tp`` that
-            does not divide the rollout pool, a mode the placement cannot run, or a prompt and
-            response budget longer than the model's context window.
+            does not divide the rollout pool, a mode the placement cannot run (a colocated
+            staleness bound without partial rollouts among them), a prompt and response budget
+            longer than the model's context window, an ``oversample`` outside 1 to
+            :data:`MAX_OVERSAMPLE`, a group baseline with one response per prompt, more trainer
+            data-parallel ranks than a gradient step has sequences, or ``offload_reference``
+            without a reference.
     """
 
     spec: TransformerSpec
@@ -945,8 +949,8 @@ class _Sim:
             if s.mode.stage_fusion:  # what the fused scoring left: the tail's samples
                 batch = self.take(prompts)
                 score = self.trainer_cost.seconds(batch).get("scoring", 0.0)
-                tail_scoring = (max(0.0, score - self.trainer_cost.seconds(head).get("scoring", 0.0))
-                                + self.reference_swap)
+                head_scoring = self.trainer_cost.seconds(head).get("scoring", 0.0)
+                tail_scoring = max(0.0, score - head_scoring) + self.reference_swap
                 start = env.now
                 yield env.timeout(tail_scoring)
                 self.log("trainer", "scoring", start, it)

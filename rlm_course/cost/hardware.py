@@ -232,7 +232,8 @@ def measure_this_machine(write: bool = True) -> Device:
         memory_bandwidth=bandwidth, intra_node_bandwidth=0.0, inter_node_bandwidth=0.0,
         devices_per_node=1,
         source=(f"measured by `python -m rlm_course hardware --measure` on {platform.machine()} "
-                f"{platform.processor() or platform.system()}, {threads} torch thread{'s' if threads != 1 else ''}: best fp32 "
+                f"{platform.processor() or platform.system()}, {threads} torch "
+                f"thread{'s' if threads != 1 else ''}: best fp32 "
                 "matmul FLOP/s (n = 512..2048) and best 256 MB tensor-copy rate"))
     if write:
         path = catalog_dir() / "this-machine.json"
