@@ -34,12 +34,13 @@ def _plan_flag(key: str) -> str:
 def _plan(args) -> int:
     from rlm_course.cluster.calibration import calibrated_rates, default_family
     from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_group, check_settings,
-                                          format_plan, linked_gpus, plan, runnable_modes)
+                                          fewer_devices, format_plan, linked_gpus, plan,
+                                          runnable_modes)
     from rlm_course.cluster.simulator import algorithm
     from rlm_course.cost.anatomy import Workload
     from rlm_course.cost.architectures import SPECS, get_spec
     from rlm_course.cost.hardware import get_device, load_catalog
-    from rlm_course.utils import unknown_name
+    from rlm_course.utils import seconds_text, unknown_name
 
     if args.model not in SPECS:
         raise ValueError(f"--model: {unknown_name('architecture', args.model, SPECS)}.")
@@ -103,6 +104,10 @@ def _plan(args) -> int:
     placements = ("colocated", "disaggregated") if args.placement == "any" else (args.placement,)
     result = plan(spec, config, workload, device, args.gpus, rates=rates, placements=placements,
                   modes=args.modes, staleness_penalty=args.staleness_penalty)
+    # a count with few divisors (17) can plan worse than the round count under it (16)
+    fewer = fewer_devices(spec, config, workload, device, args.gpus, result, rates=rates,
+                          placements=placements, modes=args.modes,
+                          staleness_penalty=args.staleness_penalty)
     # the budget cuts the tail: the lengths simulated average less than the mean drawn
     capped = workload.mean_response_len
     mean = (f"mean {args.mean_response:,g}" if capped >= 0.99 * args.mean_response else
@@ -118,9 +123,18 @@ def _plan(args) -> int:
           f"{len(result.ranked)} plan{'s' if len(result.ranked) != 1 else ''} simulated, "
           f"{len(result.refused)} refused")
     print(format_plan(result, args.top))
+    if fewer is not None:
+        count, other = fewer
+        priced = (" priced for staleness" if other.best.cost != other.best.step
+                  or result.best.cost != result.best.step else "")
+        print(f"note: {count:,} of these {args.gpus:,} GPUs plan a cheaper step: "
+              f"{other.best.name}, {seconds_text(other.best.cost)} per step{priced} against "
+              f"{seconds_text(result.best.cost)} above; layouts need degrees that divide the "
+              f"pools, and {args.gpus:,} offers fewer of them (plan --gpus {count} shows it in "
+              "full; the others could run something else).")
     if args.sensitivity:
         from rlm_course.cluster.planner import sensitivity
-        from rlm_course.utils import format_table, seconds_text
+        from rlm_course.utils import format_table
 
         rows = sensitivity(spec, config, workload, device, args.gpus, rates=rates, base=result,
                            staleness_penalty=args.staleness_penalty, placements=placements,

@@ -942,6 +942,38 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
     return out
 
 
+#: How much cheaper (a share of the step) a smaller count's plan must be for
+#: :func:`fewer_devices` to offer it: less is within the simulator's rounding.
+FEWER_MARGIN = 0.01
+
+
+def fewer_devices(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device,
+                  gpus: int, result: Plan, rates: Rates | None = None,
+                  **options) -> tuple[int, Plan] | None:
+    """A count just below ``gpus`` that plans a cheaper step than ``result`` (the plan of
+    ``gpus``), when ``gpus`` is not a count one provisions (a power of two below a node, whole
+    nodes from one node on): layouts need degrees that divide the pools, so a count with few
+    divisors (17, a prime) offers fewer layouts than the round count under it (16), whose best
+    plan can be faster although a device idles. ``options`` go to :func:`plan`.
+
+    Returns:
+        ``(count, its plan)`` when that count's best plan costs at least :data:`FEWER_MARGIN`
+        less than ``result``'s, else None (and None when ``gpus`` is a provisioned count, or the
+        smaller count fits no plan).
+    """
+    counts = _counts_to_try(device, 0, gpus)
+    if gpus in counts or not result.ranked or len(counts) == 0:
+        return None
+    fewer = max(c for c in counts if c < gpus)
+    try:
+        other = plan(spec, config, workload, device, fewer, rates=rates, **options)
+    except DoesNotFit:
+        return None
+    if other.ranked and other.best.cost < (1 - FEWER_MARGIN) * result.best.cost:
+        return fewer, other
+    return None
+
+
 def _closest(reasons: list[str]) -> str:
     """The refusal that misses by the fewest GB per device (the nearest miss,
     :func:`shortfall_gb`), or the first."""
