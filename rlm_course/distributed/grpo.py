@@ -531,7 +531,7 @@ def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,
     from rlm_course.lm.checkpoint import load_checkpoint
     from rlm_course.lm.tokenizer import CharTokenizer
     from rlm_course.rl.runs import (check_model_for_task, check_run_folder, default_sft_checkpoint,
-                                    load_sft_policy, run_folder, warmup_note)
+                                    load_sft_policy, run_folder, start_notes)
     from rlm_course.tasks.eval_sets import load_eval_set
     from rlm_course.utils import ensure_writable_folder
 
@@ -550,8 +550,7 @@ def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,
         model_config = state["model"].config
         log(f"Resuming {run_dir} from step {state['trainer']['step']}.")
     else:
-        note = warmup_note(config)
-        if note:
+        for note in start_notes(config):
             log(note)
         policy, _ = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log)  # made if missing
         path = Path(sft_checkpoint) if sft_checkpoint else default_sft_checkpoint(task)

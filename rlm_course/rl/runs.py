@@ -361,6 +361,24 @@ def warmup_note(config) -> str | None:
             f"{config.lr:g}, and never decays{hint}.")
 
 
+#: The learning rate above which a new run says its policy will likely collapse: on addition,
+#: 1e-3 without warm-up already takes the policy from 23% to 0.5% held-out accuracy in 6 steps
+#: (0.9: to 0%), where the course runs at 3e-4 with a warm-up.
+HIGH_LR = 1e-2
+
+
+def start_notes(config) -> list[str]:
+    """What a new run says about its configuration before it starts: a warm-up longer than the
+    run (:func:`warmup_note`), and a policy learning rate above :data:`HIGH_LR`."""
+    notes = [warmup_note(config)]
+    if config.lr > HIGH_LR:
+        notes.append(f"Note: --lr {config.lr:g} is far above the course's 3e-4: Adam moves every "
+                     "weight by about --lr a step, so the policy will likely collapse within a "
+                     "few steps (on addition 1e-3 without warm-up already takes it from 23% to "
+                     "0.5% in 6 steps); RL fine-tuning of LLMs uses 1e-6 to 1e-5.")
+    return [n for n in notes if n]
+
+
 def run_folder(out_dir: str | Path, name: str) -> Path:
     """``out_dir / name``, the folder of a run, after checking both.
 
@@ -627,8 +645,7 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
                 "the numbers will differ in the last bits from an uninterrupted run (pass "
                 f"--threads {threads} to repeat it exactly).")
     else:
-        note = warmup_note(config)
-        if note:
+        for note in start_notes(config):
             log(note)
         policy, sft_info = load_sft_policy(task, tokenizer, sft_checkpoint, progress, log, device)
         accuracy_before = evaluate(policy, task, eval_problems, tokenizer).accuracy

@@ -545,3 +545,18 @@ def test_refused_warm_starts_and_resumes_leave_no_folder_and_say_why(tmp_path, c
                  "--out", str(runs), "--no-progress"]) == 2
     assert "--threads 0: give 1 or more threads per rank." in capsys.readouterr().err
     assert not (runs / "w").exists()
+
+
+def test_a_learning_rate_that_collapses_the_policy_is_said_before_the_run():
+    from rlm_course.rl.algorithms import preset
+    from rlm_course.rl.runs import HIGH_LR, start_notes
+
+    high = start_notes(preset("grpo", lr=0.9, warmup_steps=0))
+    assert high == ["Note: --lr 0.9 is far above the course's 3e-4: Adam moves every weight by "
+                    "about --lr a step, so the policy will likely collapse within a few steps (on "
+                    "addition 1e-3 without warm-up already takes it from 23% to 0.5% in 6 steps); "
+                    "RL fine-tuning of LLMs uses 1e-6 to 1e-5."]
+    assert start_notes(preset("grpo", lr=HIGH_LR, warmup_steps=0)) == []
+    assert start_notes(preset("grpo")) == []  # the defaults: 300 steps, 20 of warm-up, 3e-4
+    both = start_notes(preset("grpo", lr=0.05, steps=5))
+    assert len(both) == 2 and both[0].startswith("Note: --warmup-steps 20 is longer than --steps 5")
