@@ -554,7 +554,7 @@ def test_a_learning_rate_that_collapses_the_policy_is_said_before_the_run():
     high = start_notes(preset("grpo", lr=0.9, warmup_steps=0))
     assert high == ["Note: --lr 0.9 is far above the course's 3e-4: Adam moves every weight by "
                     "about --lr a step, so the policy will likely collapse within a few steps (on "
-                    "addition 1e-3 without warm-up already takes it from 23% to 0.5% in 6 steps); "
+                    "addition 1e-3 without warm-up already takes it from 23% to under 1% in 6 steps); "
                     "RL fine-tuning of LLMs uses 1e-6 to 1e-5."]
     assert start_notes(preset("grpo", lr=HIGH_LR, warmup_steps=0)) == []
     assert start_notes(preset("grpo")) == []  # the defaults: 300 steps, 20 of warm-up, 3e-4
