@@ -500,15 +500,12 @@ def check_resume(state: dict, config: RLConfig, task, nproc: int, path: Path, lo
     Raises:
         ValueError: naming what differs and how to resume.
     """
-    from rlm_course.rl.runs import check_resumable
+    from rlm_course.rl.runs import check_resumable, process_count_note
 
     check_resumable(state, config, task, path)
-    done = state["trainer"]["step"]
-    ran = state.get("world_size", 1)
-    if ran != nproc:
-        log(f"Note: the run used {ran} process(es), this one {nproc}: it continues from step "
-            f"{done}, but with other samples than an uninterrupted run (pass --nproc {ran} to "
-            "repeat it exactly).")
+    note = process_count_note(state.get("world_size", 1), nproc, state["trainer"]["step"])
+    if note:
+        log(note)
 
 
 def prepare_run(task, config: RLConfig, nproc: int, name: str | None = None,

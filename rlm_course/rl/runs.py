@@ -348,6 +348,17 @@ _RESERVED_NAMES = frozenset(["CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in ra
 MAX_NAME = 200
 
 
+def process_count_note(ran: int, now: int, step: int, more: str = "") -> str | None:
+    """The note a resumed run gives when it runs on ``now`` processes where the run used ``ran``
+    (its checkpoint's ``world_size``): it continues from ``step`` with other samples than an
+    uninterrupted run (``more``: a clause to add); None when the counts agree."""
+    if ran == now:
+        return None
+    return (f"Note: the run used {ran} process{'es' if ran != 1 else ''}, this one {now}: it "
+            f"continues from step {step}, but with other samples than an uninterrupted run (pass "
+            f"--nproc {ran} to repeat it exactly){more}.")
+
+
 def warmup_note(config) -> str | None:
     """The note a new run starts with when its warm-up (``config.warmup_steps``) is longer than
     the run (``config.steps``): its learning rate then only rises, to ``steps / warmup_steps`` of
@@ -633,12 +644,11 @@ def _train(task: Task, config: RLConfig, tokenizer: CharTokenizer, run_dir: Path
             log(f"Note: the run ran on {ran_on}, this process on {device}: it continues from the "
                 "checkpoint, with other random draws and rounding than an uninterrupted run "
                 f"(pass --device {ran_on} to repeat it exactly).")
-        ran = state.get("world_size", 1)
-        if ran != 1:
-            log(f"Note: the run used {ran} processes, this one 1: it continues from step "
-                f"{state['trainer']['step']}, but with other samples than an uninterrupted run "
-                f"(pass --nproc {ran} to repeat it exactly); its timeline.json and timeline.png "
-                "keep the steps its processes ran.")
+        note = process_count_note(state.get("world_size", 1), 1, state["trainer"]["step"],
+                                  "; its timeline.json and timeline.png keep the steps its "
+                                  "processes ran")
+        if note:
+            log(note)
         threads = state.get("threads")
         if threads is not None and threads != torch.get_num_threads():
             log(f"Note: the run used {threads} CPU threads, this process {torch.get_num_threads()}: "
