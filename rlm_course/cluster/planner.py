@@ -57,7 +57,7 @@ from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
 from rlm_course.utils import check_kinds, is_real, seconds_text
 from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimResult, memory_plan,
-                                          pool_label, simulate)
+                                          pool_label, sequences_per_step, simulate)
 
 GB = 1e9
 #: The largest cluster the planner searches (chapter 14 validates the simulator up to here).
@@ -304,16 +304,11 @@ def _extra(spec: TransformerSpec, config: RLConfig, layout: Layout, seq_len: int
     return extra
 
 
-def _sequences_per_step(workload: Workload, config: RLConfig) -> int:
-    """The sequences of one gradient step: a trainer's data-parallel degree is at most this."""
-    return max(1, workload.responses // max(1, config.minibatches))
-
-
 def _best_trainers(spec, config, workload, device, devices, rates, keep=2):
     seq = workload.prompt_len + workload.max_response_len
     fitting, refused = trainer_layouts(spec, config, device, devices, seq, 2 * seq,
                                        rates.memory_fraction,
-                                       max_dp=_sequences_per_step(workload, config))
+                                       max_dp=sequences_per_step(workload, config))
     fabric = Cluster(device, devices).fabric(rates) if devices > 1 else None
     scored = []
     for lay in fitting:
@@ -431,7 +426,7 @@ def fits_memory(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
     pools = ([(gpus, gpus)] if "colocated" in placements else []) + (
         [(r, gpus - r) for r in _splits(gpus, device.devices_per_node)]
         if "disaggregated" in placements and gpus >= 2 else [])
-    max_dp = _sequences_per_step(workload, config)
+    max_dp = sequences_per_step(workload, config)
     for rollout, trainer in pools:
         fitting, refused = trainer_layouts(spec, config, device, trainer, seq, 2 * seq,
                                            rates.memory_fraction, first_fit=True, max_dp=max_dp)
@@ -962,7 +957,7 @@ def fewer_devices(spec: TransformerSpec, config: RLConfig, workload: Workload, d
         smaller count fits no plan).
     """
     counts = _counts_to_try(device, 0, gpus)
-    if gpus in counts or not result.ranked or len(counts) == 0:
+    if not counts or gpus in counts or not result.ranked:
         return None
     fewer = max(c for c in counts if c < gpus)
     try:

@@ -287,10 +287,9 @@ class Scenario:
                 and self.rollout_pool % self.generation_tp == 0):
             raise ValueError(f"generation_tp={self.generation_tp!r} must divide the "
                              f"{self.rollout_pool} rollout devices.")
-        # a gradient step holds at least one response (TrainerCost takes at most one step each)
-        steps = min(self.config.minibatches, self.workload.responses)
-        per_step = self.workload.responses // steps
+        per_step = sequences_per_step(self.workload, self.config)
         if self.trainer_layout.dp > per_step:
+            steps = min(self.config.minibatches, self.workload.responses)
             raise ValueError(f"the trainer's {self.trainer_layout.dp} data-parallel ranks are more "
                              f"than the {per_step} sequences of a gradient step "
                              f"({self.workload.responses} responses in {steps} gradient steps), so "
@@ -329,6 +328,13 @@ class Scenario:
                 f"{self.trainer_layout.describe()}, {self.mode.name}"
                 + (", offload" if self.offload_trainer else "")
                 + (", reference on the host" if self.offload_reference else ""))
+
+
+def sequences_per_step(workload: Workload, config: RLConfig) -> int:
+    """The sequences of one gradient step, at least one (a step holds at least one response:
+    :class:`~rlm_course.cost.phases.TrainerCost` takes at most one step each); a trainer's
+    data-parallel degree is at most this."""
+    return max(1, workload.responses // max(1, config.minibatches))
 
 
 #: The most prompts generated per prompt trained a scenario takes (:attr:`Scenario.oversample`):
