@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from rlm_course.lm.model import ModelConfig
-from rlm_course.utils import check_amount
+from rlm_course.utils import check_amount, unknown_name
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, tokens: int,
@@ -400,8 +400,6 @@ def get_spec(name: str) -> TransformerSpec:
         ValueError: for an unknown name.
     """
     if name not in SPECS:
-        from rlm_course.utils import unknown_name
-
         raise ValueError(f"{unknown_name('architecture', name, SPECS)}, or build a "
                          "TransformerSpec.")
     return SPECS[name]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from rlm_course.utils import best_seconds, data_dir, is_real
+from rlm_course.utils import best_seconds, data_dir, is_real, unknown_name
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,6 @@ def get_device(name: str) -> Device:
     if name not in devices:
         hint = (" Measure this machine first: python -m rlm_course hardware --measure."
                 if name == "this-machine" else "")
-        from rlm_course.utils import unknown_name
-
         raise ValueError(f"{unknown_name('device', name, devices)}.{hint}")
     return devices[name]
 
