@@ -350,6 +350,14 @@ def _entry(index: int, worker, args: tuple, kwargs: dict, spec: dict, result_dir
         tmp = folder / f".rank{index}.pt"
         torch.save(result, tmp)
         os.replace(tmp, folder / f"rank{index}.pt")
+        # Only a rank that succeeded tears the group down: destroy_process_group with a dead or
+        # failed peer can block (PyTorch's torchtitan destroys only on success for this reason);
+        # a failed rank's sockets close when its process exits, which is what its peers need.
+        # (multiprocessing ends a rank with os._exit, so the group's C++ destructor never runs;
+        # under torchrun, whose agent stops the other ranks itself, the worker always destroys
+        # it: a gloo group left to the interpreter's exit aborts the process.)
+        if dist.is_initialized():  # (unless the worker destroyed it itself)
+            dist.destroy_process_group()
     except BaseException as err:
         if isinstance(err, SystemExit) and err.code == 128 + signal.SIGTERM:
             raise  # stopped from outside (SIGTERM): the launcher knows why
@@ -361,9 +369,6 @@ def _entry(index: int, worker, args: tuple, kwargs: dict, spec: dict, result_dir
         if isinstance(err, Exception):
             raise
         sys.exit(1)  # KeyboardInterrupt / SystemExit: still a failure for the launcher
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 class Job:

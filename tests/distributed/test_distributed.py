@@ -138,10 +138,13 @@ def test_a_rank_killed_by_pid_stops_the_others_within_the_grace(tmp_path):
     os.kill(job.pids[1], signal.SIGKILL)
     with pytest.raises(DistributedError) as info:
         job.join()
-    assert time.time() - killed < 10.0  # the peer's sockets close: rank 0 fails at once
+    elapsed = time.time() - killed
     assert info.value.first_rank == 1
     assert "rank 1 of 2 failed first: killed by signal SIGKILL" in str(info.value)
     assert "rank 0: RuntimeError" in str(info.value)
+    # the peer's sockets close: rank 0 fails at once and exits without tearing the group down
+    # (a destroy_process_group with a dead peer could block it until the launcher's grace)
+    assert elapsed < 10.0
 
 
 @pytest.mark.multiprocess
