@@ -179,9 +179,10 @@ print("sequence ratio ", round(sequence_ratio(log_ratio, torch.zeros(1, 6), full
 # %% [markdown]
 # ## 5. Dynamic sampling, live
 #
-# DAPO keeps only groups whose rewards differ and samples new prompts until the batch is full
-# again. The gradient gets only informative groups; the bill is paid in generation. Twenty steps
-# of DAPO on addition (about half a minute):
+# DAPO keeps only groups with some right and some wrong answers (its eq. 11: the filter is on
+# accuracy, so an all-wrong group whose overlong penalties differ is dropped too) and samples new
+# prompts until the batch is full again. The gradient gets only informative groups; the bill is
+# paid in generation. Twenty steps of DAPO on addition (about half a minute):
 
 # %%
 from tqdm.auto import tqdm

@@ -149,9 +149,9 @@ class RLConfig:
             or ``reward`` (``-kl_coef * KL`` added to the reward: per token for token-level
             advantages, summed over the response for response-level ones); ``kl_estimator`` k1/k2/k3.
         entropy_coef: weight of an entropy bonus (0: off).
-        dynamic_sampling: DAPO's filter: drop groups whose rewards are all equal and sample more
-            prompts, up to ``max_sampling_rounds`` generation rounds, until ``prompts_per_step``
-            groups carry signal.
+        dynamic_sampling: DAPO's filter: drop groups whose answers are all right or all wrong
+            (arXiv:2503.14476, eq. 11) and sample more prompts, up to ``max_sampling_rounds``
+            generation rounds, until ``prompts_per_step`` groups carry signal.
         overlong_buffer: DAPO's overlong shaping: the generation budget grows by this many tokens
             past the task's longest valid response, and a response reaching into them loses up to 1
             reward (0: off).
@@ -237,7 +237,8 @@ class RLConfig:
         "help": "entropy bonus coefficient (0: off)"
     })
     dynamic_sampling: bool = field(default=False, metadata={
-        "help": "DAPO's filter: drop groups whose rewards are all equal and sample more"
+        "help": "DAPO's filter: drop groups whose answers are all right or all wrong and "
+                "sample more"
     })
     max_sampling_rounds: int = field(default=4, metadata={
         "help": "most generation rounds of dynamic sampling per iteration"
@@ -403,7 +404,8 @@ class RLConfig:
                             "(--correction seq-tis or seq-mis), or use ratio_level='token'.")
         if self.dynamic_sampling and self.advantage not in GROUP_ADVANTAGES:
             problems.append(f"dynamic_sampling with advantage={self.advantage!r}: the filter drops "
-                            "groups whose rewards are all equal, so it needs a group advantage "
+                            "groups whose answers are all right or all wrong, so it needs a group "
+                            "advantage "
                             "(group, rloo) and group_size >= 2 (--advantage group --group-size 8).")
         if self.kl_mode == "loss" and self.kl_estimator == "k1" and self.kl_coef > 0:
             problems.append("kl_estimator='k1' with kl_mode='loss': as a loss on tokens sampled "

@@ -27,8 +27,12 @@ def overlong_penalty(lengths: Tensor, max_length: int, cache_length: int) -> Ten
 
 
 def groups_with_signal(rewards: Tensor, group_size: int) -> Tensor:
-    """DAPO's dynamic-sampling filter: ``(num_prompts,)`` bool, True for groups whose rewards are
-    not all equal. A group of equal rewards has zero group-relative advantage and no gradient;
-    DAPO drops it and samples more prompts until the batch is full (the cost: extra generation)."""
+    """DAPO's dynamic-sampling filter: ``(num_prompts,)`` bool, True for groups whose values
+    (``(num_prompts * group_size,)``, groups contiguous) are not all equal. On rewards: a group of
+    equal rewards has zero group-relative advantage and no gradient. DAPO applies it to the
+    answers' accuracy (arXiv:2503.14476, eq. 11: keep a group when ``0 < #correct < G``), as the
+    trainer does, so that an all-wrong group whose shaped rewards differ (an overlong penalty, a
+    format bonus) is dropped too; it samples more prompts until the batch is full (the cost:
+    extra generation)."""
     check_groups(rewards, group_size, "groups_with_signal")
     return ~constant_groups(rewards.view(-1, group_size)).squeeze(1)

@@ -181,7 +181,8 @@ class RLTrainer:
 
     def collect(self, step: int) -> Batch:
         """Rollout and reward of iteration ``step``, with DAPO's dynamic sampling when on: keep
-        only groups whose rewards differ and sample further rounds (new prompts) until
+        only groups with some correct and some wrong answers (DAPO, eq. 11; not every group whose
+        shaped rewards differ) and sample further rounds (new prompts) until
         ``prompts_per_step`` groups are kept or ``max_sampling_rounds`` rounds have run; the
         batch is then cut to ``prompts_per_step`` groups (it may be smaller, even empty).
 
@@ -201,7 +202,12 @@ class RLTrainer:
             if not cfg.dynamic_sampling:
                 kept.append((rollout, verdicts, rewards))
                 break
-            signal = groups_with_signal(rewards, cfg.group_size)
+            # DAPO's filter (arXiv:2503.14476, eq. 11: 0 < #correct < G) is on the answers'
+            # accuracy, not on the shaped reward: an all-wrong group whose lengths or formats
+            # differ has unequal rewards, yet nothing right to learn from (verl's DAPO recipe
+            # filters on "acc" for this reason)
+            correct = torch.tensor([float(v.correct) for v in verdicts], device=rewards.device)
+            signal = groups_with_signal(correct, cfg.group_size)
             take = signal.nonzero().squeeze(1)[:cfg.prompts_per_step - n_groups]
             rows = (take[:, None] * cfg.group_size
                     + torch.arange(cfg.group_size, device=take.device)).reshape(-1)

@@ -146,6 +146,26 @@ def test_dynamic_sampling_trains_only_on_groups_with_signal():
     assert len(batch.rollout.tokens) == 64
 
 
+def test_dynamic_sampling_filters_on_accuracy_not_on_the_shaped_reward(monkeypatch):
+    """DAPO eq. 11 keeps a group when 0 < #correct < G: an all-wrong group whose rewards differ
+    (one answer overlong, one malformed) is dropped, a group with one right answer kept."""
+    from rlm_course.tasks.base import Verdict
+
+    trainer = _trainer(preset("dapo", prompts_per_step=2, group_size=2, eval_every=100,
+                              max_sampling_rounds=1))
+    group, rollout, _, _ = trainer.rollout_and_reward(1)
+    wrong, malformed = Verdict(True, False, 0.1), Verdict(False, False, 0.0)
+    verdicts = [wrong, malformed, wrong, Verdict(True, True, 1.1)]
+    # group 0: both wrong, rewards 0.1 and -0.9 (overlong); group 1: one right, one wrong
+    rewards = torch.tensor([0.1, -0.9, 0.1, 1.1])
+    monkeypatch.setattr(trainer, "rollout_and_reward",
+                        lambda step, round_=0: (group, rollout, verdicts, rewards))
+    batch = trainer.collect(1)
+    assert batch.rewards.tolist() == pytest.approx([0.1, 1.1])  # only group 1 is trained
+    assert [v.correct for v in batch.verdicts] == [False, True]
+    assert len(batch.all_rewards) == 4
+
+
 @pytest.mark.parametrize("name,overrides", [(n, {}) for n in sorted(PRESETS)] + [
     ("grpo", {"minibatches": 1}),  # one gradient step per batch: no pi_old forward
     ("ppo", {"ppo_epochs": 2}),
