@@ -272,6 +272,42 @@ def _finish(controller, result, origin: float, start: float, bar) -> None:
     _origin_events(controller, result, origin)
 
 
+def check_colocated_data_parallel(config, workers: int) -> None:
+    """Refuse an algorithm that ``workers`` colocated data-parallel workers cannot run as the
+    one-process algorithm. Each worker trains on its own ``1/workers`` of the prompts and the
+    gradients are averaged with equal weights (``systems.workers._average_gradients``), which is
+    the batch's gradient only when every worker's loss has the same normaliser: a group advantage
+    (the group's statistics stay on one worker) and a loss averaged per response
+    (``seq-mean-token-mean``) or over a constant (Dr. GRPO's ``seq-mean-token-sum-norm``). A
+    token-mean loss (DAPO, PPO) would weight each worker's tokens by ``1 / its own count``: the
+    equal-weight average of per-worker token means is not the batch's token mean (the fault of
+    TRL PR #3231 and Megatron-LM #4590; ``distributed.grpo`` weights each rank by its token share
+    instead).
+
+    Raises:
+        ValueError: for ``token-mean``, dynamic sampling, a batch-normalised advantage or a
+            critic, with more than one worker.
+    """
+    if workers <= 1:
+        return
+    problems = []
+    if config.loss_agg == "token-mean":
+        problems.append("loss_agg='token-mean' (each worker would divide by its own token count)")
+    if config.dynamic_sampling:
+        problems.append("dynamic sampling (the workers would keep different numbers of groups)")
+    if config.use_critic or config.advantage not in ("group", "rloo"):
+        problems.append(f"advantage={config.advantage!r}"
+                        + (" with a critic" if config.use_critic else "")
+                        + " (it normalises over the whole batch)")
+    if problems:
+        raise ValueError(f"{workers} colocated data-parallel workers average their gradients with "
+                         "equal weights, which differs from one process for "
+                         + "; ".join(problems) + ". Use a per-response loss and a group "
+                         "advantage (the grpo, dr_grpo, rloo or gspo presets), or one colocated "
+                         "worker, or `python -m rlm_course grpo --nproc N`, whose data "
+                         "parallelism weights each rank by its share of the tokens.")
+
+
 def _run_colocated(controller, task, config, pipe, checkpoint, run_dir, result, state,
                    progress) -> None:
     workers = controller.role_workers("actor")
@@ -279,6 +315,7 @@ def _run_colocated(controller, task, config, pipe, checkpoint, run_dir, result, 
     if config.prompts_per_step % d:
         raise ValueError(f"prompts_per_step={config.prompts_per_step} does not split over {d} "
                          "colocated workers; choose a multiple of the device count.")
+    check_colocated_data_parallel(config, d)
     specs = [worker_spec(task, config, checkpoint, pipe, run_dir, dp_rank=k, dp_size=d)
              for k in range(d)]
     controller.call(workers, RLWorker.rl_setup, per_worker=[{"spec": s} for s in specs],

@@ -2,6 +2,7 @@
 pipeline and its faults. One local Ray instance for the whole module (started and stopped here)."""
 
 import os
+from dataclasses import replace
 import signal
 import threading
 import time
@@ -135,6 +136,35 @@ def test_resharding_on_four_workers_is_exact_and_counts_its_bytes():
     assert out["predicted"]["naive"]["received_bytes"] == 3 * m / 4
 
 
+def test_colocated_data_parallel_refuses_what_equal_weight_averaging_gets_wrong():
+    """Per-worker token means averaged with equal weights: worker 0 has 2 responses of 6 tokens,
+    worker 1 two of 1 token; the batch's token mean weights worker 0's tokens 12/14, the equal
+    average 1/2. Per-response means (GRPO) and Dr. GRPO's constant are exact."""
+    from rlm_course.algorithms import preset
+    from rlm_course.rl.losses import aggregate_loss
+    from rlm_course.systems.pipelines import check_colocated_data_parallel
+
+    per_token = torch.arange(1.0, 15.0)
+    mask = torch.zeros(4, 6, dtype=torch.bool)
+    mask[:2, :] = True
+    mask[2:, 0] = True
+    values = torch.zeros(4, 6)
+    values[mask] = per_token
+    for agg, exact in (("token-mean", False), ("seq-mean-token-mean", True),
+                       ("seq-mean-token-sum-norm", True)):
+        whole = aggregate_loss(values, mask, agg, 6)
+        halves = (aggregate_loss(values[:2], mask[:2], agg, 6)
+                  + aggregate_loss(values[2:], mask[2:], agg, 6)) / 2
+        assert torch.isclose(whole, halves).item() is exact, agg
+    for name in ("grpo", "dr_grpo", "rloo", "gspo"):
+        check_colocated_data_parallel(preset(name), 2)
+    for name, why in (("dapo", "token-mean"), ("ppo", "advantage='gae'"),
+                      ("reinforce_pp", "reinforce_pp")):
+        with pytest.raises(ValueError, match=why):
+            check_colocated_data_parallel(preset(name), 2)
+    check_colocated_data_parallel(preset("dapo"), 1)  # one worker is the one-process algorithm
+
+
 def test_colocated_data_parallel_workers_stay_identical_and_fusion_keeps_early_responses():
     from rlm_course.systems.pipelines import fusion_experiment
 
@@ -148,6 +178,10 @@ def test_colocated_data_parallel_workers_stay_identical_and_fusion_keeps_early_r
         assert any(e.stage == "sync" and e.detail.get("in_process") for e in result.events)
         with pytest.raises(ValueError, match="colocated"):
             run_pipeline(c, TASK, small_config(), PipelineConfig(eta=1), CHECKPOINT)
+        # refused before any worker loads: equal-weight averaging of per-worker token means
+        with pytest.raises(ValueError, match="loss_agg='token-mean'"):
+            run_pipeline(c, TASK, replace(small_config(), loss_agg="token-mean"),
+                         PipelineConfig(eta=0), CHECKPOINT)
         fusion = fusion_experiment(c, TASK, small_config(), CHECKPOINT, steps=1)
     assert fusion["same_early_rows"]
     assert fusion["unfused_seconds"][0] > 0 and fusion["fused_seconds"][0] > 0
