@@ -192,9 +192,18 @@ class Countdown(Task):
     def check(self, problem: Problem, response: str) -> tuple[bool, bool, str]:
         """Well-formed (``format_ok``): a parsable expression of well-formed numbers, each one of
         the given numbers, none used more often than given (checked before any evaluation).
-        Correct: its exact value, with every intermediate result an integer, is the target."""
+        Correct: its exact value, with every intermediate result an integer, is the target.
+        A response of ``max_response_len`` characters or more is neither: only one cut off at
+        the generation budget (or padded with redundant parentheses) is that long."""
         if not response:
             return False, False, "empty response"
+        if len(response) >= self.max_response_len:
+            # a valid expression and its <eos> fit in max_response_len tokens, so a longer one (e.g.
+            # redundant parentheses) can only be a response cut off at the length limit, which is
+            # never rewarded as if it were finished (TRL's mask_truncated_completions)
+            return False, False, (f"{len(response)} characters, more than the "
+                                  f"{self.max_response_len - 1} the task budgets for an answer: "
+                                  "cut off at the length limit, or redundant parentheses")
         failure = None
         try:
             value, used = parse_expression(response)

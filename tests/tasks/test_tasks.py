@@ -48,6 +48,10 @@ def test_addition_verifier(response, fmt, correct):
     ("3++5", False, False, "expected a number"),
     ("", False, False, "empty"),
     ("-3+5", False, False, "expected a number"),
+    # 12 characters is the budget's longest answer (max_response_len 13 with <eos>); 13 without
+    # an <eos> can only be a response cut off at the length limit: right value, no reward
+    ("((3+5))*(2)", True, True, ""),
+    ("(((3+5)))*(2)", False, False, "cut off at the length limit"),
 ])
 def test_countdown_verifier_edge_cases(response, fmt, correct, reason):
     v = CD.verify(P, response)
