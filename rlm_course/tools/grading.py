@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from rlm_course.tools.checks import CheckReport, run_check
+from rlm_course.tools.checks import (CHECK_SECONDS, CheckReport, CheckTimeout, run_check,
+                                      time_limit)
+from rlm_course.tools.checks.common import CheckResult
 from rlm_course.tools.exercisegen import EXERCISES
 from rlm_course.utils import repo_root
 
@@ -51,14 +53,42 @@ def load_impl(chapter: str, impl: str = "exercises", root: Path | None = None) -
     return module
 
 
-def grade(chapter: str | None = None, impl: str = "exercises") -> list[CheckReport]:
-    """Run the checks of every exercise of ``chapter`` (all chapters when None) on ``impl``."""
+def grade(chapter: str | None = None, impl: str = "exercises",
+          root: Path | None = None) -> list[CheckReport]:
+    """Run the checks of every exercise of ``chapter`` (all chapters when None) on ``impl``. A
+    file that cannot be imported, or that lacks one of its functions, fails that chapter's
+    exercises with the reason and the other chapters are still graded.
+
+    Raises:
+        ValueError: for an unknown chapter or impl; for a file that cannot be imported when one
+            chapter is graded.
+    """
     chapters = EXERCISES if chapter is None else (_chapter(chapter),)
     reports = []
     for c in chapters:
-        module = load_impl(c.number, impl)
+        try:
+            with time_limit(CHECK_SECONDS):
+                module = load_impl(c.number, impl, root)
+        except CheckTimeout:
+            module = None
+            why = (f"importing {impl}/{c.stem}.py did not finish within {CHECK_SECONDS:g} s (code "
+                   "left at the top level of the file, e.g. a test loop?)")
+        except ValueError as err:
+            if chapter is not None or impl not in IMPLS:
+                raise
+            module, why = None, str(err)
         for _, name in c.functions:
-            reports.append(run_check(name, getattr(module, name)))
+            fn = getattr(module, name, None) if module is not None else None
+            if module is None:
+                reports.append(CheckReport(name, [CheckResult("the file imports", False, why)]))
+            elif not callable(fn):
+                reports.append(CheckReport(name, [CheckResult(
+                    "the function is in the file", False,
+                    f"no function {name} in {impl}/{c.stem}.py (deleted or renamed? keep its name "
+                    "and signature; `python -m rlm_course exercises --force` writes a fresh stub "
+                    "but replaces every edited exercise: copy your work first)")]))
+            else:
+                reports.append(run_check(name, fn))
     return reports
 
 

@@ -1,9 +1,13 @@
 import inspect
+from pathlib import Path
 
 import pytest
 
-from rlm_course.tools import exercisegen
+from rlm_course.tools import exercisegen, grading
 from rlm_course.tools.grading import grade, load_impl
+from rlm_course.utils import repo_root
+
+ROOT = repo_root()
 
 
 def test_committed_exercises_and_solutions_are_generated_from_the_package():
@@ -104,6 +108,83 @@ def test_learner_code_that_never_returns_is_reported_within_the_limit():
     assert time.perf_counter() - start < 5  # one check timed out, the others skipped
     assert report.n_passed == 0 and len(report.results) == 1
     assert "did not finish within 0.2 s (an endless loop" in str(report)
+
+
+def test_a_retry_loop_that_catches_exception_does_not_swallow_the_time_limit():
+    import time
+
+    from rlm_course.tools.checks import run_check
+
+    def retrying(*args, **kwargs):
+        while True:
+            try:
+                time.sleep(0.01)
+            except Exception:  # a learner's retry loop
+                continue
+
+    start = time.perf_counter()
+    report = run_check("kl_k3", retrying, seconds=0.2)
+    assert time.perf_counter() - start < 5
+    assert "did not finish within 0.2 s" in str(report) and not report.all_passed
+    assert "the later checks were not run" in str(report)
+
+
+def _exercise_file(tmp_path, chapter_stem: str, edit) -> Path:
+    (tmp_path / "exercises").mkdir(exist_ok=True)
+    source = (ROOT / "solutions" / f"{chapter_stem}.py").read_text()
+    path = tmp_path / "exercises" / f"{chapter_stem}.py"
+    path.write_text(edit(source))
+    return path
+
+
+def test_a_renamed_function_fails_its_exercise_and_the_others_are_graded(tmp_path):
+    _exercise_file(tmp_path, "ex02_grpo", lambda s: s.replace("def kl_k3(", "def kl_k3_mine("))
+    reports = {r.name: r for r in grading.grade("02", root=tmp_path)}
+    assert reports["group_advantages"].all_passed and reports["clipped_objective"].all_passed
+    assert not reports["kl_k3"].all_passed
+    assert "no function kl_k3 in exercises/ex02_grpo.py (deleted or renamed?" in str(
+        reports["kl_k3"])
+
+
+def test_a_file_that_loops_when_imported_is_reported_within_the_limit(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(grading, "CHECK_SECONDS", 0.3)
+    _exercise_file(tmp_path, "ex02_grpo", lambda s: s + "\nwhile True:\n    pass\n")
+    start = time.perf_counter()
+    reports = grading.grade("02", root=tmp_path)
+    assert time.perf_counter() - start < 5
+    assert [r.all_passed for r in reports] == [False] * 3
+    assert "did not finish within 0.3 s (code left at the top level" in str(reports[0])
+
+
+def test_grading_every_chapter_goes_on_past_a_broken_file(tmp_path):
+    _exercise_file(tmp_path, "ex02_grpo", lambda s: s.replace("def kl_k3(", "def kl_k3(:", 1))
+    reports = grading.grade(None, root=tmp_path)
+    names = [name for c in exercisegen.EXERCISES for _, name in c.functions]
+    assert [r.name for r in reports] == names  # every exercise has its line
+    by_name = {r.name: str(r) for r in reports}
+    assert "could not import" in by_name["kl_k3"] and "SyntaxError" in by_name["kl_k3"]
+    assert "is missing" in by_name["ring_all_reduce"]  # the other files are not in tmp_path
+
+
+@pytest.mark.multiprocess
+def test_an_endless_loop_on_real_processes_is_stopped_at_the_limit(tmp_path, monkeypatch):
+    import time
+
+    from rlm_course.tools import checks
+    from rlm_course.tools.checks import run_check
+
+    monkeypatch.setattr(checks, "CHECK_SECONDS", 3)
+    path = _exercise_file(tmp_path, "ex11_distributed", lambda s: s.replace(
+        "def ring_all_reduce(", "def ring_all_reduce(*args, **kwargs):\n    while True:\n"
+        "        pass\n\n\ndef _unused(", 1))
+    module = grading.load_impl("11", "exercises", root=tmp_path)
+    assert module.__file__ == str(path)
+    start = time.perf_counter()
+    report = run_check("ring_all_reduce", module.ring_all_reduce)
+    assert time.perf_counter() - start < 40  # two launches, each stopped at 3 s
+    assert not report.all_passed and "did not finish within 3 s (an endless loop?)" in str(report)
 
 
 def test_regenerating_keeps_edited_exercises_unless_forced(tmp_path, monkeypatch, capsys):

@@ -54,12 +54,14 @@ CHECKS = _all_checks()
 CHECK_SECONDS = 60
 
 
-class CheckTimeout(Exception):
-    """A check ran past :data:`CHECK_SECONDS`."""
+class CheckTimeout(BaseException):
+    """A check ran past :data:`CHECK_SECONDS`. A ``BaseException``, so that a learner's
+    ``except Exception:`` (a retry loop) does not swallow it; it is raised again every second
+    until it leaves the learner's code."""
 
 
 @contextmanager
-def _time_limit(seconds: float):
+def time_limit(seconds: float):
     """Raise :class:`CheckTimeout` in the main thread after ``seconds`` (SIGALRM); elsewhere (a
     thread, a platform without SIGALRM) no limit."""
     if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
@@ -71,7 +73,8 @@ def _time_limit(seconds: float):
 
     previous = signal.signal(signal.SIGALRM, expire)
     start = time.monotonic()
-    outer = signal.setitimer(signal.ITIMER_REAL, seconds)  # another timer's (delay, interval)
+    # (delay, interval): once past, again every second, should a bare except: catch it
+    outer = signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)  # another timer's (delay, interval)
     try:
         yield
     finally:
@@ -94,7 +97,7 @@ def run_check(name: str, fn, seconds: float = CHECK_SECONDS) -> CheckReport:
     report = CheckReport(name)
     for description, check in CHECKS[name](fn):
         try:
-            with _time_limit(seconds):
+            with time_limit(seconds):
                 passed, message = check()
         except NotImplementedError as err:
             report.not_implemented = str(err) or "raises NotImplementedError"
@@ -103,6 +106,7 @@ def run_check(name: str, fn, seconds: float = CHECK_SECONDS) -> CheckReport:
             report.results.append(CheckResult(
                 description, False, f"did not finish within {seconds:g} s (an endless loop, or a "
                 "wait that never returns?); the exercise's other checks were skipped"))
+            report.skipped = True
             return report
         except (Exception, SystemExit) as err:  # a learner's bug: report it, keep going
             passed = False
@@ -111,4 +115,5 @@ def run_check(name: str, fn, seconds: float = CHECK_SECONDS) -> CheckReport:
     return report
 
 
-__all__ = ["CHECKS", "CheckReport", "CheckResult", "chapter_modules", "run_check"]
+__all__ = ["CHECKS", "CHECK_SECONDS", "CheckReport", "CheckResult", "CheckTimeout", "chapter_modules",
+           "run_check", "time_limit"]

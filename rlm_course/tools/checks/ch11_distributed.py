@@ -19,6 +19,7 @@ def _on_ranks(fn, ranks: int) -> dict:
     import warnings
 
     from rlm_course.distributed.by_hand import exercise_worker
+    from rlm_course.tools.checks import CHECK_SECONDS
     from rlm_course.distributed.launch import DistributedError, OversubscriptionWarning, launch
 
     try:
@@ -31,10 +32,15 @@ def _on_ranks(fn, ranks: int) -> dict:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", OversubscriptionWarning)
+            # the deadline bounds a busy loop that never reaches a collective (the collective
+            # timeout only bounds a wait for a peer): the grader's per-check limit
             return launch(exercise_worker, ranks, args=(path, fn.__name__), timeout=20.0,
-                          grace=5.0)[0]
+                          grace=5.0, deadline=CHECK_SECONDS)[0]
     except DistributedError as err:
         first = str(err).split("\nTracebacks:")[0]
+        if "at the deadline" in first:
+            return {"error": f"did not finish within {CHECK_SECONDS:g} s (an endless loop?): "
+                             f"{first}"}
         return {"error": f"{first} (a deadlock? every send needs a receive posted on its peer)"
                 if "Timed out" in first else first}
 
