@@ -146,6 +146,38 @@ def test_a_renamed_function_fails_its_exercise_and_the_others_are_graded(tmp_pat
         reports["kl_k3"])
 
 
+def test_an_error_is_located_in_the_learners_file_or_in_what_it_returned(tmp_path):
+    from rlm_course.tools.checks import run_check
+
+    path = _exercise_file(tmp_path, "ex02_grpo", lambda s: s + (
+        "\n\ndef group_advantages(rewards, group_size, normalize_std=True, eps=1e-6):\n"
+        "    return len(group_size)\n\n\ndef kl_k3(log_probs, ref_log_probs):\n"
+        "    return None\n"))
+    module = load_impl("02", "exercises", root=tmp_path)
+    line = len(path.read_text().splitlines()) - 4  # the `return len(group_size)` line
+    report = str(run_check("group_advantages", module.group_advantages))
+    assert f"TypeError: object of type 'int' has no len() (at ex02_grpo.py:{line}: " \
+           "return len(group_size))" in report
+    report = str(run_check("kl_k3", module.kl_k3))
+    assert "expected a tensor, got NoneType" in report
+    assert "(in the check, on what the function returned: is it the right type?)" in report
+
+
+def test_a_case_left_for_later_keeps_the_checks_that_passed():
+    from rlm_course.rl.advantages import group_advantages
+    from rlm_course.tools.checks import run_check
+
+    def partial(rewards, group_size, normalize_std=True, eps=1e-6):
+        if not normalize_std:
+            raise NotImplementedError("Dr. GRPO later")
+        return group_advantages(rewards, group_size, normalize_std, eps)
+
+    report = run_check("group_advantages", partial)
+    assert report.not_implemented is None and 0 < report.n_passed < len(report.results)
+    assert "[FAIL] hand example without std (Dr. GRPO): NotImplementedError: Dr. GRPO later" in \
+        str(report)
+
+
 def test_a_file_that_loops_when_imported_is_reported_within_the_limit(tmp_path, monkeypatch):
     import time
 
