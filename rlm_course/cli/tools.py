@@ -128,7 +128,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("exercises", help="regenerate exercises/ and solutions/ from the package")
     p.add_argument("--check", action="store_true", help="fail if the committed files are stale")
     p.add_argument("--force", action="store_true",
-                   help="also overwrite exercise files that differ from their stub (your work!)")
+                   help="also overwrite exercise files that differ from their stub (your work: each "
+                        "is saved first as <name>.bak)")
     p.set_defaults(func=_exercises)
 
     p = sub.add_parser("hardware", help="the hardware catalog (data/hardware/); --measure adds "

@@ -207,7 +207,8 @@ def main(check: bool = False, force: bool = False) -> int:
     if check:
         if stale:
             names = ", ".join(str(p.relative_to(root)) for p in stale)
-            print(f"error: {names} differ from what the package generates. If you are working on the "
+            verb = "differs" if len(stale) == 1 else "differ"
+            print(f"error: {names} {verb} from what the package generates. If you are working on the "
                   "exercises, that is expected: grade your work with `python -m rlm_course grade` "
                   "(this check is for the committed stubs; `git stash` puts them back while it runs). "
                   "If you changed the package, run `python -m rlm_course exercises --force` and "
@@ -216,17 +217,23 @@ def main(check: bool = False, force: bool = False) -> int:
         print(f"exercises and solutions up to date: {len(expected_files())} generated files "
               "match the package.")
         return 0
-    kept = [p for p in stale if p.parent.name == "exercises" and p.exists() and not force]
+    edited = [p for p in stale if p.parent.name == "exercises" and p.exists()]
+    kept = [] if force else edited
     for path, text in expected_files().items():
         if path in stale and path not in kept:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if path in edited:  # --force: the learner's version is kept beside the fresh stub
+                backup = path.with_name(path.name + ".bak")
+                backup.write_bytes(path.read_bytes())
+                print(f"saved your version of {path.relative_to(root)} as "
+                      f"{backup.relative_to(root)}")
             path.write_text(text)
             print(f"wrote {path.relative_to(root)}")
     if kept:
         names = ", ".join(str(p.relative_to(root)) for p in kept)
-        print(f"error: kept {names}: {'it differs' if len(kept) == 1 else 'they differ'} from the "
-              "generated stub and may hold your work. "
-              "Copy it somewhere safe, then pass --force to replace it with a fresh stub.",
-              file=sys.stderr)
+        one = len(kept) == 1
+        print(f"kept {names}: {'it differs' if one else 'they differ'} from the generated stub "
+              f"and may hold your work. --force replaces {'it' if one else 'them'} with a fresh "
+              f"stub and saves {'it' if one else 'each'} as <name>.bak.", file=sys.stderr)
         return 1
     return 0

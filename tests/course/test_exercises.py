@@ -231,6 +231,9 @@ def test_regenerating_keeps_edited_exercises_unless_forced(tmp_path, monkeypatch
     assert "may hold your work" in capsys.readouterr().err
     assert exercisegen.main(force=True) == 0
     assert "# my work" not in mine.read_text()
+    assert "# my work" in (tmp_path / "exercises" / "ex02_grpo.py.bak").read_text()
+    assert "saved your version of exercises/ex02_grpo.py as exercises/ex02_grpo.py.bak" in \
+        capsys.readouterr().out
     notebook = tmp_path / "exercises" / "ex04_grpo_family.ipynb"  # a run's outputs, notes
     notebook.write_text(notebook.read_text().replace('"outputs": []', '"outputs": ["mine"]', 1))
     assert exercisegen.main() == 1
