@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from rlm_course.tools.checks.common import close, equal_groups_get_zero
+from rlm_course.tools.checks.common import close, equal_groups_get_zero, leaves_inputs_unchanged
 
 #: The exercise's title.
 TITLE = "The pieces of the GRPO loss"
@@ -21,10 +21,13 @@ FUNCTIONS = (
 def _checks_group_advantages(fn):
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     s = 0.5 / math.sqrt(1 / 3)  # (1 - 0.5) / unbiased std of [1, 0, 0, 1]
+    # each check gets its own copy: a function that writes into its input fails only the check
+    # that says so, not the next one that would see changed rewards
     yield "hand example, G=4, std-normalised", lambda: close(
-        fn(r, 4), torch.tensor([s, -s, -s, s, 0, 0, 0, 0]), atol=1e-4)
+        fn(r.clone(), 4), torch.tensor([s, -s, -s, s, 0, 0, 0, 0]), atol=1e-4)
     yield "hand example without std (Dr. GRPO)", lambda: close(
-        fn(r, 4, normalize_std=False), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+        fn(r.clone(), 4, normalize_std=False), torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+    yield "leaves the rewards unchanged", leaves_inputs_unchanged(fn, r, 4)
     rewards = torch.rand(6 * 5, generator=torch.Generator().manual_seed(0))
     def sums_to_zero():
         out = fn(rewards, 5)
@@ -51,6 +54,8 @@ def _checks_clipped_objective(fn):
         fn(ratio, torch.tensor([-1.0, -1.0]), 0.2), torch.tensor([[2.0, 1.0], [2.0, 1.0]]))
     yield "decoupled bounds (DAPO): ratio 1.3 clipped to 1.28, ratio 0.7 to 0.8", lambda: close(
         fn(torch.tensor([[1.3, 0.7]]), torch.tensor([1.0]), 0.2, 0.28), torch.tensor([[-1.28, -0.7]]))
+    yield "leaves the ratio and the advantages unchanged", leaves_inputs_unchanged(
+        fn, ratio, torch.tensor([1.0, -1.0]), 0.2)
 
     def gradient_check():
         x = ratio.clone().requires_grad_(True)
@@ -69,6 +74,7 @@ def _checks_kl_k3(fn):
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(4, 7, generator=g), torch.randn(4, 7, generator=g)
     yield "non-negative", lambda: (bool((fn(a, b) >= 0).all()), "found a negative value")
+    yield "leaves the log-probs unchanged", leaves_inputs_unchanged(fn, a, b)
 
     def nearly_equal():  # x = log rho = -1e-6: exp(x) - x - 1 cancels; the true value is 5e-13
         got = fn(torch.tensor([0.0]), torch.tensor([-1e-6]))

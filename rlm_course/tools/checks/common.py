@@ -3,6 +3,7 @@ comparisons that tell a learner's value from the reference's."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -86,3 +87,22 @@ def equal_groups_get_zero(fn, **kwargs):
         return True, ""
 
     yield "a group of equal rewards gets exactly 0", check
+
+
+def leaves_inputs_unchanged(fn, *args, **kwargs):
+    """A check that ``fn(*args, **kwargs)`` does not modify its tensor arguments in place: the
+    caller still needs them (the trainer logs the rewards after computing advantages, and the
+    other checks reuse their inputs). Each argument is passed as a copy and compared after."""
+    def check():
+        copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        fn(*copies, **kwargs)
+        changed = [i for i, (a, c) in enumerate(zip(args, copies))
+                   if isinstance(a, torch.Tensor) and not torch.equal(a, c)]
+        try:
+            names = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            names = []
+        which = ", ".join(names[i] if i < len(names) else f"argument {i + 1}" for i in changed)
+        return not changed, (f"it changed {which} in place (e.g. `x -= ...`, `x.sub_(...)` or a "
+                             "view of x written to): compute a new tensor instead")
+    return check
