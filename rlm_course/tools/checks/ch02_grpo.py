@@ -31,8 +31,10 @@ def _checks_group_advantages(fn):
     rewards = torch.rand(6 * 5, generator=torch.Generator().manual_seed(0))
     def sums_to_zero():
         out = fn(rewards, 5)
-        if not isinstance(out, torch.Tensor) or out.shape != (30,):
-            return False, f"expected shape (30,), got {getattr(out, 'shape', type(out).__name__)}"
+        if not isinstance(out, torch.Tensor):
+            return False, f"expected a tensor, got {type(out).__name__}"
+        if out.shape != (30,):
+            return False, f"expected shape (30,), got {tuple(out.shape)}"
         return close(out.view(6, 5).sum(1), torch.zeros(6), atol=1e-4)
 
     yield "each group's advantages sum to zero", sums_to_zero

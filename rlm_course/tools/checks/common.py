@@ -4,6 +4,7 @@ comparisons that tell a learner's value from the reference's."""
 from __future__ import annotations
 
 import inspect
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -68,8 +69,11 @@ def close(actual, expected, atol=1e-5) -> tuple[bool, str]:
 
 
 def value_close(actual, expected, rel=1e-9) -> tuple[bool, str]:
-    if not isinstance(actual, (int, float)):
-        return False, f"expected a number, got {type(actual).__name__}"
+    if isinstance(actual, torch.Tensor) and actual.numel() == 1:
+        return False, (f"expected a Python number, got a one-element tensor ({actual.item()}): "
+                       "return .item() of it")
+    if not isinstance(actual, numbers.Real) or isinstance(actual, bool):  # numpy scalars are
+        return False, f"expected a number, got {type(actual).__name__}"  # Real too
     ok = abs(actual - expected) <= rel * abs(expected)
     return ok, f"got {actual}, expected {expected}"
 
