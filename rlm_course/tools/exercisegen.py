@@ -217,6 +217,9 @@ def main(check: bool = False, force: bool = False) -> int:
         print(f"exercises and solutions up to date: {len(expected_files())} generated files "
               "match the package.")
         return 0
+    if not stale:
+        print(f"nothing to write: the {len(expected_files())} generated files match the package.")
+        return 0
     edited = [p for p in stale if p.parent.name == "exercises" and p.exists()]
     kept = [] if force else edited
     for path, text in expected_files().items():
