@@ -591,10 +591,13 @@ class TrainerCost:
         return 2 * sum(states.values()) / self.device.memory_bandwidth
 
     def _data_parallel(self, compute: float, opt_steps: int, micro: int, backward: bool) -> float:
-        """Exposed data-parallel seconds of a stage: ZeRO-0/1/2 sync the gradients once per
-        optimizer step (the backward, 2/3 of the compute, hides them); ZeRO-3 gathers the weights
-        for every micro-batch (and reduce-scatters its gradients), hidden behind all of it. The
-        experts sync over their expert-data-parallel group."""
+        """Exposed data-parallel seconds of a stage: ZeRO-0/1 sync the gradients once per
+        optimizer step (the backward, 2/3 of the compute, hides them); ZeRO-2 reduce-scatters
+        them after every micro-batch's backward, since a device keeps only its shard of the
+        accumulated gradient (DeepSpeed's stage 2: ``reduce_scatter`` per backward,
+        deepspeedai/DeepSpeed#2252), and all-gathers the parameters once per step; ZeRO-3
+        gathers the weights for every micro-batch (and reduce-scatters its gradients), hidden
+        behind all of it. The experts sync over their expert-data-parallel group."""
         lay, spec = self.layout, self.spec
         dense, experts = params_per_device(spec, lay)
         strides = axis_strides(lay)
@@ -605,8 +608,13 @@ class TrainerCost:
         cost = comm.NONE
         for params, n, stride in groups:
             if n > 1:
-                cost = cost + comm.data_parallel_comm(params, n, self.fabric.link(n, stride),
-                                                      lay.zero, grad_bytes=lay.grad_bytes)
+                link = self.fabric.link(n, stride)
+                cost = cost + comm.data_parallel_comm(params, n, link, lay.zero,
+                                                      grad_bytes=lay.grad_bytes)
+                if lay.zero == 2 and micro > 1:  # the other micro-batches' reduce-scatters
+                    g = params * lay.grad_bytes
+                    cost = cost + comm.CommCost(
+                        (n - 1) / n * g, comm.reduce_scatter_seconds(g, n, link), 1) * (micro - 1)
         if lay.zero == 3:
             per_micro = cost if backward else cost * (1 / 3)  # a forward gathers the weights once
             total = per_micro.seconds * micro * opt_steps

@@ -126,3 +126,22 @@ def test_trainer_pipeline_bubble_is_the_1f1b_bubble():
                                                         optimizer_step_seconds=0.5),
                        comm.Fabric.of(H100), 100).seconds(lengths)["policy update"]
     assert slow == pytest.approx(seconds + 8 * 0.01 + 0.5, rel=1e-9)
+
+
+def test_zero2_reduce_scatters_every_micro_batch_and_gathers_once_per_step():
+    """ZeRO-2 keeps only a shard of the accumulated gradient, so each micro-batch's backward
+    reduce-scatters (DeepSpeed's stage 2); ZeRO-1 reduces the accumulated gradient once."""
+    spec = get_spec("llama-3-8b")
+    fabric = comm.Fabric.of(H100)
+    link = fabric.link(8, 1)
+    g = spec.params() * 2
+    scatter = comm.reduce_scatter_seconds(g, 8, link)
+    gather = comm.all_gather_seconds(g, 8, link)
+    seconds = {}
+    for zero in (1, 2):
+        cost = TrainerCost(spec, preset("grpo"), Layout(dp=8, zero=zero, overlap=False), H100,
+                           Rates(), fabric, 256)
+        seconds[zero] = [cost._data_parallel(0.0, 1, micro, True) for micro in (1, 8)]
+    assert seconds[1] == pytest.approx([scatter + gather] * 2, rel=1e-12)
+    assert seconds[2] == pytest.approx([scatter + gather, 8 * scatter + gather], rel=1e-12)
+    assert seconds[2][1] == pytest.approx(0.28127, rel=1e-4)  # Llama-3-8B on 8 H100s, 8 micro
