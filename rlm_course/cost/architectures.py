@@ -127,7 +127,8 @@ class TransformerSpec:
 
     def check_degree(self, axis: str, degree) -> None:
         """Check a parallel degree against this model: a positive integer (not a bool) for every
-        ``axis``; ``tp`` must divide the query heads, ``pp`` be at most the layers, ``sp``
+        ``axis``; ``tp`` must divide the query heads and divide, or be a multiple of, the
+        key/value heads (of a model without a latent KV cache), ``pp`` be at most the layers, ``sp``
         (Ulysses) divide the key/value heads, ``ep`` divide the experts of an MoE model (1 for a
         dense one); ``dp`` and ``cp`` any positive count.
 
@@ -141,6 +142,14 @@ class TransformerSpec:
         if axis == "tp" and self.n_head % degree:
             raise ValueError(f"tp={degree} does not divide {self.name}'s {self.n_head} attention "
                              f"heads; choose a divisor (e.g. {_largest_divisor(self.n_head, degree)}).")
+        if (axis == "tp" and not self.kv_latent and self.kv_heads % degree
+                and degree % self.kv_heads):
+            # each rank holds whole KV heads: its share of them, or a copy of one (vLLM asserts
+            # this; Megatron's divide() fails on it); 5 ranks cannot split 8 heads
+            raise ValueError(f"tp={degree} splits {self.name}'s {self.kv_heads} key/value heads "
+                             "unevenly (each rank holds whole KV heads, or copies of one); choose "
+                             f"a divisor or a multiple of {self.kv_heads} that divides the "
+                             f"{self.n_head} attention heads.")
         if axis == "sp" and self.kv_heads % degree:
             raise ValueError(f"sp={degree} does not divide {self.name}'s {self.kv_heads} key/value "
                              "heads; choose a divisor, or ring attention (cp).")

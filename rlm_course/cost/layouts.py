@@ -128,11 +128,9 @@ class Layout:
 
     def check(self, spec: TransformerSpec) -> None:
         """Raise ``ValueError`` if the degrees do not fit the architecture: ``tp`` must divide the
-        query heads, ``pp`` be at most the layers, ``ep`` divide the experts (and be 1 for a
-        dense model)."""
-        if spec.n_head % self.tp:
-            raise ValueError(f"tp={self.tp} does not divide {spec.name}'s {spec.n_head} attention "
-                             "heads; choose a divisor.")
+        query heads and hold whole key/value heads, ``pp`` be at most the layers, ``ep`` divide
+        the experts (and be 1 for a dense model)."""
+        spec.check_degree("tp", self.tp)  # the query heads, and whole KV heads per rank
         if self.pp > spec.n_layer:
             raise ValueError(f"pp={self.pp} exceeds {spec.name}'s {spec.n_layer} layers.")
         if self.ep > 1 and (not spec.is_moe or spec.n_experts % self.ep):

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from rlm_course.cost.architectures import SPECS, TransformerSpec, from_model_config, get_spec
+from rlm_course.cost.layouts import Layout
 from rlm_course.lm.model import ModelConfig, TinyGPT, forward_flops, matmul_parameters
 from rlm_course.utils import data_dir
 
@@ -166,3 +167,18 @@ def test_a_generation_tp_too_small_names_the_degree_that_holds_the_weights():
     with pytest.raises(ValueError, match="no TP degree up to the 8 devices holds them: use more "
                                          "devices or a device with more memory"):
         iteration_report(spec, preset("grpo"), w, h100, devices=8, generation_tp=2)
+
+
+def test_a_tp_degree_must_hold_whole_key_value_heads():
+    """Qwen2.5-32B: 40 query heads, 8 KV heads. tp=5 divides the query heads but would give each
+    rank 1.6 KV heads (vLLM and Megatron refuse it); tp=40 replicates each KV head on 5 ranks."""
+    spec = get_spec("qwen2.5-32b")
+    for tp in (5, 10, 20):
+        with pytest.raises(ValueError, match=f"tp={tp} splits qwen2.5-32b's 8 key/value heads"):
+            spec.check_degree("tp", tp)
+        with pytest.raises(ValueError, match="unevenly"):
+            Layout(tp=tp).check(spec)
+    assert [spec.kv_shards(tp) for tp in (1, 2, 4, 8, 40)] == [1, 2, 4, 8, 8]
+    for tp in (1, 2, 4, 8, 40):
+        spec.check_degree("tp", tp)
+    get_spec("deepseek-v3").check_degree("tp", 32)  # a latent cache: every rank holds it whole
