@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                 "the warm start or the first evaluation), run the same command again, with "
                 "--overwrite if the folder now holds files"
                 if hasattr(args, "resume") else "run the same command again to redo it")
+        if args.command == "grade":  # grading writes nothing
+            print("\nInterrupted: grading stopped; run the same command again (a check that runs "
+                  "past its time limit is stopped and reported on its own).", file=sys.stderr)
+            return 130
         print(f"\nInterrupted. Files written so far are kept (checkpoints and stored results are "
               f"written atomically); {hint}.", file=sys.stderr)
         return 130

@@ -17,8 +17,11 @@ IMPLS = ("exercises", "solutions")
 
 
 def _chapter(number: str):
+    """The chapter named ``number``: ``"02"``, ``"2"``, or its file's stem (``"ex02"``,
+    ``"ex02_grpo"``, ``"ex02_grpo.py"``)."""
+    key = number.removesuffix(".py").lower()
     for chapter in EXERCISES:
-        if chapter.number == number.zfill(2):
+        if chapter.number == key.zfill(2) or key in (f"ex{chapter.number}", chapter.stem):
             return chapter
     raise ValueError(f"no exercises for chapter {number!r}; chapters with exercises: "
                      f"{[c.number for c in EXERCISES]}.")
@@ -45,7 +48,12 @@ def load_impl(chapter: str, impl: str = "exercises", root: Path | None = None) -
     except (Exception, SystemExit) as err:  # a syntax error, a bad import, a sys.exit() left
         # at the top level: say where, no traceback, and never end the grader silently
         where = f" (line {err.lineno})" if getattr(err, "lineno", None) else ""
-        what = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        if isinstance(err, SyntaxError):  # its str repeats the file and line: the message and
+            text = (err.text or "").strip()  # the offending line instead
+            where = f" (line {err.lineno}: {text})" if err.lineno and text else where
+            what = f"{type(err).__name__}: {err.msg}"
+        else:
+            what = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
         if isinstance(err, SystemExit):
             what += " (the file calls sys.exit() or exit() when imported; remove that call)"
         raise ValueError(f"could not import {path}{where}: {what}; fix the file and grade "

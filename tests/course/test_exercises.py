@@ -67,13 +67,17 @@ def test_grade_cli_exit_codes(capsys):
     assert "0/3 exercises complete" in capsys.readouterr().out
     assert main(["grade", "99"]) == 2
     assert "no exercises for chapter" in capsys.readouterr().err
+    assert [grading._chapter(k).number for k in ("2", "02", "ex02", "ex02_grpo", "EX02_grpo.py")] \
+        == ["02"] * 5
 
 
 def test_grading_a_broken_file_is_a_clear_error(tmp_path):
     (tmp_path / "exercises").mkdir()
     (tmp_path / "exercises" / "ex02_grpo.py").write_text("def group_advantages(:\n")
-    with pytest.raises(ValueError, match=r"could not import .*ex02_grpo.py \(line 1\): SyntaxError"):
+    with pytest.raises(ValueError, match=r"could not import .*ex02_grpo.py \(line 1: def "
+                                         r"group_advantages\(:\): SyntaxError: ") as info:
         load_impl("02", "exercises", root=tmp_path)
+    assert str(info.value).count("line 1") == 1  # the line once, with its text
 
 
 def test_grading_a_file_that_exits_when_imported_is_a_clear_error(tmp_path):
@@ -246,3 +250,14 @@ def test_the_check_says_when_everything_is_up_to_date(capsys):
     count = len(exercisegen.expected_files())
     assert capsys.readouterr().out == (f"exercises and solutions up to date: {count} generated "
                                        "files match the package.\n")
+
+
+def test_equal_rewards_must_get_zeros_of_the_rewards_shape():
+    import torch
+
+    from rlm_course.tools.checks import run_check
+
+    report = run_check("group_advantages", lambda rewards, group_size, **kw: torch.zeros(
+        len(rewards) // group_size, group_size))
+    assert "[FAIL] a group of equal rewards gets exactly 0: shape (1, 8), expected (8,)" in \
+        str(report)

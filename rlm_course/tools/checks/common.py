@@ -84,8 +84,12 @@ def equal_groups_get_zero(fn, **kwargs):
     def check():
         for value in (0.1, 0.7):
             out = fn(torch.full((8,), value), 8, **kwargs)
-            if not isinstance(out, torch.Tensor) or not bool((out == 0).all()):
-                got = out.tolist()[:3] if isinstance(out, torch.Tensor) else out
+            if not isinstance(out, torch.Tensor):
+                return False, f"expected a tensor, got {type(out).__name__}"
+            if out.shape != (8,):
+                return False, f"shape {tuple(out.shape)}, expected (8,) (one value per reward)"
+            if not bool((out == 0).all()):
+                got = out.tolist()[:3]
                 return False, (f"rewards all {value}: got {got}..., expected exactly 0 (a float "
                                "mean of equal values can be one ulp off; test for equal rewards)")
         return True, ""
