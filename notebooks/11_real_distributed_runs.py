@@ -328,19 +328,24 @@ for name in ("dapo", "ppo"):
         print(f"{name}: {str(err)[:110]}...")
 
 update = launch(update_equivalence_worker, 2, kwargs=dict(unweighted=("dapo",)))[0]
-print(format_table([[v, r["loss_agg"], f"{r['param_error']:.1e}", f"{r['tolerance']:.1e}",
-                     "yes" if r["param_error"] <= r["tolerance"] else "NO"]
+print(format_table([[v, r["loss_agg"], f"{r['grad_error']:.1e}", f"{r['param_error']:.1e}",
+                     f"{r['tolerance']:.1e}", "yes" if r["param_error"] <= r["tolerance"] else "NO"]
                     for v, r in update.items()],
                    ["one update from a fixed batch", "loss aggregation",
-                    "max |param - one process|", "tolerance (float64)", "equal"]))
+                    "gradient error (relative)", "max |param - one process|",
+                    "tolerance (float64)", "equal"]))
 assert update["grpo"]["param_error"] <= update["grpo"]["tolerance"]
 assert update["dapo"]["param_error"] <= update["dapo"]["tolerance"]
+assert max(update[v]["grad_error"] for v in ("grpo", "dapo")) < 1e-12
 assert update["dapo unweighted"]["param_error"] > update["dapo unweighted"]["tolerance"]
 
 # %% [markdown]
-# One update from the same rollout batch, on 2 processes and in one, lands on the same
-# parameters (float64, within Adam's rounding bound), for GRPO and for DAPO's token-mean; without
-# the token weighting, DAPO's update is a different one.
+# One update from the same rollout batch, on 2 processes and in one, uses the same gradient (to
+# float64's rounding) and lands on the same parameters (within Adam's rounding bound), for GRPO
+# and for DAPO's token-mean; without the token weighting, DAPO's gradient is off by almost 1% and
+# its update is a different one. (The gradient is compared too because Adam's first step moves
+# every weight by about the learning rate whatever the gradient's scale: a gradient averaged with
+# the wrong scale would still land on the same parameters.)
 #
 # Now real runs: 30 steps of GRPO on addition (32 prompts x 8 responses per step), in one process
 # and on 2 (16 prompts per rank), from the same warm start. The samples differ (each rank draws

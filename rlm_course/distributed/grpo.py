@@ -638,6 +638,12 @@ class _FixedBatchDistributed(DistributedRLTrainer):
         return self.fixed
 
 
+def _gradient(parameters) -> torch.Tensor:
+    """Every parameter's ``.grad`` (zeros where None), flattened into one vector."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+                      for p in parameters])
+
+
 def shard_batch(batch: Batch, rank: int, world_size: int, group_size: int) -> Batch:
     """Rank ``rank``'s groups of a collected batch (the whole groups of its slice of prompts).
 
@@ -666,10 +672,12 @@ def update_equivalence_worker(ctx: RankContext, variants=("grpo", "dapo"), promp
     mini-batches together form a random mini-batch of the whole batch: another draw than the
     single process's, as valid, but not the same numbers; hence one mini-batch here.
 
-    Returns (rank 0; ``{}`` elsewhere) ``{variant: {"param_error", "ranks_differ", "tolerance",
-    "loss_agg", "updates"}}``: the largest absolute difference of a parameter from the
-    single-process update, the largest difference between ranks, and the bound of
-    :func:`rlm_course.numerics.adam_tolerance` for it.
+    Returns (rank 0; ``{}`` elsewhere) ``{variant: {"param_error", "grad_error", "ranks_differ",
+    "tolerance", "loss_agg", "updates"}}``: the largest absolute difference of a parameter from
+    the single-process update, the largest difference of the gradient the update used relative
+    to the largest single-process gradient (Adam's first step is nearly blind to the gradient's
+    scale), the largest difference between ranks, and the bound of
+    :func:`rlm_course.numerics.adam_tolerance` for the parameters.
     """
     from rlm_course.lm.tokenizer import CharTokenizer
     from rlm_course.numerics import adam_tolerance
@@ -700,6 +708,10 @@ def update_equivalence_worker(ctx: RankContext, variants=("grpo", "dapo"), promp
         trainer.fixed = shard_batch(batch, ctx.rank, ctx.world_size, group_size)
         trainer.step()
         params = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+        # the gradient the step used (zeroed before each backward, so still there): Adam's first
+        # step moves every weight by about lr whatever the gradient's scale, so the parameters
+        # alone cannot tell a gradient averaged with the wrong scale
+        grads = _gradient(trainer.model.parameters())
         gathered = [torch.empty_like(params) for _ in range(ctx.world_size)]
         dist.all_gather(gathered, params)
         if ctx.is_main:
@@ -707,12 +719,15 @@ def update_equivalence_worker(ctx: RankContext, variants=("grpo", "dapo"), promp
             single.fixed = batch
             single.step()
             ref = torch.cat([p.detach().reshape(-1) for p in single.policy.parameters()])
+            ref_grads = _gradient(single.policy.parameters())
             seq = batch.rollout.tokens.shape[1]
             updates = config.ppo_epochs * config.minibatches
             depth = 2 * (6 * base.config.n_layer + 1)
             tolerance = adam_tolerance(torch.float64, batch.trained * seq,
                                        config.lr_at(1), updates, depth=depth)
             out[variant if weigh_tokens else f"{variant} unweighted"] = {"param_error": (params - ref).abs().max().item(),
+                            "grad_error": ((grads - ref_grads).abs().max()
+                                           / ref_grads.abs().max()).item(),
                             "ranks_differ": max((g - params).abs().max().item() for g in gathered),
                             "tolerance": tolerance, "loss_agg": config.loss_agg,
                             "updates": updates}

@@ -310,10 +310,12 @@ def test_one_dp_grpo_update_equals_the_single_process_update():
     out = launch(update_equivalence_worker, 2, kwargs=dict(unweighted=("dapo",)))[0]
     for variant in ("grpo", "dapo"):
         assert out[variant]["param_error"] <= out[variant]["tolerance"], out[variant]
+        assert out[variant]["grad_error"] < 1e-12, out[variant]  # float64: the same gradient
         assert out[variant]["ranks_differ"] == 0.0
     assert out["dapo"]["loss_agg"] == "token-mean"
     # without weighing each rank by its share of the tokens, token-mean is not one process's
     assert out["dapo unweighted"]["param_error"] > 100 * out["dapo unweighted"]["tolerance"]
+    assert out["dapo unweighted"]["grad_error"] > 1e-3
 
 
 def test_data_parallel_refuses_what_it_cannot_run():
