@@ -265,11 +265,16 @@ NONE = CommCost(0.0, 0.0, 0)
 
 
 def data_parallel_comm(params: float, dp: int, link: Link, zero_stage: int = 0,
-                       grad_bytes: int = BF16, param_bytes: int = BF16) -> CommCost:
+                       grad_bytes: int = BF16, param_bytes: int = BF16,
+                       micro_batches: int = 1) -> CommCost:
     """One optimizer step's traffic of data parallelism over ``dp`` devices holding ``params``
     parameters each (their share after TP/PP): DP all-reduces the gradients; ZeRO-1/2
     reduce-scatter them and all-gather the updated ``param_bytes`` parameters; ZeRO-3 / FSDP
     all-gathers the parameters twice (forward and backward) and reduce-scatters the gradients.
+    With gradient accumulation over ``micro_batches``, ZeRO-2 reduce-scatters after every
+    micro-batch's backward, since a device keeps only its shard of the accumulated gradient
+    (DeepSpeed's stage 2, deepspeedai/DeepSpeed#2252); the others sync the accumulated gradient
+    once (ZeRO-3's per-micro-batch gathers are its caller's to count).
 
     Raises:
         ValueError: for an unknown stage or non-positive sizes.
@@ -279,6 +284,9 @@ def data_parallel_comm(params: float, dp: int, link: Link, zero_stage: int = 0,
     check_amount("params", params)
     if isinstance(dp, bool) or not (isinstance(dp, int) and dp >= 1):
         raise ValueError(f"dp={dp!r} must be a positive integer (1: no data parallelism).")
+    if isinstance(micro_batches, bool) or not (isinstance(micro_batches, int)
+                                               and micro_batches >= 1):
+        raise ValueError(f"micro_batches={micro_batches!r} must be a positive integer.")
     if dp == 1:
         return NONE
     g, w = params * grad_bytes, params * param_bytes
@@ -287,6 +295,8 @@ def data_parallel_comm(params: float, dp: int, link: Link, zero_stage: int = 0,
         return CommCost(2 * share * g, ring_all_reduce_seconds(g, dp, link), 1)
     gather = CommCost(share * w, all_gather_seconds(w, dp, link), 1)
     scatter = CommCost(share * g, reduce_scatter_seconds(g, dp, link), 1)
+    if zero_stage == 2:
+        return scatter * micro_batches + gather
     return scatter + gather * (2 if zero_stage == 3 else 1)
 
 

@@ -593,9 +593,8 @@ class TrainerCost:
     def _data_parallel(self, compute: float, opt_steps: int, micro: int, backward: bool) -> float:
         """Exposed data-parallel seconds of a stage: ZeRO-0/1 sync the gradients once per
         optimizer step (the backward, 2/3 of the compute, hides them); ZeRO-2 reduce-scatters
-        them after every micro-batch's backward, since a device keeps only its shard of the
-        accumulated gradient (DeepSpeed's stage 2: ``reduce_scatter`` per backward,
-        deepspeedai/DeepSpeed#2252), and all-gathers the parameters once per step; ZeRO-3
+        them after every micro-batch's backward and all-gathers the parameters once per step
+        (:func:`~rlm_course.cost.comm.data_parallel_comm`); ZeRO-3
         gathers the weights for every micro-batch (and reduce-scatters its gradients), hidden
         behind all of it. The experts sync over their expert-data-parallel group."""
         lay, spec = self.layout, self.spec
@@ -608,13 +607,9 @@ class TrainerCost:
         cost = comm.NONE
         for params, n, stride in groups:
             if n > 1:
-                link = self.fabric.link(n, stride)
-                cost = cost + comm.data_parallel_comm(params, n, link, lay.zero,
-                                                      grad_bytes=lay.grad_bytes)
-                if lay.zero == 2 and micro > 1:  # the other micro-batches' reduce-scatters
-                    g = params * lay.grad_bytes
-                    cost = cost + comm.CommCost(
-                        (n - 1) / n * g, comm.reduce_scatter_seconds(g, n, link), 1) * (micro - 1)
+                cost = cost + comm.data_parallel_comm(params, n, self.fabric.link(n, stride),
+                                                      lay.zero, grad_bytes=lay.grad_bytes,
+                                                      micro_batches=micro)
         if lay.zero == 3:
             per_micro = cost if backward else cost * (1 / 3)  # a forward gathers the weights once
             total = per_micro.seconds * micro * opt_steps
