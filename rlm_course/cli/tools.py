@@ -48,16 +48,18 @@ def _hardware(args) -> int:
     if args.measure:
         import os
 
+        from rlm_course.utils import cores
+
         try:  # before measuring: the measurement's own threads raise it
-            load, cores = os.getloadavg()[0], os.cpu_count() or 1
+            load = os.getloadavg()[0]
         except (AttributeError, OSError):
-            load, cores = 0.0, 1
+            load = 0.0
         device = measure_this_machine()
         print(f"measured this machine: {device.peak_flops / 1e9:.1f} GFLOP/s fp32 matmul peak, "
               f"{device.memory_bandwidth / 1e9:.1f} GB/s copy bandwidth "
               "(written to data/hardware/this-machine.json)")
         if load >= 0.5:
-            print(f"Note: the machine was busy when measured (load average {load:.1f} on {cores} "
+            print(f"Note: the machine was busy when measured (load average {load:.1f} on {cores()} "
                   "cores): other jobs took part of its cores and memory bandwidth, so these "
                   "figures are low; measure again when it is idle.")
     rows = [[d.name, f"{d.peak_flops / 1e12:,.2f}", f"{d.memory_bytes / 1e9:,.0f}",
@@ -128,8 +130,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("exercises", help="regenerate exercises/ and solutions/ from the package")
     p.add_argument("--check", action="store_true", help="fail if the committed files are stale")
     p.add_argument("--force", action="store_true",
-                   help="also overwrite exercise files that differ from their stub (your work: each "
-                        "is saved first as <name>.bak)")
+                   help="also overwrite exercise files that differ from their stub (your work: "
+                        "each is saved first as <name>.bak)")
     p.set_defaults(func=_exercises)
 
     p = sub.add_parser("hardware", help="the hardware catalog (data/hardware/); --measure adds "

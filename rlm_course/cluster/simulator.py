@@ -190,7 +190,7 @@ class Scenario:
             three times over the host link (the policy's out, the reference's in, the policy's
             back in; :func:`reference_swap_seconds`). Needs a configuration with a reference.
         oversample: prompts generated per prompt trained (DAPO's dynamic sampling generates a
-            larger batch and keeps the groups whose rewards differ, e.g. verl's
+            larger batch and keeps the groups with right and wrong answers, e.g. verl's
             ``gen_batch_size`` 1536 for ``train_batch_size`` 512: 3); the extra groups are
             generated, then dropped.
 

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rlm_course.algorithms import GROUP_ADVANTAGES
 from rlm_course.cost.comm import Link
 from rlm_course.distributed.collectives import fit_link
 from rlm_course.systems.async_rl import PipelineConfig, rollout_capacity, staleness
@@ -295,7 +296,7 @@ def check_colocated_data_parallel(config, workers: int) -> None:
         problems.append("loss_agg='token-mean' (each worker would divide by its own token count)")
     if config.dynamic_sampling:
         problems.append("dynamic sampling (the workers would keep different numbers of groups)")
-    if config.use_critic or config.advantage not in ("group", "rloo"):
+    if config.use_critic or config.advantage not in GROUP_ADVANTAGES:
         problems.append(f"advantage={config.advantage!r}"
                         + (" with a critic" if config.use_critic else "")
                         + " (it normalises over the whole batch)")

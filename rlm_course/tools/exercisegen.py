@@ -203,7 +203,8 @@ def main(check: bool = False, force: bool = False) -> int:
     notes, the outputs of a run): they are only overwritten with ``force``.
     """
     root = repo_root()
-    stale = [p for p, text in expected_files().items() if not p.exists() or p.read_text() != text]
+    expected = expected_files()  # every file's text, generated once
+    stale = [p for p, text in expected.items() if not p.exists() or p.read_text() != text]
     if check:
         if stale:
             names = ", ".join(str(p.relative_to(root)) for p in stale)
@@ -214,15 +215,15 @@ def main(check: bool = False, force: bool = False) -> int:
                   "If you changed the package, run `python -m rlm_course exercises --force` and "
                   "commit the result.", file=sys.stderr)
             return 1
-        print(f"exercises and solutions up to date: {len(expected_files())} generated files "
+        print(f"exercises and solutions up to date: {len(expected)} generated files "
               "match the package.")
         return 0
     if not stale:
-        print(f"nothing to write: the {len(expected_files())} generated files match the package.")
+        print(f"nothing to write: the {len(expected)} generated files match the package.")
         return 0
     edited = [p for p in stale if p.parent.name == "exercises" and p.exists()]
     kept = [] if force else edited
-    for path, text in expected_files().items():
+    for path, text in expected.items():
         if path in stale and path not in kept:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path in edited:  # --force: the learner's version is kept beside the fresh stub

@@ -86,7 +86,7 @@ def grade(chapter: str | None = None, impl: str = "exercises",
                 raise
             module, why = None, str(err)
         for _, name in c.functions:
-            fn = getattr(module, name, None) if module is not None else None
+            fn = getattr(module, name, None)  # None for a module that did not import
             if module is None:
                 reports.append(CheckReport(name, [CheckResult("the file imports", False, why)]))
             elif not callable(fn):
