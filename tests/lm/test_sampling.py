@@ -48,6 +48,22 @@ def test_sampler_log_probs_equal_a_scoring_pass(model):
     assert (r.log_probs[~r.response_mask] == 0).all()
 
 
+def test_a_rollout_is_made_of_ordinary_tensors_a_training_step_can_use(model):
+    # generation runs under torch.inference_mode; what it returns must still be usable by
+    # autograd: a loss times the response mask, or times the sampler's log-probs, saves that
+    # tensor for its backward, which an inference tensor refuses
+    r = sample(model, 0)
+    for name in ("tokens", "attention_mask", "response_mask", "log_probs"):
+        assert not getattr(r, name).is_inference(), name
+    policy = TinyGPT(model.config)
+    policy.load_state_dict(model.state_dict())
+    logp = response_log_probs(policy, r.tokens, r.attention_mask, r.prompt_len)
+    (logp * r.response_mask + logp * r.log_probs).sum().backward()
+    grad = policy.head.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+    assert model.training is False and policy.training is True
+
+
 def test_stops_at_eos_and_masks_the_rest(model):
     # make <eos> the only possible token after the first step by biasing the head
     biased = TinyGPT(model.config).eval()
