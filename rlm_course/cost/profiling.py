@@ -81,6 +81,9 @@ def profile_ops(fn, row_limit: int = 8, sort_by: str = "self_cpu_time_total") ->
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 ATTENTION_MARK = "scaled_dot_product"
+# what a dispatch mode sees of a matmul: under torch.inference_mode ``aten::linear`` reaches it
+# whole (under autograd or no_grad it arrives decomposed into ``t`` and ``addmm``)
+RECORDED_MATMULS = MATMUL_OPS + ("aten::linear",)
 
 
 def dispatch_floor(calls: int = 2000) -> float:
@@ -170,7 +173,7 @@ class _KernelRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = f"aten::{func.__name__.split('.')[0]}"
-        if name in MATMUL_OPS or ATTENTION_MARK in name:
+        if name in RECORDED_MATMULS or ATTENTION_MARK in name:
             signature = (str(func),) + tuple(
                 (tuple(a.shape), a.dtype, a.stride()) if isinstance(a, torch.Tensor) else repr(a)
                 for a in (*args, *kwargs.values()))
@@ -187,8 +190,9 @@ def kernel_floor(fn, repeats: int = 5, inner: int = 10, device: str = "cpu") -> 
     attention kernels need when each is timed alone at its shapes, in this process, summed over
     the calls. What the step spends above it goes to the small kernels and the framework.
 
-    One run of ``fn`` under a ``TorchDispatchMode`` records every matmul (mm, addmm, bmm, baddbmm)
-    and scaled-dot-product-attention call that reaches the dispatcher, forward and backward, with
+    One run of ``fn`` under a ``TorchDispatchMode`` records every matmul (mm, addmm, bmm, baddbmm;
+    linear, which reaches the mode whole under ``torch.inference_mode``) and
+    scaled-dot-product-attention call that reaches the dispatcher, forward and backward, with
     a copy of its inputs (one per distinct signature: op, shapes, dtypes, strides, arguments);
     each signature is then replayed ``inner`` times in a row, best of ``repeats``, times its count
     (on a GPU, waiting for the kernels: ``device``).

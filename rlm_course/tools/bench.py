@@ -27,9 +27,10 @@ a number remembered from another machine.
   agreement of losses, weights and sampled tokens. Keys: ``train_step``, ``generation``.
 * ``peer``: generation against Hugging Face ``generate`` and a GRPO step against TRL's
   ``GRPOTrainer`` on the same tiny configuration (optional extra ``.[peer]``), each with its FLOP
-  floor at the measured matmul peak, at 1 and 2 threads (1 only on a one-core machine). Keys:
-  ``generation_ratio`` and ``grpo_step_ratio`` (``{threads: course speed / peer speed}``),
-  ``by_threads`` (``{threads: that run's speeds, seconds and floors}``).
+  floor at the measured matmul peak and the course's kernel floor, at 1 and 2 threads (1 only on
+  a one-core machine). Keys: ``generation_ratio`` and ``grpo_step_ratio`` (``{threads: course
+  speed / peer speed}``), ``by_threads`` (``{threads: that run's speeds, seconds, floors and
+  reachable_ratio, the peer's seconds over the course's kernel floor}``).
 * ``collectives``: all-reduce, all-gather, reduce-scatter, broadcast, all-to-all and send/recv on
   2 and 4 real processes from 4 B to 64 MiB: time, algorithm and bus bandwidth (nccl-tests'
   convention), the alpha and beta fitted per collective, and the fitted World's prediction
@@ -510,7 +511,9 @@ def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
     Returns:
         ``{"bench": "peer", "repeats", "threads": [1, 2], "generation_ratio": {"1": x, "2": y},
         "grpo_step_ratio": {...}, "by_threads": {"1": {...}, "2": {...}}}``: a ratio above 1 is
-        the course faster; ``by_threads`` holds each run's speeds, seconds and FLOP floors.
+        the course faster; ``by_threads`` holds each run's speeds, seconds, FLOP and kernel
+        floors, and ``reachable_ratio`` (``{"generation", "grpo_step"}``: the peer's seconds over
+        the course's kernel floor, the largest ratio the course could reach).
 
     * generation: 64 prompts x ``new_tokens`` new tokens with the KV cache, sampled;
     * GRPO step: 8 prompts x 8 samples of 6-digit addition (responses up to 8 tokens), no
@@ -518,10 +521,12 @@ def bench_peer(repeats: int = 5, new_tokens: int = 16) -> dict:
 
     Each row also gives its **FLOP floor**: the course's FLOPs for that work
     (``torch.utils.flop_counter``) at this machine's fp32 matmul peak measured in the same run
-    (:func:`rlm_course.cost.hardware.matmul_peak`): the time that arithmetic alone needs. The
-    peer does the same arithmetic up to its own sampled response lengths and padding, so the
-    floor bounds how much faster either side can become: a ratio to the peer above ``peer /
-    floor`` is out of reach.
+    (:func:`rlm_course.cost.hardware.matmul_peak`): the time that arithmetic alone needs; and its
+    **kernel floor** (:func:`rlm_course.cost.profiling.kernel_floor`): the course's own matmul and
+    attention calls of that work, each timed alone at its shapes. The peer does the same
+    arithmetic up to its own sampled response lengths and padding. The course cannot beat its
+    kernel floor without other arithmetic, so a ratio to the peer above ``peer / kernel floor``
+    (``reachable_ratio``) is out of its reach.
 
     Raises:
         ValueError: if ``transformers``/``trl``/``datasets`` are not installed (the message says how).
@@ -587,25 +592,38 @@ def _bench_peer(repeats: int, new_tokens: int) -> dict:
     peak, _ = matmul_peak()
     floor = {"generation": count_flops(our_generate)[0] / peak,
              "grpo_step": count_flops(trainer.step)[0] / peak}
-    gen_seconds = {k: tokens / v for k, v in gen_speed.items()}
+    kernels = {"generation": kernel_floor(our_generate, repeats=repeats)["seconds"],
+               "grpo_step": kernel_floor(trainer.step, repeats=repeats)["seconds"]}
+    seconds = {"generation": {k: tokens / v for k, v in gen_speed.items()},
+               "grpo_step": step}
     print(f"The course against its peers (threads={threads}, median of {repeats}, alternating); "
-          f"FLOP floor at this machine's matmul peak of {peak / 1e9:.0f} GFLOP/s")
-    print(format_table([
-        [f"generation, {prompts.shape[0]} prompts x {new_tokens} new tokens", "HF generate",
-         f"{gen_seconds['course'] * 1e3:.1f}", f"{gen_seconds['transformers'] * 1e3:.1f}",
-         f"{gen_speed['course'] / gen_speed['transformers']:.2f}x",
-         f"{floor['generation'] * 1e3:.1f}", f"{gen_seconds['course'] / floor['generation']:.1f}x",
-         f"{gen_seconds['transformers'] / floor['generation']:.1f}x"],
-        [f"GRPO step, 8 prompts x 8 samples x <= {task.max_response_len} tokens",
-         "TRL GRPOTrainer", f"{step['course'] * 1e3:.1f}", f"{step['trl'] * 1e3:.1f}",
-         f"{step['trl'] / step['course']:.2f}x", f"{floor['grpo_step'] * 1e3:.1f}",
-         f"{step['course'] / floor['grpo_step']:.1f}x", f"{step['trl'] / floor['grpo_step']:.1f}x"],
-    ], ["what", "peer", "course (ms)", "peer (ms)", "course faster by", "FLOP floor (ms)",
-        "course / floor", "peer / floor"]))
+          f"FLOP floor at this machine's matmul peak of {peak / 1e9:.0f} GFLOP/s; kernel floor: "
+          "the course's own matmul and attention calls timed alone")
+    rows = []
+    for key, what, peer_name, peer_key in (
+            ("generation", f"generation, {prompts.shape[0]} prompts x {new_tokens} new tokens",
+             "HF generate", "transformers"),
+            ("grpo_step", f"GRPO step, 8 prompts x 8 samples x <= {task.max_response_len} tokens",
+             "TRL GRPOTrainer", "trl")):
+        ours, theirs = seconds[key]["course"], seconds[key][peer_key]
+        rows.append([what, peer_name, f"{ours * 1e3:.1f}", f"{theirs * 1e3:.1f}",
+                     f"{theirs / ours:.2f}x", f"{floor[key] * 1e3:.1f}",
+                     f"{kernels[key] * 1e3:.1f}", f"{ours / kernels[key]:.2f}x",
+                     f"{theirs / kernels[key]:.2f}x"])
+    print(format_table(rows, ["what", "peer", "course (ms)", "peer (ms)", "course faster by",
+                              "FLOP floor (ms)", "kernel floor (ms)", "course / kernel floor",
+                              "peer / kernel floor"]))
+    print("The course cannot run below its kernel floor without changing its arithmetic (other "
+          "kernels, precision or shapes), so 'peer / kernel floor' bounds how much faster than "
+          "the peer it can become.")
     return {"threads": threads, "repeats": repeats, "generation_tokens_per_s": gen_speed, "grpo_step_seconds": step,
             "generation_speedup_vs_transformers": gen_speed["course"] / gen_speed["transformers"],
             "grpo_step_speedup_vs_trl": step["trl"] / step["course"],
-            "matmul_peak_flops": peak, "flop_floor_seconds": floor}
+            "matmul_peak_flops": peak, "flop_floor_seconds": floor,
+            "kernel_floor_seconds": kernels,
+            "reachable_ratio": {"generation": seconds["generation"]["transformers"]
+                                / kernels["generation"],
+                                "grpo_step": step["trl"] / kernels["grpo_step"]}}
 
 
 def bench_collectives(repeats: int = 5) -> dict:

@@ -29,6 +29,11 @@ def test_a_forward_pass_records_one_matmul_per_linear_layer_and_one_attention_pe
         floor = kernel_floor(lambda: model(tokens, tokens >= 0), repeats=1, inner=1)
     assert any("scaled_dot_product" in op for op in floor["by_op"])
     assert floor["calls"] == linears + config.n_layer  # the attention: once per block
+    # under inference mode each linear layer reaches the recorder whole (aten::linear, not t and
+    # addmm): the same calls, none lost (generation samples in inference mode)
+    with torch.inference_mode():
+        inference = kernel_floor(lambda: model(tokens, tokens >= 0), repeats=1, inner=1)
+    assert inference["calls"] == floor["calls"] and "aten::linear" in inference["by_op"]
 
 
 def test_a_call_on_a_sliced_view_is_replayed_with_its_strides():
