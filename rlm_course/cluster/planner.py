@@ -23,10 +23,12 @@ seconds on the workload (:class:`~rlm_course.cost.phases.TrainerCost`), the gene
 by :func:`generation_estimate` (waves of mean-length responses, then the longest one alone), and
 only the best two of each are simulated whole (:func:`~rlm_course.cluster.simulator.simulate`, with
 the response lengths rounded to 64 levels): colocated, every mode with the best-ranked layouts,
-then the other layouts in the best mode (offloading the trainer when the rollout's KV cache
-would not fit beside it); disaggregated, first the best layouts in the streaming
-asynchronous mode at the two splits whose pools' estimates balance best, then, at the better
-split, every mode with the best layouts and the other layouts in the best mode.
+then the other layouts in the best mode, each both with the trainer's states resident and
+offloaded to host memory while it generates (more KV cache for a copy each way over the host
+link; offloaded only, when no KV cache fits beside the resident states); disaggregated, first
+the best layouts in the streaming asynchronous mode at the two splits whose pools' estimates
+balance best, then, at the better split, every mode with the best layouts and the other layouts
+in the best mode.
 Every candidate that does not fit memory is kept with its reason, whose fixes are those that
 apply to its layout (:func:`advise`: ZeRO-3/FSDP only where a parameter has more than one
 data-parallel rank, a larger TP or PP only where the pool has room for it). When nothing fits,
@@ -88,6 +90,9 @@ STALENESS_PENALTY = 0.1
 #: The largest price the planner takes: at 1,000 extra steps per version any staleness loses, and
 #: a larger one only overflows the cost (1e308 printed 'infx the cost').
 MAX_STALENESS_PENALTY = 1000.0
+#: The end of a colocated candidate's name whose trainer states go to host memory while it
+#: generates (and come back before training); the same candidate without it keeps them resident.
+OFFLOADED = ", offload while generating"
 
 
 @dataclass
@@ -829,7 +834,7 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
 
     def evaluate(rollout, tp, lay, name, offload=False) -> Candidate:
         label = (f"{pool_label(gpus, rollout)}, generation tp{tp}, trainer {lay.describe()}, "
-                 f"{name}" + (", offload" if offload else ""))
+                 f"{name}" + (OFFLOADED if offload else ""))
         for c in out.candidates:
             if c.name == label:
                 return c
@@ -853,6 +858,13 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             c = Candidate(label, s, simulate(s, length_buckets=length_buckets),
                           staleness_penalty=staleness_penalty)
         out.candidates.append(c)
+        if rollout is None and not offload and c.result is not None:
+            # a hybrid engine may also offload the trainer's states while it generates (veRL's
+            # and NeMo-RL's colocated recipes do): more room for the KV cache, for a copy each
+            # way over the host link; both are ranked, and the faster one leads the search
+            other = evaluate(rollout, tp, lay, name, True)
+            if other.result is not None and other.cost < c.cost:
+                return other
         return c
 
     def search(rollout, names, first_only=False):

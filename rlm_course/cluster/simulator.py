@@ -326,7 +326,7 @@ class Scenario:
                            None if self.placement == "colocated" else self.rollout_gpus)
         return (f"{pools}, generation tp{self.generation_tp} x {self.replicas}, trainer "
                 f"{self.trainer_layout.describe()}, {self.mode.name}"
-                + (", offload" if self.offload_trainer else "")
+                + (", offload while generating" if self.offload_trainer else "")
                 + (", reference on the host" if self.offload_reference else ""))
 
 
