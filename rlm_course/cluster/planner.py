@@ -996,7 +996,9 @@ def where_time_goes(result: SimResult) -> str:
 
 
 def why(candidate: Candidate, best: Candidate) -> str:
-    """Why a candidate loses to ``best``: refused for memory, or slower, and by what."""
+    """Why a candidate loses to ``best``: refused for memory, or slower, and by what: the stage
+    that takes longest beyond the best's same stage (its largest if none does), with both
+    seconds."""
     if candidate.refused:
         return f"does not fit: {candidate.refused}"
     r = candidate.result
@@ -1005,11 +1007,19 @@ def why(candidate: Candidate, best: Candidate) -> str:
         return (f"{slower:.2f}x the cost: {seconds_text(r.step_seconds, 0)} per step at a mean "
                 f"staleness of {r.staleness:.2f} versions (priced at {candidate.staleness_penalty:g} extra "
                 "steps per version)")
-    top, seconds = max(r.stages.items(), key=lambda kv: kv[1])
+    # what it loses by: the stage that takes longest beyond the best's same stage (the largest
+    # stage of a loser can be one it shares with the best: the same trainer in both)
+    stages, theirs = r.stages, best.result.stages
+    excess = {k: v - theirs.get(k, 0.0) for k, v in stages.items()}
+    top = max(excess, key=lambda k: (excess[k], stages[k]))
+    if excess[top] <= 0:  # no stage longer than the best's: its largest
+        top = max(stages, key=stages.get)
+    seconds = stages[top]
     reason = {"generation": "waits for generation", "policy update": "training-bound",
               "critic update": "training-bound", "scoring": "scoring-bound",
               "weight sync": "weight sync", "offload": "offloading"}.get(top, top)
-    where = f"{reason} ({seconds / r.step_seconds:.0%} of its step)"
+    where = (f"{reason} ({top} {seconds_text(seconds, 0)}, {seconds / r.step_seconds:.0%} of its "
+             f"step, against {seconds_text(theirs.get(top, 0.0), 0)} in the best)")
     # the two pay different prices for staleness: the cost ratio is not the steps' ratio
     if abs(candidate.cost / candidate.step - best.cost / best.step) > 0.005:
         return (f"{slower:.2f}x the cost ({seconds_text(r.step_seconds, 0)} per step, "

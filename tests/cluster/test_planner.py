@@ -65,6 +65,28 @@ def test_a_colocated_plan_offloads_the_trainer_while_generating_when_that_is_fas
     assert best.result.stages["offload"] > 0 and "offload" not in resident.result.stages
 
 
+def test_why_a_plan_loses_names_the_stage_it_loses_by_not_the_one_it_shares():
+    """Two plans with the same trainer (its update the largest stage of both): the loser loses by
+    its slower generation, which is what the planner must say."""
+    from types import SimpleNamespace
+
+    from rlm_course.cluster.planner import why
+
+    def candidate(generation, step):
+        stages = {"policy update": 173.0, "generation": generation, "scoring": 86.0}
+        result = SimpleNamespace(stages=stages, step_seconds=step, staleness=1.0)
+        return SimpleNamespace(refused=None, result=result, cost=step * 1.1, step=step,
+                               staleness_penalty=0.1)
+
+    said = why(candidate(120.0, 379.0), candidate(95.0, 353.0))
+    assert said == ("1.07x slower (379 s): waits for generation (generation 120 s, 32% of its "
+                    "step, against 95 s in the best)"), said
+    # a loser longer in no stage (the steps overlap differently): its largest stage
+    said = why(candidate(90.0, 379.0), candidate(95.0, 353.0))
+    assert said.endswith("training-bound (policy update 173 s, 46% of its step, against 173 s in "
+                         "the best)"), said
+
+
 def test_layouts_that_do_not_fit_are_refused_with_their_reason():
     config = algorithm("grpo")
     fits, refused = trainer_layouts(get_spec("llama-3-70b"), config, H100, 8, 4352, 8704)
