@@ -42,14 +42,18 @@ def _plan(args) -> int:
     from rlm_course.cost.hardware import get_device, load_catalog
     from rlm_course.utils import seconds_text, unknown_name
 
-    if args.model not in SPECS:
-        raise ValueError(f"--model: {unknown_name('architecture', args.model, SPECS)}.")
+    try:
+        spec = get_spec(args.model)  # in any case: Qwen2.5-7B is qwen2.5-7b
+    except ValueError:
+        raise ValueError(f"--model: {unknown_name('architecture', args.model, SPECS)}.") from None
     catalog = load_catalog()
-    if args.device not in catalog:
+    try:
+        device = get_device(args.device)
+    except ValueError:
         hint = ("; measure this machine first (python -m rlm_course hardware --measure)"
                 if args.device == "this-machine" else "")
-        raise ValueError(f"--device: {unknown_name('device', args.device, catalog)}{hint}.")
-    spec, device = get_spec(args.model), get_device(args.device)
+        raise ValueError(f"--device: {unknown_name('device', args.device, catalog)}{hint}.") \
+            from None
     if args.max_response is None:  # 16,384, or what the model's window leaves after the prompt
         room = (DEFAULT_MAX_RESPONSE if spec.max_context is None
                 else spec.max_context - args.prompt_len)

@@ -403,14 +403,18 @@ SPECS: dict[str, TransformerSpec] = {
 
 
 def get_spec(name: str) -> TransformerSpec:
-    """A named architecture of :data:`SPECS`.
+    """A named architecture of :data:`SPECS`, the name in any case (``Qwen2.5-7B`` as Hugging
+    Face writes it is ``qwen2.5-7b``).
 
     Raises:
         ValueError: for an unknown name.
     """
     if name not in SPECS:
-        raise ValueError(f"{unknown_name('architecture', name, SPECS)}, or build a "
-                         "TransformerSpec.")
+        same = [key for key in SPECS if isinstance(name, str) and key.lower() == name.lower()]
+        if not same:
+            raise ValueError(f"{unknown_name('architecture', name, SPECS)}, or build a "
+                             "TransformerSpec.")
+        name = same[0]
     return SPECS[name]
 
 

@@ -150,12 +150,15 @@ def load_catalog() -> dict[str, Device]:
 
 
 def get_device(name: str) -> Device:
-    """The catalog's device ``name``.
+    """The catalog's device ``name``, in any case (``h100-sxm-80gb`` is ``H100-SXM-80GB``).
 
     Raises:
         ValueError: for an unknown name (the message lists the known ones).
     """
     devices = load_catalog()
+    if name not in devices:
+        same = [key for key in devices if isinstance(name, str) and key.lower() == name.lower()]
+        name = same[0] if same else name
     if name not in devices:
         hint = (" Measure this machine first: python -m rlm_course hardware --measure."
                 if name == "this-machine" else "")

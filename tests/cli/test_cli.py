@@ -161,6 +161,13 @@ def test_grpo_resume_with_nproc_is_accepted_and_checked(capsys):
     assert "pass only one" in _one_line_error(capsys)
 
 
+def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
+    # Hugging Face writes Llama-3.1-70B; the catalog llama-3.1-70b: no other model differs by case
+    assert main(["plan", "--model", "Llama-3.1-70B", "--gpus", "16", "--device", "h100-sxm-80gb",
+                 "--top", "1"]) == 0
+    assert capsys.readouterr().out.startswith("llama-3.1-70b, grpo, 16 x H100-SXM-80GB: ")
+
+
 @pytest.mark.parametrize("argv, message", [
     # no layout fits: the answer says how many GPUs would (doubling, then whole nodes between)
     (["--model", "deepseek-v3", "--gpus", "16"],
@@ -185,9 +192,8 @@ def test_grpo_resume_with_nproc_is_accepted_and_checked(capsys):
      "that fits is 4 (on 2 the nearest layout misses by 2.4 GB)"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"],
      "--device: unknown device 'TPU9'; choose one of "),
-    # a name in another case, one the user began, a close spelling: the one meant is named
-    (["--model", "Llama-3.1-70B", "--gpus", "8"],
-     "--model: unknown architecture 'Llama-3.1-70B' (did you mean 'llama-3.1-70b'?); choose "),
+    # a name the user began, a close spelling: the one meant is named (a name in another case
+    # is the name: test_plan_takes_a_model_and_a_device_in_any_case)
     (["--model", "qwen3-32", "--gpus", "8"],
      "--model: unknown architecture 'qwen3-32' (did you mean 'qwen3-32b'?); choose "),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "h100"],

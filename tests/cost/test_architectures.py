@@ -80,6 +80,9 @@ def test_inconsistent_specs_raise(kw, match):
     with pytest.raises(ValueError, match="unknown architecture"):
         get_spec("gpt-5")
     assert all(s.source for s in SPECS.values())
+    # Hugging Face's spelling of a name is the catalog's architecture
+    assert get_spec("Qwen2.5-7B") is get_spec("qwen2.5-7b")
+    assert get_spec("DeepSeek-V3") is SPECS["deepseek-v3"]
 
 
 def test_a_budget_past_the_context_window_is_refused_with_the_room_left():

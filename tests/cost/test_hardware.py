@@ -40,6 +40,8 @@ def test_ridge_points_match_the_published_arithmetic():
 def test_unknown_device_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown device 'H1000'.*H100-SXM-80GB"):
         get_device("H1000")
+    # a name in another case is the same device, not an unknown one
+    assert get_device("h100-sxm-80gb") == get_device("H100-SXM-80GB")
 
 
 def test_measuring_this_machine_gives_plausible_figures():
