@@ -261,15 +261,23 @@ def shortfall_gb(reason: str) -> float:
     return need - number(m.group(2))
 
 
+def _activation_gb(reason: str) -> float:
+    """GB per device of activations and logits in a trainer layout's refusal (0 if it names
+    none)."""
+    return sum(float(x.replace(",", "")) for x in
+               re.findall(r"(?:activations|logits) ([\d,.]+)", reason))
+
+
 def advise(reason: str, spec: TransformerSpec, device: Device, devices: int,
            trainer: Layout | None = None, generation_tp: int | None = None) -> str:
     """A refusal of a trainer layout (on a pool of ``devices``) or of a generation replica of
     ``generation_tp`` devices (in a rollout pool of ``devices``), its fixes replaced by those that
     apply to that layout: ZeRO-3/FSDP only where a parameter has more than one data-parallel
     rank (:func:`data_parallel_ranks`), more TP or PP only where the pool has room for a larger
-    model-parallel group the planner tries, a larger generation TP only where one divides the
-    pool and the heads, offloading only what is not offloaded yet; more GPUs or a device with
-    more memory always. A message of another form is returned as it is."""
+    model-parallel group the planner tries and it would shrink the excess (with ZeRO-3 over the
+    whole pool, only the activations: at least half of them must cover it), a larger generation
+    TP only where one divides the pool and the heads, offloading only what is not offloaded yet;
+    more GPUs or a device with more memory always. A message of another form is returned as it is."""
     fixes = []
     if trainer is not None:
         ranks = data_parallel_ranks(spec, trainer)
@@ -277,8 +285,12 @@ def advise(reason: str, spec: TransformerSpec, device: Device, devices: int,
             fixes.append(f"shard the model states over its {ranks} data-parallel ranks with "
                          "ZeRO-3/FSDP")
         group = trainer.tp * trainer.pp
-        if any(t * p > group and devices % (t * p) == 0
-               for t in _trainer_tps(spec, device) for p in _trainer_pps(spec)):
+        # ZeRO-3 over the whole pool already gives each device 1/devices of the model states: a
+        # larger TP or PP group then only splits the activations, a fix when they are the excess
+        sharded = trainer.zero == 3 and trainer.devices == devices
+        if (any(t * p > group and devices % (t * p) == 0
+                for t in _trainer_tps(spec, device) for p in _trainer_pps(spec))
+                and (not sharded or _activation_gb(reason) / 2 >= shortfall_gb(reason))):
             fixes.append(f"split each model copy over more of the {devices} GPUs (raise tp or pp)")
         if not trainer.offload:
             fixes.append("offload the optimizer states to the host")

@@ -450,6 +450,17 @@ def test_advice_applies_to_the_layout_it_names():
         assert expected in advise(str(caught.value), spec, H100, devices, trainer=layout)
         if layout is one:
             assert "ZeRO" not in advise(str(caught.value), spec, H100, devices, trainer=layout)
+    # FSDP over the whole pool already gives a device 1/2 of the states: a larger TP or PP only
+    # splits the activations, which is advice only when half of them cover the excess
+    # (Llama-3.1-70B on 2 GPUs misses by 77 GB, 8 of them activations and logits; Qwen2.5-7B on
+    # 8 at 131,072 tokens by 38 GB, 106 of them activations and logits)
+    for name, devices, seq, advised in (("llama-3.1-70b", 2, 4096, False),
+                                        ("qwen2.5-7b", 8, 131072, True)):
+        fsdp = Layout(dp=devices, zero=3, recompute=True, offload=True, micro_batch_tokens=seq)
+        with pytest.raises(DoesNotFit) as caught:
+            check_training(get_spec(name), fsdp, H100, seq)
+        said = advise(str(caught.value), get_spec(name), H100, devices, trainer=fsdp)
+        assert ("raise tp or pp" in said) is advised, said
     # generation: tp16 on a 16-GPU rollout pool cannot be raised; on 32 GPUs it can
     with pytest.raises(DoesNotFit) as caught:
         kv_slots(spec, 16, H100, 4512, calibrated_rates(H100).memory_fraction)
