@@ -34,7 +34,8 @@ def _plan_flag(key: str) -> str:
 def _plan(args) -> int:
     from rlm_course.cluster.calibration import calibrated_rates, default_family
     from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_group, check_settings,
-                                          fewer_devices, format_plan, linked_gpus, plan,
+                                          fewer_devices, format_plan, half_the_devices,
+                                          linked_gpus, plan,
                                           runnable_modes)
     from rlm_course.cluster.simulator import algorithm
     from rlm_course.cost.anatomy import Workload
@@ -112,6 +113,11 @@ def _plan(args) -> int:
     fewer = fewer_devices(spec, config, workload, device, args.gpus, result, rates=rates,
                           placements=placements, modes=args.modes,
                           staleness_penalty=args.staleness_penalty)
+    # a batch too small for the cluster: half the devices plan nearly the same step
+    half = (half_the_devices(spec, config, workload, device, args.gpus, result, rates=rates,
+                             placements=placements, modes=args.modes,
+                             staleness_penalty=args.staleness_penalty)
+            if fewer is None else None)
     # the budget cuts the tail: the lengths simulated average less than the mean drawn
     capped = workload.mean_response_len
     mean = (f"mean {args.mean_response:,g}" if capped >= 0.99 * args.mean_response else
@@ -136,6 +142,19 @@ def _plan(args) -> int:
               f"{seconds_text(result.best.cost)} above; layouts need degrees that divide the "
               f"pools, and {args.gpus:,} offers fewer of them (plan --gpus {count} shows it in "
               "full; the others could run something else).")
+    if half is not None:
+        count, other = half
+        longer = other.best.cost / result.best.cost - 1
+        priced = (" priced for staleness" if other.best.cost != other.best.step
+                  or result.best.cost != result.best.step else "")
+        print(f"note: half these GPUs plan nearly the same step: {count:,} GPUs, "
+              f"{other.best.name}, {seconds_text(other.best.cost)} per step{priced} against "
+              f"{seconds_text(result.best.cost)} on {args.gpus:,} ("
+              + (f"{longer:.0%} longer" if longer > 0.005 else "no longer")
+              + f"): {responses:,} responses per iteration are too few to "
+              f"keep {args.gpus:,} GPUs busy (the longest response's decode steps and the fixed "
+              "costs do not shrink with more devices); plan a larger batch (--prompts), or use "
+              "fewer GPUs.")
     if args.sensitivity:
         from rlm_course.cluster.planner import sensitivity
         from rlm_course.utils import format_table

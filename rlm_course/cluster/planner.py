@@ -993,6 +993,36 @@ def fewer_devices(spec: TransformerSpec, config: RLConfig, workload: Workload, d
     return None
 
 
+#: How much longer (a share of the step) the plan of half the devices may be for
+#: :func:`half_the_devices` to say so: within it, each GPU of the half does at least 1.6x the work.
+HALF_MARGIN = 0.25
+
+
+def half_the_devices(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device,
+                     gpus: int, result: Plan, rates: Rates | None = None,
+                     **options) -> tuple[int, Plan] | None:
+    """The largest count one provisions at or below ``gpus / 2`` when its best plan costs less
+    than ``1 +`` :data:`HALF_MARGIN` times ``result``'s (the plan of ``gpus``): a batch too small
+    for the cluster, whose step is bound by the longest response's decode steps and by fixed
+    costs, so that doubling the devices barely shortens it. ``options`` go to :func:`plan`.
+
+    Returns:
+        ``(count, its plan)``, or None (also for fewer than 16 GPUs, or when that count fits no
+        plan).
+    """
+    counts = [c for c in _counts_to_try(device, 0, gpus // 2) if c >= 8]
+    if gpus < 16 or not counts or not result.ranked:
+        return None
+    half = max(counts)
+    try:
+        other = plan(spec, config, workload, device, half, rates=rates, **options)
+    except DoesNotFit:
+        return None
+    if other.ranked and other.best.cost < (1 + HALF_MARGIN) * result.best.cost:
+        return half, other
+    return None
+
+
 def _closest(reasons: list[str]) -> str:
     """The refusal that misses by the fewest GB per device (the nearest miss,
     :func:`shortfall_gb`), or the first."""

@@ -665,6 +665,31 @@ def test_a_trainer_never_has_more_data_parallel_ranks_than_sequences_per_step():
         trainer_layouts(spec, grpo, H100, 8, 4096, 8192, max_dp=0)
 
 
+def test_a_batch_too_small_for_the_cluster_is_told_that_half_the_gpus_plan_nearly_as_fast(capsys):
+    """16 prompts x 16 of Qwen2.5-7B on 64 H100s: the step is bound by the longest response and
+    fixed costs, so 32 GPUs plan it within 25%; 512 prompts keep 64 busy (no note)."""
+    from rlm_course.cluster.planner import HALF_MARGIN, Plan, half_the_devices
+
+    assert main(["plan", "--model", "qwen2.5-7b", "--gpus", "64", "--prompts", "16",
+                 "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    note = next(line for line in out.splitlines() if line.startswith("note: "))
+    assert note.startswith("note: half these GPUs plan nearly the same step: 32 GPUs, "), note
+    assert note.endswith("256 responses per iteration are too few to keep 64 GPUs busy (the "
+                         "longest response's decode steps and the fixed costs do not shrink with "
+                         "more devices); plan a larger batch (--prompts), or use fewer GPUs."), note
+    spec, grpo = get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4)
+    small = Workload.long_tailed(16, 16, 512, 4000, 0.8, 16384, seed=0)
+    result = plan(spec, grpo, small, H100, 64)
+    count, half = half_the_devices(spec, grpo, small, H100, 64, result)
+    assert count == 32 and half.best.cost < (1 + HALF_MARGIN) * result.best.cost
+    assert half.best.cost > result.best.cost  # longer, but not by much
+    assert half_the_devices(spec, grpo, small, H100, 8, plan(spec, grpo, small, H100, 8)) is None
+    assert half_the_devices(spec, grpo, WORKLOAD, H100, 64, Plan()) is None  # nothing planned
+    assert main(["plan", "--model", "qwen2.5-7b", "--gpus", "64", "--top", "1"]) == 0
+    assert "note: half these GPUs" not in capsys.readouterr().out
+
+
 def test_a_count_with_few_divisors_is_told_when_the_round_count_below_plans_cheaper(capsys):
     """17 GPUs (a prime) leave only TP 1 and 17-way pools; the 16 under it plan Llama-3.1-8B's
     step about 10% cheaper, and the planner says so; a count one provisions is not re-planned."""
