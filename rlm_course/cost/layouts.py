@@ -179,12 +179,26 @@ def expert_params(spec: TransformerSpec) -> int:
 
 
 def params_per_device(spec: TransformerSpec, layout: Layout) -> tuple[float, float]:
-    """``(dense, expert)`` parameters one device holds before ZeRO: the dense part
-    ``/ (tp x pp)``, the experts ``/ (ep x pp)`` (``/ (tp x pp)`` without EP)."""
+    """``(dense, expert)`` parameters the busiest device holds before ZeRO: its pipeline stage's
+    dense part ``/ tp``, its experts ``/ ep`` (``/ tp`` without EP).
+
+    Without pipeline parallelism the stage is the whole model. With ``pp`` stages, Megatron-LM's
+    default split (``num_layers / pp`` layers a stage; arXiv:2104.04473) gives the heaviest stage
+    ``ceil(n_layer / pp)`` layers plus the larger of the first stage's input embedding (and
+    learned positions) and the last stage's final norm and output head (a copy of the embedding
+    when tied: Megatron keeps one on the last stage to compute the logits). For Qwen3-4B at
+    ``pp = 4``, 9 layers and the 389M-parameter embedding: 1.30B parameters, where an even
+    quarter of the model is 1.01B."""
     experts = expert_params(spec)
-    dense = spec.params() - experts
-    split = layout.ep * layout.pp if layout.ep > 1 else layout.tp * layout.pp
-    return dense / (layout.tp * layout.pp), experts / split
+    split = layout.ep if layout.ep > 1 else layout.tp
+    if layout.pp == 1:
+        return (spec.params() - experts) / layout.tp, experts / split
+    layers = -(-spec.n_layer // layout.pp)
+    routed = spec.n_experts * spec.mlp_params() if spec.is_moe else 0
+    first = spec.vocab_size * spec.d_model + spec.learned_positions * spec.d_model
+    last = spec.vocab_size * spec.d_model + spec._norms() // 2
+    dense = layers * (spec.layer_params() - routed) + max(first, last)
+    return dense / layout.tp, layers * routed / split
 
 
 def model_states(params: float, dp: int, zero: int, offload: bool,
