@@ -101,8 +101,9 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     (relative error below 3e-7) replaces the remaining subtraction. ``x`` is clamped above at
     ``exp_safe_limit(dtype)`` first (:func:`exp_safe_limit`), so that where ``exp`` would
     overflow the estimate stays finite and its gradient is not NaN; below, only at half the
-    dtype's largest value (``x = -100`` gives 99, its gradient 1, as it should; an infinite
-    ``x`` a finite estimate).
+    dtype's largest value (``x = -100`` gives 99, its gradient 1, as it should; so does
+    ``x = -1e20``, whose square would overflow in float32: the series is evaluated only where it
+    is used; an infinite ``x`` a finite estimate).
 
     Args:
         log_probs, ref_log_probs: ``(batch, R)``.

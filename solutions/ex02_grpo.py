@@ -103,8 +103,9 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     (relative error below 3e-7) replaces the remaining subtraction. ``x`` is clamped above at
     ``exp_safe_limit(dtype)`` first (:func:`exp_safe_limit`), so that where ``exp`` would
     overflow the estimate stays finite and its gradient is not NaN; below, only at half the
-    dtype's largest value (``x = -100`` gives 99, its gradient 1, as it should; an infinite
-    ``x`` a finite estimate).
+    dtype's largest value (``x = -100`` gives 99, its gradient 1, as it should; so does
+    ``x = -1e20``, whose square would overflow in float32: the series is evaluated only where it
+    is used; an infinite ``x`` a finite estimate).
 
     Args:
         log_probs, ref_log_probs: ``(batch, R)``.
@@ -114,5 +115,7 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
     """
     x = ref_log_probs - log_probs
     x = x.clamp(-torch.finfo(x.dtype).max / 2, exp_safe_limit(x.dtype))
-    series = x * x * (0.5 + x * (1.0 / 6 + x * (1.0 / 24 + x / 120)))
-    return torch.where(x.abs() < 0.1, series, (torch.expm1(x) - x).clamp(min=0.0))
+    small = x.abs() < 0.1
+    xs = torch.where(small, x, 0.0)  # the series where it is used: elsewhere x^2 can overflow
+    series = xs * xs * (0.5 + xs * (1.0 / 6 + xs * (1.0 / 24 + xs / 120)))
+    return torch.where(small, series, (torch.expm1(x) - x).clamp(min=0.0))

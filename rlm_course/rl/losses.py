@@ -161,7 +161,8 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
     Args:
         log_probs, old_log_probs: ``(batch, R)``; advantages: ``(batch,)`` or ``(batch, R)``
             (a sequence ratio needs ``(batch,)``); response_mask: ``(batch, R)``;
-            weights: ``(batch, R)`` or None (all ones).
+            weights: ``(batch, R)`` or None (all ones). ``old_log_probs`` and ``weights`` get
+            no gradient.
 
     Returns:
         ``(loss, clipped)``: the scalar loss and a ``(batch, R)`` bool tensor, True on the tokens
@@ -175,6 +176,10 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
     clip_high = clip_low if clip_high is None else clip_high
     check_same_shape(log_probs, response_mask, "policy_loss", "log_probs")
     check_same_shape(old_log_probs, response_mask, "policy_loss", "old_log_probs")
+    if weights is not None:  # (batch,) would broadcast over the tokens, not the responses
+        check_same_shape(weights, response_mask, "policy_loss", "weights")
+    # the old (or proximal) policy is the trust region's centre: no gradient through it
+    old_log_probs = old_log_probs.detach()
     if tuple(advantages.shape) not in ((log_probs.shape[0],), tuple(log_probs.shape)):
         raise ValueError(f"policy_loss: advantages {tuple(advantages.shape)} must be (batch,) "
                          f"= ({log_probs.shape[0]},) or (batch, R) = {tuple(log_probs.shape)}.")

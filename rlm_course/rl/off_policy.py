@@ -33,9 +33,9 @@ name          per-token weight (``c`` = ``cap``)                           sourc
 ``mis``       ``w_t`` if ``w_t <= c`` else 0: the token is masked          AReaL's code
                                                                            (behav_imp_weight_cap);
                                                                            TRL token_mask
-``seq-tis``   ``min(W_i, c)``, ``W_i = prod_t w_t`` over response ``i``    TRL sequence_truncate
-``seq-mis``   ``W_i`` if ``W_i <= c`` else 0: the response is masked      TRL sequence_mask;
+``seq-tis``   ``min(W_i, c)``, ``W_i = prod_t w_t`` over response ``i``    TRL sequence_truncate;
                                                                            verl rollout_is sequence
+``seq-mis``   ``W_i`` if ``W_i <= c`` else 0: the response is masked      TRL sequence_mask
 ============  ===========================================================  =========================
 
 Truncation keeps every token but biases the weight of the rare ones down (a token above the cap

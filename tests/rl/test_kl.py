@@ -43,7 +43,10 @@ def test_k3_hand_example_for_nearly_equal_policies():
 def test_k3_is_exact_for_a_large_negative_log_ratio_and_keeps_its_gradient(dtype):
     # x = log rho = -100: k3 = e^-100 + 100 - 1 = 99 (the two-sided clamp made it 86.7, or 9.1
     # in float16, with gradient 0); d k3 / d log_probs = 1 - e^x = 1
-    for x, want in ((-100.0, 99.0), (-15.0, 14.0)):
+    # x = -1e20 (float32; its square overflows): k3 = 1e20 - 1, the gradient still 1 (the series
+    # branch, evaluated everywhere, made it NaN)
+    cases = ((-100.0, 99.0), (-15.0, 14.0)) + (((-1e20, 1e20),) if dtype == torch.float32 else ())
+    for x, want in cases:
         lp = torch.zeros(1, 1, dtype=dtype, requires_grad=True)
         value = kl.kl_k3(lp, torch.full((1, 1), x, dtype=dtype))
         assert value.item() == pytest.approx(want, rel=1e-2)

@@ -160,6 +160,23 @@ def test_on_policy_loss_is_zero_but_its_gradient_is_the_policy_gradient():
     assert not clipped.any()
 
 
+def test_policy_loss_refuses_per_response_weights_and_passes_no_gradient_to_the_old_policy():
+    # weights of shape (batch,) with batch == R would broadcast over the tokens: refused
+    logp = torch.zeros(3, 3, requires_grad=True)
+    adv, mask = torch.tensor([1.0, 2.0, 3.0]), torch.ones(3, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="weights"):
+        losses.policy_loss(logp, logp.detach(), adv, mask, weights=torch.tensor([0.0, 1.0, 2.0]))
+    # per token, the same weights per response: -mean_i(w_i A_i) = -(0 + 2 + 6) / 3
+    w = torch.tensor([0.0, 1.0, 2.0])[:, None].expand(3, 3)
+    loss, _ = losses.policy_loss(logp, logp.detach(), adv, mask, weights=w)
+    assert loss.item() == pytest.approx(-8 / 3)
+    # a proximal policy still attached to a graph is the trust region's centre, not a parameter
+    old = torch.zeros(3, 3, requires_grad=True)
+    loss, _ = losses.policy_loss(logp, old, adv, mask)
+    loss.backward()
+    assert old.grad is None and logp.grad is not None
+
+
 def test_policy_loss_sequence_ratio_hand_example():
     # one response of 2 tokens with log-ratios ln 2 and 0: sequence ratio sqrt(2) = 1.414
     lp = torch.log(torch.tensor([[0.5, 0.5, 0.3]]))
