@@ -58,8 +58,8 @@ from rlm_course.algorithms import RLConfig
 from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
 from rlm_course.utils import check_kinds, is_real, seconds_text
-from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, Scenario, SimResult, memory_plan,
-                                          pool_label, sequences_per_step, simulate)
+from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, OFFLOADED, Scenario, SimResult,
+                                          memory_plan, pool_label, sequences_per_step, simulate)
 
 GB = 1e9
 #: The largest cluster the planner searches (chapter 14 validates the simulator up to here).
@@ -90,9 +90,6 @@ STALENESS_PENALTY = 0.1
 #: The largest price the planner takes: at 1,000 extra steps per version any staleness loses, and
 #: a larger one only overflows the cost (1e308 printed 'infx the cost').
 MAX_STALENESS_PENALTY = 1000.0
-#: The end of a colocated candidate's name whose trainer states go to host memory while it
-#: generates (and come back before training); the same candidate without it keeps them resident.
-OFFLOADED = ", offload while generating"
 
 
 @dataclass
@@ -277,7 +274,8 @@ def advise(reason: str, spec: TransformerSpec, device: Device, devices: int,
     model-parallel group the planner tries and it would shrink the excess (with ZeRO-3 over the
     whole pool, only the activations: at least half of them must cover it), a larger generation
     TP only where one divides the pool and the heads, offloading only what is not offloaded yet;
-    more GPUs or a device with more memory always. A message of another form is returned as it is."""
+    more GPUs or a device with more memory always. A message of another form is returned as it
+    is."""
     fixes = []
     if trainer is not None:
         ranks = data_parallel_ranks(spec, trainer)

@@ -103,6 +103,9 @@ from rlm_course.cost.phases import (Cluster, DecodeCost, Rates, TrainerCost, off
 #: The deepest staleness a Mode takes (versions): a pipeline that deep already holds 65 batches;
 #: the simulation warms up over 2 (eta + 1) iterations.
 MAX_STALENESS = 64
+#: The end of a colocated scenario's (and plan's) name whose trainer states go to host memory
+#: while it generates and come back before training (``Scenario.offload_trainer``).
+OFFLOADED = ", offload while generating"
 
 
 @dataclass(frozen=True)
@@ -326,7 +329,7 @@ class Scenario:
                            None if self.placement == "colocated" else self.rollout_gpus)
         return (f"{pools}, generation tp{self.generation_tp} x {self.replicas}, trainer "
                 f"{self.trainer_layout.describe()}, {self.mode.name}"
-                + (", offload while generating" if self.offload_trainer else "")
+                + (OFFLOADED if self.offload_trainer else "")
                 + (", reference on the host" if self.offload_reference else ""))
 
 
