@@ -49,7 +49,9 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
                          bandwidth_efficiency: float = 0.7) -> tuple[int, dict[int, float]]:
     """The tensor-parallel degree for generation replicas on ``gpus`` devices decoding
     ``sequences`` sequences of ``tokens_per_sequence`` tokens: among ``candidates`` that divide
-    ``gpus`` and the heads, the one whose rollout takes least time, estimated as
+    ``gpus`` and that the model allows (:meth:`~rlm_course.cost.architectures.TransformerSpec.
+    check_degree`: dividing the heads, whole KV heads a rank), the one whose rollout takes least
+    time, estimated as
 
         waves x steps x step_seconds(sequences per wave, at mid-sequence context)
 
@@ -65,8 +67,8 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
         DoesNotFit: if no candidate fits.
     """
     estimates: dict[int, float] = {}
-    # TODO: for each candidate tp (skip those not dividing gpus or the heads): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest
-    raise NotImplementedError('not implemented yet: for each candidate tp (skip those not dividing gpus or the heads): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest')
+    # TODO: for each candidate tp (skip those not dividing gpus, or that the model refuses: spec.allows("tp", tp)): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest
+    raise NotImplementedError('not implemented yet: for each candidate tp (skip those not dividing gpus, or that the model refuses: spec.allows("tp", tp)): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest')
     if not estimates:
         raise DoesNotFit(f"no generation tp in {tuple(candidates)} fits {spec.name} on {gpus} x "
                          f"{device.name}; use more devices per replica or a larger device.")

@@ -48,7 +48,9 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
                          bandwidth_efficiency: float = 0.7) -> tuple[int, dict[int, float]]:
     """The tensor-parallel degree for generation replicas on ``gpus`` devices decoding
     ``sequences`` sequences of ``tokens_per_sequence`` tokens: among ``candidates`` that divide
-    ``gpus`` and the heads, the one whose rollout takes least time, estimated as
+    ``gpus`` and that the model allows (:meth:`~rlm_course.cost.architectures.TransformerSpec.
+    check_degree`: dividing the heads, whole KV heads a rank), the one whose rollout takes least
+    time, estimated as
 
         waves x steps x step_seconds(sequences per wave, at mid-sequence context)
 
@@ -65,7 +67,7 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
     """
     estimates: dict[int, float] = {}
     for tp in candidates:
-        if gpus % tp or spec.n_head % tp:
+        if gpus % tp or not spec.allows("tp", tp):  # the heads, and whole KV heads a rank
             continue
         try:
             slots = kv_slots(spec, tp, device, tokens_per_sequence, memory_fraction)

@@ -147,7 +147,7 @@ def _divisors(n: int, options) -> list[int]:
 
 
 def _trainer_tps(spec: TransformerSpec, device: Device) -> list[int]:
-    return [t for t in (1, 2, 4, 8) if t <= device.devices_per_node and spec.n_head % t == 0]
+    return [t for t in (1, 2, 4, 8) if t <= device.devices_per_node and spec.allows("tp", t)]
 
 
 def _trainer_pps(spec: TransformerSpec) -> list[int]:
@@ -155,7 +155,7 @@ def _trainer_pps(spec: TransformerSpec) -> list[int]:
 
 
 def _generation_tps(spec: TransformerSpec, devices: int) -> list[int]:
-    return [t for t in (1, 2, 4, 8, 16, 32) if devices % t == 0 and spec.n_head % t == 0]
+    return [t for t in (1, 2, 4, 8, 16, 32) if devices % t == 0 and spec.allows("tp", t)]
 
 
 def data_parallel_ranks(spec: TransformerSpec, layout: Layout) -> int:

@@ -159,6 +159,15 @@ class TransformerSpec:
             raise ValueError(f"ep={degree}: {self.name} has {self.n_experts} expert(s); expert "
                              "parallelism needs an MoE model and a degree dividing its experts.")
 
+    def allows(self, axis: str, degree: int) -> bool:
+        """Whether :meth:`check_degree` accepts ``degree`` on ``axis`` (for a search that skips
+        the degrees a model refuses)."""
+        try:
+            self.check_degree(axis, degree)
+        except ValueError:
+            return False
+        return True
+
     def check_context(self, prompt_len: int, response_len: int, name=None) -> None:
         """Check that a ``prompt_len``-token prompt and a ``response_len``-token response budget
         fit the model's context window (:attr:`max_context`; tokens): a released model does not

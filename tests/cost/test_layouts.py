@@ -64,6 +64,15 @@ def test_kv_slots_and_the_generation_tp_choice():
     inside = comm.decode_tp_comm(spec70, 8, 64, fabric.link(8), in_node=True).seconds
     across = comm.decode_tp_comm(spec70, 16, 64, fabric.link(16)).seconds
     assert across > 5 * inside
+    # 12 query heads, 6 KV heads: tp 4 divides the heads but would split the KV heads 1.5 a rank;
+    # the choice skips it (it used to reach the step's check and raise) and keeps 1 and 2
+    from rlm_course.cost.architectures import TransformerSpec
+
+    odd = TransformerSpec(name="odd", n_layer=4, d_model=768, n_head=12, d_ff=3072,
+                          vocab_size=1000, n_kv_head=6)
+    assert [odd.allows("tp", t) for t in (1, 2, 4, 8, 12)] == [True, True, False, False, True]
+    _, odd_times = choose_generation_tp(odd, H100, 8, 64, 512, link)
+    assert set(odd_times) == {1, 2}
 
 
 def test_without_sequence_parallelism_tp_splits_only_its_matmuls_activations():
