@@ -13,11 +13,13 @@ from rlm_course.algorithms import PRESETS
 def _systems(args) -> int:
     from rlm_course.systems.experiments import run_and_store
 
-    if args.store and args.runs_dir is not None and args.experiment != "async":
+    from rlm_course.systems.experiments import RUN_FOLDERS
+
+    if args.store and args.runs_dir is not None and args.experiment not in RUN_FOLDERS:
         raise ValueError("--store and --runs-dir: give one (--store replaces the stored "
                          "data/experiments/ file the notebooks read; --runs-dir writes elsewhere; "
-                         "only the async experiment, whose run folders go to --runs-dir, takes "
-                         "both).")
+                         "only the async and mismatch experiments, whose run folders go to "
+                         "--runs-dir, take both).")
     return run_and_store(args.experiment, steps=args.steps, repeats=args.repeats, seed=args.seed,
                          progress=not args.no_progress, store=args.store,
                          runs_dir=args.runs_dir or "runs/systems")
@@ -224,9 +226,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="replace the stored data/experiments/systems-<experiment>.json that the "
                         "notebooks read (default: write to --runs-dir)")
     p.add_argument("--runs-dir", default=None,
-                   help="folder of the results file when not --store, and of the async "
-                        "experiment's run folders (<runs-dir>/systems-async/<run>/) either way "
-                        "(default runs/systems)")
+                   help="folder of the results file when not --store, and of the async and "
+                        "mismatch experiments' run folders (<runs-dir>/systems-<experiment>/<run>/, "
+                        "replaced by a new run) either way (default runs/systems)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_systems)
 

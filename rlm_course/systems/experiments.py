@@ -271,13 +271,18 @@ def check_flags(name: str, steps: int | None = None, repeats: int | None = None,
             raise ValueError(f"--seed {value}: seeds are integers in [0, 2**63 - 1).")
 
 
+#: The experiments whose training runs keep a folder each (under ``<runs dir>/systems-<name>/``).
+RUN_FOLDERS = ("async", "mismatch")
+
+
 def run_and_store(name: str, steps: int | None = None, repeats: int | None = None,
                   seed: int | None = None, progress: bool = True, store: bool = False,
                   runs_dir: str | Path = "runs/systems") -> int:
     """Run experiment ``name`` and write its results (``python -m rlm_course systems <name>``;
     see the module docstring): to ``runs_dir/systems-<name>.json``, or, with ``store``, to the
-    stored file the notebooks read (:func:`experiment_path`). The async experiment's run folders
-    (metrics and checkpoint of each run) go to ``runs_dir/systems-async/<run>/`` either way.
+    stored file the notebooks read (:func:`experiment_path`). The run folders of the async and
+    mismatch experiments (metrics and checkpoint of each run, :data:`RUN_FOLDERS`) go to
+    ``runs_dir/systems-<name>/<run>/`` either way.
     ``steps``, ``repeats``, ``seed``: see :data:`FLAGS` (None: the experiment's default).
 
     Raises:
@@ -289,7 +294,7 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
     check_flags(name, steps, repeats, seed)
     out = result_path(experiment_path(name), store, runs_dir)
     ensure_writable_folder(out.parent, "--runs-dir" if not store else "data folder")
-    if name == "async" and store:
+    if name in RUN_FOLDERS and store:
         ensure_writable_folder(runs_dir, "--runs-dir")
     given = {"steps": steps, "repeats": repeats, "seed": seed}
     command = "python -m rlm_course systems " + name + "".join(
@@ -302,7 +307,8 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
 
         first = seed or 0
         result = mismatch_experiment(steps=steps or 60, seeds=(first, first + 1),
-                                     progress=progress)
+                                     progress=progress,
+                                     runs_dir=Path(runs_dir) / "systems-mismatch")
         return _store(out, result, command, machine, started, store)
     start_ray()
     try:

@@ -140,9 +140,11 @@ RUN_FLAGS = ("--task", "scratchpad", "--prompts-per-step", "16", "--group-size",
 
 
 def learning_runs(seeds: list[int], steps: int, runs=LEARNING_RUNS,
-                  runs_dir: str | Path = "runs/systems-mismatch", progress: bool = True) -> list:
+                  runs_dir: str | Path = "runs/systems/systems-mismatch",
+                  progress: bool = True) -> list:
     """GRPO runs of :data:`LEARNING_RUNS` x ``seeds``, each in its own process through the
-    command line (``python -m rlm_course grpo`` with :data:`RUN_FLAGS`).
+    command line (``python -m rlm_course grpo`` with :data:`RUN_FLAGS`), each in its folder
+    ``runs_dir/<precision>-<correction>-seed<seed>/`` (replaced by a new run of the same name).
 
     Returns:
         per run ``{"precision", "correction", "seed", "command", "accuracy_before",
@@ -171,7 +173,8 @@ def learning_runs(seeds: list[int], steps: int, runs=LEARNING_RUNS,
                                      "--overwrite", "--no-progress"], Path(runs_dir) / name)
         out.append({
             "precision": precision, "correction": correction, "seed": seed,
-            "command": "python -m rlm_course grpo " + " ".join(flags),
+            "command": "python -m rlm_course grpo " + " ".join(flags)
+                       + f" --out {runs_dir} --name {name} --overwrite",
             "accuracy_before": summary["accuracy_before"],
             "accuracy_after": summary["accuracy_after"],
             "eval_curve": [[r["step"], r["accuracy_eval"]] for r in rows if "accuracy_eval" in r],
@@ -183,9 +186,11 @@ def learning_runs(seeds: list[int], steps: int, runs=LEARNING_RUNS,
     return out
 
 
-def mismatch_experiment(steps: int = 60, seeds=(0, 1), progress: bool = True) -> dict:
+def mismatch_experiment(steps: int = 60, seeds=(0, 1), progress: bool = True,
+                        runs_dir: str | Path = "runs/systems/systems-mismatch") -> dict:
     """:func:`measure_mismatch` on the scratchpad task's SFT warm start, then
-    :func:`learning_runs` (``steps`` each, ``seeds``); what ``systems mismatch`` stores."""
+    :func:`learning_runs` (``steps`` each, ``seeds``, their run folders in ``runs_dir``); what
+    ``systems mismatch`` stores."""
     from rlm_course.lm.checkpoint import load_checkpoint
     from rlm_course.lm.tokenizer import CharTokenizer
     from rlm_course.rl.runs import default_sft_checkpoint
@@ -194,7 +199,7 @@ def mismatch_experiment(steps: int = 60, seeds=(0, 1), progress: bool = True) ->
     task = get_task("scratchpad")
     model = load_checkpoint(default_sft_checkpoint(task))["model"]
     measured = measure_mismatch(model, task, CharTokenizer())
-    runs = learning_runs(list(seeds), steps, progress=progress)
+    runs = learning_runs(list(seeds), steps, runs_dir=runs_dir, progress=progress)
     threads = os.environ.get("OMP_NUM_THREADS")
     return {"task": task.key, "measured": measured, "runs": runs, "steps": steps,
             "seeds": list(seeds), "threads": threads}

@@ -3,6 +3,7 @@ before any work, and a run writes to the runs folder unless ``--store`` asks it 
 stored result the notebooks read."""
 
 import json
+from pathlib import Path
 
 import pytest
 from rlm_course.cli import main
@@ -46,16 +47,18 @@ def test_a_run_writes_to_the_runs_folder_and_leaves_the_stored_result(tmp_path, 
     monkeypatch.setenv("RLM_COURSE_DATA", str(tmp_path / "data"))
     calls = []
     monkeypatch.setattr(mismatch, "mismatch_experiment",
-                        lambda steps, seeds, progress: calls.append((steps, seeds)) or {"ran": 1})
+                        lambda steps, seeds, progress, runs_dir:
+                        calls.append((steps, seeds, runs_dir)) or {"ran": 1})
     runs = tmp_path / "runs"
     assert main(["systems", "mismatch", "--steps", "3", "--runs-dir", str(runs)]) == 0
-    assert calls == [(3, (0, 1))]
+    # its learning runs' folders go under --runs-dir too, never to the working folder's runs/
+    assert calls == [(3, (0, 1), runs / "systems-mismatch")]
     written = json.loads((runs / "systems-mismatch.json").read_text())
     assert written["ran"] == 1 and written["command"] == "python -m rlm_course systems mismatch --steps 3"
     assert json.loads(stored.read_text()) == {"stored": True}  # untouched
     assert "add --store to replace it" in capsys.readouterr().out
     assert main(["systems", "mismatch", "--steps", "3", "--seed", "4", "--store"]) == 0
-    assert calls[-1] == (3, (4, 5))
+    assert calls[-1] == (3, (4, 5), Path("runs/systems/systems-mismatch"))
     replaced = json.loads(stored.read_text())
     assert replaced["command"] == "python -m rlm_course systems mismatch --seed 4 --steps 3 --store"
 
