@@ -326,11 +326,15 @@ def _run_colocated(controller, task, config, pipe, checkpoint, run_dir, result, 
     start = time.perf_counter()
     bar = _bar(progress, config.steps, "colocated sync RL")
     for step in range(1, config.steps + 1):
+        began = time.perf_counter()
         batches = controller.call(workers, RLWorker.generate, step, what=f"generating step {step}")
+        generation = time.perf_counter() - began
         outs = controller.call(workers, RLWorker.train, per_worker=[{"batch": b} for b in batches],
                                what=f"training step {step}")
         controller.call(workers, RLWorker.handover, what="handing the weights over")
         merged = _merge_metrics(outs)
+        # the trainers got their batches from the generate call: its seconds are the stage's
+        merged["seconds_generation"] = generation
         if merged.pop("checkpoint", None):
             state["checkpoint"] = step
         _record_step(result, step, merged, pipe.eta, run_dir)
@@ -338,9 +342,16 @@ def _run_colocated(controller, task, config, pipe, checkpoint, run_dir, result, 
     _finish(controller, result, origin, start, bar)
 
 
+#: Metrics that count what each data-parallel worker did: the whole step's is their sum.
+SUMMED_METRICS = ("tokens", "tokens_generated", "responses_generated", "responses_trained",
+                  "groups_with_signal")
+
+
 def _merge_metrics(outs: list[dict]) -> dict:
-    """One row from the data-parallel workers' rows: lists and token counts joined, other
-    numbers averaged."""
+    """One row from the data-parallel workers' rows: lists joined; counts
+    (:data:`SUMMED_METRICS`) summed; maxima, the batch's columns and the seconds of a stage
+    (the workers run it side by side: it lasts as long as the slowest) the largest; minima the
+    smallest; other numbers (means, rates, losses) averaged."""
     merged = {}
     for key in outs[0]:
         values = [o[key] for o in outs]
@@ -351,10 +362,17 @@ def _merge_metrics(outs: list[dict]) -> dict:
             for v in values:
                 for k, c in v.items():
                     merged[key][k] = merged[key].get(k, 0) + c
-        elif key in ("tokens", "checkpoint"):
-            merged[key] = sum(values) if key == "tokens" else any(values)
+        elif key == "checkpoint":
+            merged[key] = any(values)
         elif all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values):
-            merged[key] = max(values) if key.endswith("_max") else sum(values) / len(values)
+            if key in SUMMED_METRICS:
+                merged[key] = sum(values)
+            elif key.endswith(("_max", "_columns")) or key.startswith("seconds_"):
+                merged[key] = max(values)
+            elif key.endswith("_min"):
+                merged[key] = min(values)
+            else:
+                merged[key] = sum(values) / len(values)
         else:
             merged[key] = values[0]
     return merged

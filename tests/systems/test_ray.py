@@ -165,6 +165,21 @@ def test_colocated_data_parallel_refuses_what_equal_weight_averaging_gets_wrong(
     check_colocated_data_parallel(preset("dapo"), 1)  # one worker is the one-process algorithm
 
 
+def test_the_workers_rows_merge_counts_by_sum_and_stages_by_the_slowest():
+    from rlm_course.systems.pipelines import _merge_metrics
+
+    rows = [{"tokens_generated": 1753, "responses_trained": 64, "seconds_training": 0.6,
+             "reward_mean": 0.25, "weight_max": 1.5, "head_version_min": 3, "prompt_columns": 12,
+             "response_lengths": [1, 2], "checkpoint": False},
+            {"tokens_generated": 1754, "responses_trained": 64, "seconds_training": 0.7,
+             "reward_mean": 0.75, "weight_max": 1.0, "head_version_min": 2, "prompt_columns": 14,
+             "response_lengths": [3], "checkpoint": True}]
+    assert _merge_metrics(rows) == {
+        "tokens_generated": 3507, "responses_trained": 128, "seconds_training": 0.7,
+        "reward_mean": 0.5, "weight_max": 1.5, "head_version_min": 2, "prompt_columns": 14,
+        "response_lengths": [1, 2, 3], "checkpoint": True}
+
+
 def test_colocated_data_parallel_workers_stay_identical_and_fusion_keeps_early_responses():
     from rlm_course.systems.pipelines import fusion_experiment
 
@@ -175,6 +190,12 @@ def test_colocated_data_parallel_workers_stay_identical_and_fusion_keeps_early_r
                               evaluate=False)
         a, b = c.call(c.workers, RLWorker.policy_state)
         assert all(torch.equal(a[k], b[k]) for k in a)  # averaged gradients: one model
+        # a step's row counts what both workers did: the whole batch, in whole tokens
+        config = small_config(steps=2)
+        for row in result.steps:
+            assert row["responses_trained"] == config.prompts_per_step * config.group_size
+            assert row["tokens_generated"] == int(row["tokens_generated"]) > 0
+            assert row["seconds_generation"] > 0
         assert any(e.stage == "sync" and e.detail.get("in_process") for e in result.events)
         with pytest.raises(ValueError, match="colocated"):
             run_pipeline(c, TASK, small_config(), PipelineConfig(eta=1), CHECKPOINT)
