@@ -339,12 +339,68 @@ def run_and_store(name: str, steps: int | None = None, repeats: int | None = Non
     return _store(out, result, command, machine, started, store)
 
 
+def summarize(name: str, result: dict) -> str:
+    """What a learner reads of experiment ``name``'s ``result`` (the dict ``systems <name>``
+    writes): a short table of its measured figures, beside their predictions where it has them."""
+    from statistics import median
+
+    from rlm_course.utils import format_table
+
+    if name == "weight-sync":
+        link = result["link"]
+        rows = [[r["d_model"], f"{r['bytes'] / 1e6:,.2f}",
+                 "whole" if r["bucket_bytes"] is None else f"{r['bucket_bytes'] / 2**20:g} MiB",
+                 r["messages"], f"{r['seconds'] * 1e3:,.2f}", f"{r['predicted'] * 1e3:,.2f}",
+                 f"{r['ratio']:.2f}", "yes" if r["identical"] else "NO"]
+                for r in result["rows"]]
+        return (f"link fitted on the workers: alpha {link['alpha'] * 1e6:,.0f} us, beta "
+                f"{link['beta'] / 1e9:,.2f} GB/s\n" + format_table(
+                    rows, ["d_model", "MB", "bucket", "messages", "ms", "predicted ms",
+                           "measured / predicted", "same weights"]))
+    if name == "reshard":
+        measured, predicted = result["measured"], result["predicted"]
+        rows = [[way, f"{max(measured[way]['received_bytes']) / 1e6:,.2f}",
+                 f"{predicted[way]['received_bytes'] / 1e6:,.2f}",
+                 f"{max(measured[way]['peak_bytes']) / 1e6:,.2f}",
+                 f"{predicted[way]['peak_bytes'] / 1e6:,.2f}"] for way in ("naive", "hybridflow")]
+        return (f"tp {result['tp']} -> generation tp {result['tp_gen']}, bytes per rank\n"
+                + format_table(rows, ["reshard", "received MB", "predicted", "peak MB",
+                                      "predicted"]))
+    if name == "async":
+        runs = result["runs"]
+        base = next((r["tokens_per_second"] for n, r in runs.items() if "eta=0" in n), None)
+        rows = [[n, f"{r['seconds']:,.1f}", f"{r['tokens_per_second']:,.0f}",
+                 f"{r['tokens_per_second'] / base:.2f}x" if base else "-", r["max_staleness"]]
+                for n, r in runs.items()]
+        return format_table(rows, ["run", "seconds", "trained tokens/s",
+                                   "vs disaggregated sync", "max staleness"])
+    if name == "fusion":
+        return (f"unfused {median(result['unfused_seconds']):.2f} s, fused "
+                f"{median(result['fused_seconds']):.2f} s a step (medians of "
+                f"{len(result['fused_seconds'])}): stage fusion {result['gain']:.2f}x; the "
+                f"early responses the same: {'yes' if result['same_early_rows'] else 'NO'}")
+    if name == "mismatch":
+        kl = ", ".join(f"{p} {m['stats']['behaviour_kl']:.2g}"
+                       for p, m in result["measured"].items())
+        rows = [[r["precision"], r["correction"], r["seed"], f"{r['accuracy_before']:.1%}",
+                 f"{r['accuracy_after']:.1%}"] for r in result["runs"]]
+        return (f"behaviour KL per token of the engine's rollouts: {kl}\n"
+                + format_table(rows, ["rollout", "correction", "seed", "accuracy before",
+                                      "after"]))
+    return ""
+
+
 def _store(path: Path, result: dict, command: str, machine: dict, started: float,
            store: bool) -> int:
     from rlm_course.utils import atomic_write_json
 
     result.update(command=command, machine=machine, seconds=round(time.time() - started, 1))
     atomic_write_json(path, result)
+    name = path.stem.removeprefix("systems-")
+    try:
+        print(summarize(name, result))
+    except KeyError:  # a result without its usual figures: written, nothing to show
+        pass
     print(f"wrote {path} ({result['seconds']:.0f} s)")
     if not store:
         print(f"(the notebooks read {experiment_path(path.stem.removeprefix('systems-'))}; add "

@@ -76,3 +76,22 @@ def test_the_readme_scratchpad_line_quotes_the_stored_runs_of_its_command():
             assert flag in run["command"].split(), (flag, run["command"])
         assert f"{run['accuracy_after']:.1%}".replace(".0%", "%") in claim
     assert f"{plain[0]['accuracy_before']:.0%} ->" in claim
+
+
+def test_each_experiment_prints_its_figures_beside_their_predictions():
+    """What `systems <name>` prints before the path, from the stored results: the async runs'
+    throughput against the disaggregated synchronous run, the sync's measured/predicted ratio."""
+    runs = experiments.load_experiment("async")["runs"]
+    text = experiments.summarize("async", experiments.load_experiment("async"))
+    base = runs["disaggregated sync (eta=0)"]["tokens_per_second"]
+    for name, run in runs.items():
+        line = next(l for l in text.splitlines() if l.startswith(name))
+        assert f"{run['tokens_per_second'] / base:.2f}x" in line, line
+    sync = experiments.load_experiment("weight-sync")
+    text = experiments.summarize("weight-sync", sync)
+    assert text.startswith("link fitted on the workers: alpha ")
+    assert all(f"{r['ratio']:.2f}" in text for r in sync["rows"])
+    for name in ("reshard", "fusion", "mismatch"):
+        assert experiments.summarize(name, experiments.load_experiment(name))
+    fusion = experiments.load_experiment("fusion")
+    assert f"stage fusion {fusion['gain']:.2f}x" in experiments.summarize("fusion", fusion)
