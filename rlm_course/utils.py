@@ -18,6 +18,11 @@ import numpy as np
 import torch
 
 
+class Note(UserWarning):
+    """A warning about how a run will go, not about its results (e.g. more ranks than cores):
+    the command line prints it as one ``Note:`` line."""
+
+
 def cores() -> int:
     """CPU cores this process may run on (its affinity mask where the OS tells it)."""
     try:

@@ -10,9 +10,11 @@ imports nothing heavy: torch and the training code are imported by the command t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
+import warnings
 
 from rlm_course.cli import cluster, tools, train
 
@@ -73,6 +75,33 @@ def main(argv: list[str] | None = None) -> int:
         commands(parser)[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if args.debug or os.environ.get("RLM_COURSE_DEBUG", "") not in ("", "0"):
         return args.func(args)
+    with _notes_as_lines():
+        return _run(args)
+
+
+@contextlib.contextmanager
+def _notes_as_lines():
+    """Print the course's notes (:class:`rlm_course.utils.Note` warnings) as one ``Note:`` line
+    each instead of Python's warning with its file, line and source; other warnings as they are."""
+    from rlm_course.utils import Note
+
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, Note):
+            print(f"Note: {message}", file=sys.stderr)
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = original
+
+
+def _run(args) -> int:
+    """``args.func(args)`` with the errors a user can fix as one line and exit code 2."""
     try:
         return args.func(args)
     except ModuleNotFoundError as err:

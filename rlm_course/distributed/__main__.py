@@ -113,6 +113,9 @@ def check_worker_options(worker: str, options: list[str], world_size: int,
         run_dir = run_folder(args.out, args.name if args.name is not None else
                              f"{config.algorithm}-{task.key}-seed{config.seed}-dp{world_size}")
         check_run_folder(Path(run_dir), args.resume, args.overwrite, args.sft_checkpoint)
+        from rlm_course.utils import ensure_writable_folder
+
+        ensure_writable_folder(Path(run_dir).parent, "--out")  # before the ranks start
         return []
     args = _strict(build_parser(), worker).parse_args([*(common or []), worker, *options])
     if worker == "strategies":

@@ -63,7 +63,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 from rlm_course.devices import resolve_device  # noqa: F401 (part of this module's API)
-from rlm_course.utils import cores, free_port  # noqa: F401 (free_port: part of this module's API)
+from rlm_course.utils import Note, cores, free_port  # noqa: F401 (free_port: public here)
 
 #: Seconds a collective (and the start-up rendezvous) waits for its peers before it fails.
 DEFAULT_TIMEOUT = 300.0
@@ -117,8 +117,18 @@ class DistributedError(RuntimeError):
                                            for i, f in sorted(self.failures.items()))
 
 
-class OversubscriptionWarning(UserWarning):
+class OversubscriptionWarning(Note):
     """More rank threads than cores: the ranks share cores and run slower than they would alone."""
+
+
+def oversubscription(nprocs: int, threads: int) -> str | None:
+    """What running ``nprocs`` CPU ranks of ``threads`` threads each on this machine costs, when
+    they need more cores than it has (None when they fit)."""
+    if nprocs * threads <= cores():
+        return None
+    return (f"{nprocs} ranks x {threads} thread(s) on {cores()} CPU cores: the ranks "
+            "oversubscribe the CPU and share cores, so every timing is slower than on "
+            f"{nprocs * threads} cores (the results are the same).")
 
 
 @dataclass(frozen=True)
@@ -567,11 +577,9 @@ def start(worker, nprocs: int = 2, args: tuple = (), kwargs: dict | None = None,
         port = free_port()
     else:
         check_port(port)
-    if device == "cpu" and nprocs * threads > cores():
-        warnings.warn(f"{nprocs} ranks x {threads} thread(s) on {cores()} CPU cores: the ranks "
-                      "oversubscribe the CPU and share cores, so every timing is slower than on "
-                      f"{nprocs * threads} cores (the results are the same).",
-                      OversubscriptionWarning, stacklevel=3)
+    note = oversubscription(nprocs, threads) if device == "cpu" else None
+    if note:
+        warnings.warn(note, OversubscriptionWarning, stacklevel=3)
     method = _start_method(start_method)
     if method == "forkserver":
         # preloaded once per session: later calls reuse the running server

@@ -118,6 +118,10 @@ def test_distributed_checks_the_workers_and_the_launchers_options_first(capsys):
     assert main(["distributed", "grpo", "--nproc", "2", "--", "--task", "addition", "--resume",
                  "--out", "/nonexistent-runs"]) == 2
     assert "--resume: no run to resume" in _one_line_error(capsys)
+    # a run folder nobody can write: refused before torchrun, not by every rank once started
+    assert main(["distributed", "grpo", "--nproc", "2", "--", "--task", "addition", "--out",
+                 "/proc/runs"]) == 2
+    assert _one_line_error(capsys).startswith("error: cannot write to /proc/runs (")
     assert main(["distributed", "collectives", "--", "--repeats", "0"]) == 2
     assert "--repeats 0" in _one_line_error(capsys)
     assert main(["distributed", "hello", "--threads", "0"]) == 2
@@ -135,6 +139,28 @@ def test_distributed_checks_the_workers_and_the_launchers_options_first(capsys):
     assert "--port 80: give a port number in 1024..65535" in _one_line_error(capsys)
     assert main(["distributed", "nothing"]) == 2
     assert "unknown worker 'nothing'" in _one_line_error(capsys)
+
+
+def test_a_note_of_the_course_is_one_line_and_other_warnings_are_left_alone(capsys):
+    """The oversubscription note (a rlm_course.utils.Note) printed as 'Note: ...', without
+    Python's file, line and source line; another warning keeps Python's form."""
+    import warnings
+
+    from rlm_course.cli import _notes_as_lines
+    from rlm_course.distributed.launch import OversubscriptionWarning, oversubscription
+    from rlm_course.utils import cores
+
+    note = oversubscription(cores() + 1, 1)
+    assert note.startswith(f"{cores() + 1} ranks x 1 thread(s) on {cores()} CPU cores")
+    assert oversubscription(1, 1) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with _notes_as_lines():
+            warnings.warn(note, OversubscriptionWarning)
+            with pytest.warns(UserWarning, match="something else"):
+                warnings.warn("something else", UserWarning)
+    err = capsys.readouterr().err
+    assert err == f"Note: {note}\n"  # the other warning went to Python's own handler
 
 
 def test_distributed_builds_the_torchrun_command_from_launcher_and_worker_options():
