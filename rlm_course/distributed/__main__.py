@@ -172,7 +172,12 @@ def _strategies(ctx, args) -> dict:
         print(format_table([[r["label"], f"{r['seconds'] * 1e3:.1f}",
                              f"{r['comm_seconds'] * 1e3:.1f}", f"{r['comm_share']:.0%}",
                              f"{r['vs_one_process']:.2f}"] for r in rows],
-                           ["strategy", "step ms", "comm ms", "comm share", "vs one process"]))
+                           ["strategy", "step ms", "comm ms", "comm share",
+                            "step / one process's"]))
+        print("comm ms and comm share: a profiled step's communication and its share of that "
+              "step (the profiler slows a step, so the share is not comm ms / step ms); step / one "
+              "process's: the step's time over one process's on the whole batch (above 1: "
+              "slower).")
         return {"timing": rows, "skipped": skipped}
     rows = s.check_equivalence(everyone, setup)
     print(s.format_equivalence(rows))
