@@ -129,6 +129,9 @@ def ensure_writable_folder(folder: str | Path, flag: str) -> None:
         ValueError: naming the folder, the operating system's reason and the flag to change.
     """
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"cannot write to {folder}: it is a file, not a folder; choose another "
+                         f"{flag}.")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):

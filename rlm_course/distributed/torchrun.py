@@ -183,10 +183,14 @@ def _run_in_process(torchrun_args: list[str], env: dict, nproc: int, log_dir: st
 
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    elastic = logging.getLogger("torch.distributed.elastic")
-    level = elastic.level
+    # torch's elastic loggers each carry their own level (a parent's does not reach them)
+    elastic = [logging.getLogger(name) for name in
+               ["torch.distributed.elastic", *(n for n in logging.root.manager.loggerDict
+                                               if n.startswith("torch.distributed.elastic."))]]
+    levels = [logger.level for logger in elastic]
     if not debug:  # the ranks say what failed; the agent's own lines repeat it
-        elastic.setLevel(logging.CRITICAL)
+        for logger in elastic:
+            logger.setLevel(logging.CRITICAL)
     try:
         run(parse_args(torchrun_args))
         return 0
@@ -203,7 +207,12 @@ def _run_in_process(torchrun_args: list[str], env: dict, nproc: int, log_dir: st
         print("torchrun: interrupted; the ranks have stopped.", file=sys.stderr)
         return 130
     finally:
-        elastic.setLevel(level)
+        for logger, level in zip(elastic, levels):
+            logger.setLevel(level)
+        try:  # a run that logged nothing leaves no folder behind
+            os.rmdir(log_dir)
+        except OSError:
+            pass
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

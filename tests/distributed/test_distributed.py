@@ -449,16 +449,20 @@ def test_cli_nproc_refusals(capsys):
 # ---------------------------------------------------------------------------- torchrun
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_the_single_node_torchrun_command_runs_the_same_worker():
+def test_the_single_node_torchrun_command_runs_the_same_worker(tmp_path):
     from rlm_course.distributed.torchrun import torchrun_command
 
     multi = torchrun_command("grpo", 8, ["--task", "addition"], nnodes=2, endpoint="host:29400")
     assert "--nnodes=2" in multi and "--rdzv-backend=c10d" in multi
     assert multi[-4:] == ["rlm_course.distributed", "grpo", "--task", "addition"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    logs = tmp_path / "tmp"
+    logs.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(logs)}
     done = subprocess.run([sys.executable, "-m", "rlm_course", "distributed", "hello", "--nproc",
                            "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+    # a run that logged nothing leaves no empty rlm_course-torchrun-* log folder behind
+    assert not list(logs.glob("rlm_course-torchrun-*"))
     assert "rank 1 of 2: pid" in done.stdout
     last = json.loads(done.stdout.strip().splitlines()[-1])
     assert [r["sum"] for r in last["ranks"]] == [3.0, 3.0]

@@ -95,3 +95,11 @@ def test_each_experiment_prints_its_figures_beside_their_predictions():
         assert experiments.summarize(name, experiments.load_experiment(name))
     fusion = experiments.load_experiment("fusion")
     assert f"stage fusion {fusion['gain']:.2f}x" in experiments.summarize("fusion", fusion)
+
+
+def test_a_runs_dir_that_is_a_file_is_named_as_such(tmp_path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert main(["systems", "weight-sync", "--runs-dir", str(a_file)]) == 2
+    assert (f"cannot write to {a_file}: it is a file, not a folder; choose another --runs-dir."
+            in capsys.readouterr().err)  # mkdir's own words were '(File exists)'
