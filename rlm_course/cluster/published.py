@@ -178,10 +178,20 @@ def scenario(setup: dict, rates: Rates) -> Scenario:
 
 def sync_seconds(setup: dict, rates: Rates) -> float:
     """A weight-sync figure's seconds: :func:`rlm_course.cost.phases.weight_sync` from the
-    setup's trainer to its rollout pool."""
+    setup's trainer to its rollout pool.
+
+    Raises:
+        ValueError: if the trainer layout's devices (tp x pp x cp x dp) are not its
+            ``trainer_gpus``.
+    """
     spec, device = get_spec(setup["model"]), get_device(setup["device"])
     lay = dict(setup["trainer"])
-    lay.setdefault("dp", setup["trainer_gpus"] // (lay.get("tp", 1) * lay.get("pp", 1)))
+    gpus = setup["trainer_gpus"]
+    lay.setdefault("dp", gpus // (lay.get("tp", 1) * lay.get("pp", 1) * lay.get("cp", 1)))
+    if Layout(**lay).devices != gpus:
+        raise ValueError(f"trainer layout {Layout(**lay).describe()} holds "
+                         f"{Layout(**lay).devices} devices, not the setup's trainer_gpus={gpus}; "
+                         "give degrees whose product is the trainer's GPUs.")
     rates = Rates.from_dict(setup.get("rates"), rates)
     tp = setup.get("generation_tp", 1)
     return weight_sync(spec, device, setup.get("placement", "disaggregated"), tp,

@@ -332,3 +332,20 @@ def test_the_rates_files_default_family_plans_a_run_that_names_none(tmp_path, mo
         with pytest.raises(ValueError, match=f"\"default_family\" is {bad!r}, not one of its "
                                              "families .* restore the file from git"):
             calibration.calibrated_rates(None)
+
+
+def test_a_sync_figures_data_parallel_degree_counts_context_parallelism():
+    """64 trainer GPUs at tp 4 x pp 4 x cp 2 hold 2 data-parallel ranks, not 4 (the sync
+    priced a 128-device trainer); degrees that do not make the trainer's GPUs are refused."""
+    from rlm_course.cluster.calibration import family_rates
+    from rlm_course.cluster.published import sync_seconds
+
+    rates = family_rates()["nemo-rl"]
+    base = {"model": "qwen3-235b-a22b", "device": "H100-SXM-80GB", "trainer_gpus": 64,
+            "rollout_gpus": 64, "generation_tp": 32, "placement": "disaggregated",
+            "rates": {"sync_transport": "broadcast"}}
+    lay = {"tp": 4, "pp": 4, "cp": 2, "ep": 16, "zero": 1}
+    derived = sync_seconds({**base, "trainer": lay}, rates)
+    assert derived == sync_seconds({**base, "trainer": {**lay, "dp": 2}}, rates)
+    with pytest.raises(ValueError, match="holds 128 devices, not the setup's trainer_gpus=64"):
+        sync_seconds({**base, "trainer": {**lay, "dp": 4}}, rates)
