@@ -22,7 +22,7 @@ def _systems(args) -> int:
                          "--runs-dir, take both).")
     return run_and_store(args.experiment, steps=args.steps, repeats=args.repeats, seed=args.seed,
                          progress=not args.no_progress, store=args.store,
-                         runs_dir=args.runs_dir or "runs/systems")
+                         runs_dir=args.runs_dir or "runs/systems", overwrite=args.overwrite)
 
 
 #: ``plan``'s response budget when ``--max-response`` is not given (tokens).
@@ -227,8 +227,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "notebooks read (default: write to --runs-dir)")
     p.add_argument("--runs-dir", default=None,
                    help="folder of the results file when not --store, and of the async and "
-                        "mismatch experiments' run folders (<runs-dir>/systems-<experiment>/<run>/, "
-                        "replaced by a new run) either way (default runs/systems)")
+                        "mismatch experiments' run folders (<runs-dir>/systems-<experiment>/<run>/) "
+                        "either way (default runs/systems)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run's results file and run folders in --runs-dir")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_systems)
 

@@ -277,22 +277,32 @@ RUN_FOLDERS = ("async", "mismatch")
 
 def run_and_store(name: str, steps: int | None = None, repeats: int | None = None,
                   seed: int | None = None, progress: bool = True, store: bool = False,
-                  runs_dir: str | Path = "runs/systems") -> int:
+                  runs_dir: str | Path = "runs/systems", overwrite: bool = False) -> int:
     """Run experiment ``name`` and write its results (``python -m rlm_course systems <name>``;
     see the module docstring): to ``runs_dir/systems-<name>.json``, or, with ``store``, to the
     stored file the notebooks read (:func:`experiment_path`). The run folders of the async and
     mismatch experiments (metrics and checkpoint of each run, :data:`RUN_FOLDERS`) go to
     ``runs_dir/systems-<name>/<run>/`` either way.
-    ``steps``, ``repeats``, ``seed``: see :data:`FLAGS` (None: the experiment's default).
+    ``steps``, ``repeats``, ``seed``: see :data:`FLAGS` (None: the experiment's default). A
+    results file or run folders of an earlier run are replaced only with ``overwrite`` (the
+    stored file ``store`` replaces is replaced always: that is what it is for).
 
     Raises:
-        ValueError: see :func:`check_flags`; an unwritable ``runs_dir``.
+        ValueError: see :func:`check_flags`; an unwritable ``runs_dir``; an earlier run's
+            results without ``overwrite``.
     """
     from rlm_course.systems.controller import Controller, DeviceMapping, start_ray, stop_ray
     from rlm_course.utils import ensure_writable_folder, result_path
 
     check_flags(name, steps, repeats, seed)
     out = result_path(experiment_path(name), store, runs_dir)
+    runs = Path(runs_dir) / f"systems-{name}"
+    earlier = ([str(out)] if not store and out.exists() else []) + (
+        [f"{runs}/"] if name in RUN_FOLDERS and runs.is_dir() and any(runs.iterdir()) else [])
+    if earlier and not overwrite:
+        raise ValueError(f"{' and '.join(earlier)} hold{'s' if len(earlier) == 1 else ''} an "
+                         f"earlier run of systems {name}; pass --overwrite to replace "
+                         f"{'it' if len(earlier) == 1 else 'them'}, or another --runs-dir.")
     ensure_writable_folder(out.parent, "--runs-dir" if not store else "data folder")
     if name in RUN_FOLDERS and store:
         ensure_writable_folder(runs_dir, "--runs-dir")

@@ -3,7 +3,6 @@ before any work, and a run writes to the runs folder unless ``--store`` asks it 
 stored result the notebooks read."""
 
 import json
-from pathlib import Path
 
 import pytest
 from rlm_course.cli import main
@@ -57,8 +56,22 @@ def test_a_run_writes_to_the_runs_folder_and_leaves_the_stored_result(tmp_path, 
     assert written["ran"] == 1 and written["command"] == "python -m rlm_course systems mismatch --steps 3"
     assert json.loads(stored.read_text()) == {"stored": True}  # untouched
     assert "add --store to replace it" in capsys.readouterr().out
-    assert main(["systems", "mismatch", "--steps", "3", "--seed", "4", "--store"]) == 0
-    assert calls[-1] == (3, (4, 5), Path("runs/systems/systems-mismatch"))
+    # an earlier run's results are replaced only when asked, before any work
+    assert main(["systems", "mismatch", "--steps", "3", "--runs-dir", str(runs)]) == 2
+    assert (f"{runs / 'systems-mismatch.json'} holds an earlier run of systems mismatch; pass "
+            "--overwrite to replace it, or another --runs-dir.") in capsys.readouterr().err
+    (runs / "systems-mismatch" / "fp32-none-seed0").mkdir(parents=True)
+    assert main(["systems", "mismatch", "--steps", "3", "--runs-dir", str(runs)]) == 2
+    assert "and " + str(runs / "systems-mismatch") + "/ hold an earlier run" in \
+        capsys.readouterr().err
+    assert len(calls) == 1
+    assert main(["systems", "mismatch", "--steps", "2", "--runs-dir", str(runs),
+                 "--overwrite"]) == 0
+    assert calls[-1] == (2, (0, 1), runs / "systems-mismatch")
+    # --store replaces the stored file whatever it holds (its run folders still need --overwrite)
+    assert main(["systems", "mismatch", "--steps", "3", "--seed", "4", "--store", "--runs-dir",
+                 str(runs), "--overwrite"]) == 0
+    assert calls[-1] == (3, (4, 5), runs / "systems-mismatch")
     replaced = json.loads(stored.read_text())
     assert replaced["command"] == "python -m rlm_course systems mismatch --seed 4 --steps 3 --store"
 
