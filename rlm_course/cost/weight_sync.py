@@ -9,9 +9,11 @@ Qwen3-30B-A3B on 16 + 16 H20s, its checkpoint engine 4.4 s, for the same 61 GB).
 adds five terms, each with its source:
 
 * **gather** (reshard): the training shards become what is sent. Colocated (a hybrid engine), the
-  generation shard each device needs, gathered inside its micro data-parallel group with
-  HybridFlow's scheme (:func:`predict_transition`, arXiv:2409.19256, Table 2) when the trainer is
-  TP x PP, or from every FSDP rank (``full_tensor()``) when it is ZeRO-3. Disaggregated, a
+  part of its generation shard a device's training shard lacks, from the devices that hold it
+  (:func:`reshard_received_bytes`: HybridFlow's scheme, :func:`predict_transition`,
+  arXiv:2409.19256, Table 2, where the generation TP divides the training TP; a PP stage's
+  layers are not a TP shard, so PP always moves bytes), or from every FSDP rank
+  (``full_tensor()``) when the trainer is ZeRO-3. Disaggregated, a
   rank-0 ``broadcast`` first assembles whole tensors (FSDP's ``full_tensor()``, Megatron's TP and
   EP gathers per pipeline stage); a ``sharded`` transfer sends each trainer rank's shard as it is
   (checkpoint-engine, slime's distributed path), no gather;
@@ -164,6 +166,49 @@ def predict_transition(model_bytes: float, tp: int, tp_gen: int, pp: int = 1, pp
     return out
 
 
+def reshard_received_bytes(spec: TransformerSpec, tp: int, pp: int, ep: int,
+                           generation_tp: int, weight_bytes: int = 2) -> tuple[float, int]:
+    """Bytes one device receives when a colocated actor goes from its training layout (TP ``tp``
+    x PP ``pp``, routed experts over ``ep`` ranks, over ``tp`` without EP) to generation at TP
+    ``generation_tp`` (no PP), and from how many devices (itself included).
+
+    A device keeps what its training shard and its generation shard share and receives the rest
+    of its generation shard: for the dense part ``D``, a generation shard is ``D / g`` (a column
+    block of every layer, ``g = generation_tp``) and a training shard ``D / (tp pp)`` (a column
+    block of one stage's layers); aligned, they share ``D / (max(tp, g) pp)``. The routed
+    experts ``E`` with EP: the training shard holds ``1 / ep`` of the experts whole, the
+    generation shard ``1 / g`` of every expert's columns, and they share ``E / (ep g pp)``.
+    Where ``g`` divides ``tp`` and there is no PP this is HybridFlow's resharding
+    (:func:`predict_transition`, arXiv:2409.19256, Table 2): ``(tp - g) / (g tp) M``. With PP it is
+    not free even when ``tp x pp = g``: training on TP 1 x PP 2 and generating on TP 2, each device
+    holds half the layers whole and needs half the columns of all of them, and receives a quarter
+    of the model.
+
+    Returns:
+        ``(received bytes, devices)``; bytes at ``weight_bytes`` per parameter.
+
+    Raises:
+        ValueError: for a degree below 1 or one the model does not allow.
+    """
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("generation_tp", generation_tp)):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ValueError(f"reshard_received_bytes: {name}={value!r} must be a positive "
+                             "integer.")
+    spec.check_degree("tp", generation_tp)
+    g = generation_tp
+    experts = spec.n_layer * spec.n_experts * spec.mlp_params() if spec.is_moe else 0
+    dense = (spec.params() - experts) * weight_bytes
+    experts *= weight_bytes
+    received = dense / g - dense / (max(tp, g) * pp)
+    if experts and ep > 1:
+        received += experts / g - experts / (ep * g * pp)
+        devices = pp * max(ep, -(-tp // g))
+    else:
+        received += experts / g - experts / (max(tp, g) * pp)
+        devices = pp * -(-tp // g)
+    return max(0.0, received), devices
+
+
 @dataclass(frozen=True)
 class SyncCost:
     """What one weight sync costs (see the module docstring); seconds unless named bytes.
@@ -268,18 +313,17 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
             gather = all_gather_seconds(shard, dp, fabric.link(dp, tp * trainer.cp))
             received, group = shard * (dp - 1) / dp, dp
             near = fabric.link(dp, tp * trainer.cp)
-        elif tp * pp == generation_tp:  # the training shard is the generation shard
-            gather, received, group, near = 0.0, 0.0, 1, None
-        elif (tp * pp) % generation_tp == 0:
-            node = fabric.link(tp * pp)
-            hybrid = predict_transition(total, tp, generation_tp, pp, 1, node)["hybridflow"]
-            gather, received, group, near = hybrid["seconds"], hybrid["received_bytes"], \
-                hybrid["group"], node
-        else:  # a generation shard larger than a model-parallel group: gather it across groups
+        elif trainer is None and generation_tp > 1:  # one trainer shard: gather across the group
             group = generation_tp
             near = fabric.link(group)
             gather = all_gather_seconds(shard, group, near)
             received = shard * (group - 1) / group
+        else:  # what a device's generation shard lacks, from the model-parallel group's shards
+            ep = trainer.ep if trainer is not None else 1
+            received, group = reshard_received_bytes(spec, tp, pp, ep, generation_tp,
+                                                     weight_bytes)
+            near = fabric.link(max(tp * pp, group, generation_tp)) if received else None
+            gather = (group - 1) * near.alpha + received / near.beta if received else 0.0
         copies = 2 * shard / bandwidth
         # the hand-over converts and passes every tensor in the same process or by CUDA IPC
         # handles (verl's hybrid engine, NeMo-RL's ZMQ stream): no tree, a cost per tensor

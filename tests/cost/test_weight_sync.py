@@ -61,3 +61,39 @@ def test_stage_four_in_the_anatomy_and_the_dag():
     assert in_place["work"] == plain["work"] + spec.params()  # one copy of every parameter
     with pytest.raises(ValueError, match="messages=0"):
         wd.weight_sync(1000, receivers=2, messages=0)
+
+
+def test_a_colocated_reshard_receives_what_the_training_shard_lacks():
+    from rlm_course.cost.weight_sync import predict_transition, reshard_received_bytes
+
+    spec, h100 = SPECS["llama-3-70b"], get_device("H100-SXM-80GB")
+    m = 2 * spec.params()
+    # TP 1 x PP 2 -> TP 2: each device holds half the layers whole and needs half the columns
+    # of all of them; it keeps a quarter of the model and receives a quarter (it was free before,
+    # as if PP 2 were TP 2)
+    assert reshard_received_bytes(spec, 1, 2, 1, 2) == (pytest.approx(m / 4), 2)
+    # TP 2 x PP 8 -> TP 16: 1/16 - 1/128 of the model
+    assert reshard_received_bytes(spec, 2, 8, 1, 16)[0] == pytest.approx(7 * m / 128)
+    # without PP, HybridFlow's row of Table 2: (tp - g) / (g tp) M, from tp / g devices
+    for tp, g in ((8, 2), (4, 1), (8, 8)):
+        want = predict_transition(m, tp, g)["hybridflow"]
+        assert reshard_received_bytes(spec, tp, 1, 1, g) == (pytest.approx(want["received_bytes"]),
+                                                             want["group"])
+    # PP 2 x TP 4 -> TP 2: the group gathers 3/8 of the model into each device, as HybridFlow's
+    # count with PP (predict_transition's pp) says
+    assert reshard_received_bytes(spec, 4, 2, 1, 2)[0] == pytest.approx(
+        predict_transition(m, 4, 2, 2, 1)["hybridflow"]["received_bytes"])
+    # routed experts over EP 4 with PP 2 -> TP 4: of each device's generation shard (a quarter of
+    # every expert's columns) it holds a quarter of the experts of half the layers: 1/32 kept
+    moe = SPECS["qwen3-30b-a3b"]
+    e = 2 * moe.n_layer * moe.n_experts * moe.mlp_params()
+    d = 2 * moe.params() - e
+    got, devices = reshard_received_bytes(moe, 1, 2, 4, 4)
+    assert got == pytest.approx(d / 4 - d / 8 + e / 4 - e / 32) and devices == 8
+    # the sync's gather term sends those bytes over the group's link
+    c = sync_cost(spec, h100, "colocated", generation_tp=2, replicas=8, trainer=Layout(pp=2, dp=8))
+    assert c.gather == pytest.approx(h100.intra_node_latency + (m / 4) / h100.intra_node_bandwidth)
+    assert sync_cost(spec, h100, "colocated", generation_tp=8, replicas=2,
+                     trainer=Layout(tp=8, dp=2)).gather == 0.0
+    with pytest.raises(ValueError, match="pp=0"):
+        reshard_received_bytes(spec, 1, 0, 1, 2)
