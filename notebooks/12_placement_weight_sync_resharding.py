@@ -258,7 +258,9 @@ assert all(r["delta_bytes"] < 0.25 * r["dense_bytes"] for r in delta_rows[1e-6])
 # alone. Five terms:
 #
 # * **gather** (reshard): the training shards become what is sent. Colocated, each device
-#   all-gathers its generation shard inside its micro data-parallel group (section 5); a rank-0
+#   receives the part of its generation shard its training shard lacks (inside its micro
+#   data-parallel group, section 5; a PP stage's layers are not a TP shard, so PP always moves
+#   bytes: `reshard_received_bytes`); a rank-0
 #   broadcast first assembles whole tensors (FSDP's `full_tensor()`, Megatron's TP and EP
 #   gathers);
 # * **transfer**: none colocated; disaggregated, a pipelined broadcast of the whole model from one
@@ -287,9 +289,10 @@ from rlm_course.rl.algorithms import preset
 h100 = get_device("H100-SXM-80GB")
 verl = calibrated_rates("verl")
 rows = []
-for name, trainer, tp in (("qwen2.5-7b", Layout(dp=8, zero=3), 2),
-                          ("llama-3-70b", Layout(dp=8, tp=8, pp=2, zero=1), 8),
-                          ("qwen3-30b-a3b", Layout(dp=4, tp=2, ep=8, zero=1), 4)):
+# a trainer of 64 devices: colocated, they are the engines' 64; disaggregated, 64 more
+for name, trainer, tp in (("qwen2.5-7b", Layout(dp=64, zero=3), 2),
+                          ("llama-3-70b", Layout(dp=4, tp=8, pp=2, zero=1), 8),
+                          ("qwen3-30b-a3b", Layout(dp=32, tp=2, ep=8, zero=1), 4)):
     spec = SPECS[name]
     for placement in ("colocated", "disaggregated"):
         per_tensor = (verl.colocated_tensor_seconds if placement == "colocated"

@@ -70,7 +70,7 @@ from rlm_course.cost.hardware import Device
 from rlm_course.cost.layouts import Layout, model_states, axis_strides, params_per_device
 from rlm_course.cost.weight_sync import TRANSPORTS, SyncCost, sync_cost
 from rlm_course.algorithms import RLConfig
-from rlm_course.utils import check_amount, is_real
+from rlm_course.utils import check_amount, check_kinds, is_real
 
 
 @dataclass(frozen=True)
@@ -639,7 +639,14 @@ def weight_sync(spec: TransformerSpec, device: Device, placement: str, generatio
                 weight_bytes: int = 2) -> SyncCost:
     """One weight sync from ``trainer`` to ``replicas`` generation replicas of ``generation_tp``
     devices: :func:`rlm_course.cost.weight_sync.sync_cost` with the software rates, transport and
-    links of ``rates`` (the model chapter 12's stage 4 uses too)."""
+    links of ``rates`` (the model chapter 12's stage 4 uses too).
+
+    Raises:
+        ValueError: if ``rates`` is not a Rates, or as :func:`sync_cost` does.
+    """
+    check_kinds([("rates", rates, Rates, "calibrated_rates('nemo-rl') or Rates()")],
+                "weight_sync: ")
+    check_kinds([("device", device, Device, "get_device('H100-SXM-80GB')")], "weight_sync: ")
     fabric = fabric or comm.Fabric.of(device, rates.intra_link, rates.inter_link)
     tensor_seconds = (rates.colocated_tensor_seconds if placement == "colocated"
                       else rates.sync_tensor_seconds)

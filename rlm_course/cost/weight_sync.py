@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.comm import Fabric, Link, all_gather_seconds
 from rlm_course.cost.hardware import Device
-from rlm_course.utils import check_amount
+from rlm_course.utils import check_amount, check_kinds
 from rlm_course.vocabulary import PLACEMENTS
 
 if TYPE_CHECKING:
@@ -69,7 +69,12 @@ BUCKET_BYTES = 512 * 2**20  # slime's and verl's bucket size
 def tensor_count(spec: TransformerSpec) -> int:
     """Tensors of a Hugging Face state dict of ``spec``: per layer the q, k, v and output
     projections (and their biases), two norms (four tensors with LayerNorm biases or QK-norms), the MLP's two or three matrices (and biases) per expert, the shared experts and
-    the router; the embedding, the output head unless tied, the final norm."""
+    the router; the embedding, the output head unless tied, the final norm.
+
+    Raises:
+        ValueError: if ``spec`` is not a TransformerSpec.
+    """
+    check_kinds([("spec", spec, TransformerSpec, "get_spec('qwen2.5-7b')")], "tensor_count: ")
     per_layer = 4 + (3 if spec.qkv_bias else 0) + (1 if spec.out_bias else 0)
     norm_params = spec.norm_params_per_layer or 2 * spec.d_model
     per_layer += 4 if norm_params > 2 * spec.d_model else 2  # LayerNorm biases, or QK-norms
@@ -91,8 +96,9 @@ def broadcast_link(fabric: Fabric, ranks: int) -> Link:
     cards on H100 nodes; a group of 9 (8 + 1) crosses by the last node's one card.
 
     Raises:
-        ValueError: if the fabric has no link for such a group.
+        ValueError: for fewer than one rank, or if the fabric has no link for such a group.
     """
+    _positive_int("broadcast_link", "ranks", ranks)
     wire = fabric.link(ranks)
     if wire is not fabric.inter or fabric.intra is None:
         return wire
@@ -110,12 +116,14 @@ def broadcast_seconds(total_bytes: float, messages: int, link: Link, receivers: 
     alpha + total_bytes / beta``. With one receiver both are ``B alpha + M / beta``.
 
     Raises:
-        ValueError: for a negative size, fewer than one message or receiver.
+        ValueError: for a size that is not a finite number >= 0, a message or receiver count
+            that is not a positive integer, or a ``link`` that is not a Link.
     """
-    if total_bytes < 0 or not (messages >= 1 and receivers >= 1):
-        raise ValueError(f"broadcast_seconds: total_bytes={total_bytes}, messages={messages}, "
-                         f"receivers={receivers}: need bytes >= 0 and at least one message and "
-                         "receiver.")
+    check_amount("broadcast_seconds: total_bytes", total_bytes)
+    _positive_int("broadcast_seconds", "messages", messages)
+    _positive_int("broadcast_seconds", "receivers", receivers)
+    check_kinds([("link", link, Link, "Fabric.of(get_device('H100-SXM-80GB')).inter")],
+                "broadcast_seconds: ")
     rounds = math.ceil(math.log2(receivers + 1))
     if pipelined:
         return rounds * messages * link.alpha + total_bytes / link.beta
@@ -145,10 +153,16 @@ def predict_transition(model_bytes: float, tp: int, tp_gen: int, pp: int = 1, pp
             not a finite number >= 0.
     """
     check_amount("model_bytes", model_bytes)
+    for name, value in (("tp", tp), ("tp_gen", tp_gen), ("pp", pp), ("pp_gen", pp_gen)):
+        _positive_int("predict_transition", name, value)
+    if link is not None:
+        check_kinds([("link", link, Link, "Fabric.of(get_device('H100-SXM-80GB')).intra")],
+                    "predict_transition: ")
     train, gen = tp * pp, tp_gen * pp_gen
-    if min(tp, pp, tp_gen, pp_gen) < 1 or train % gen:
-        raise ValueError(f"generation TP x PP = {gen} must be a positive divisor of training "
-                         f"TP x PP = {train}.")
+    if train % gen:
+        raise ValueError(f"predict_transition: generation TP x PP = {tp_gen} x {pp_gen} = "
+                         f"{gen} must be a divisor of training TP x PP = {tp} x {pp} = "
+                         f"{train}; for other degrees use reshard_received_bytes.")
     m = model_bytes
     naive = {"received_bytes": (train - 1) / train * m, "peak_bytes": m + m / train,
              "redundant_bytes": m / train, "group": train}
@@ -166,47 +180,75 @@ def predict_transition(model_bytes: float, tp: int, tp_gen: int, pp: int = 1, pp
     return out
 
 
+def _positive_int(owner: str, name: str, value) -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        raise ValueError(f"{owner}: {name}={value!r} must be a positive integer.")
+
+
+def _kept(train: int, gen: int) -> float:
+    """The share of the columns a device keeps when training holds one of ``train`` column blocks
+    and generation needs one of ``gen``: the smaller block when one degree divides the other
+    (the blocks nest); else the blocks straddle, and with ranks in order the busiest device
+    keeps none of its generation block (TP 6 -> TP 4: the third device of a generation rank
+    whose block spans two training blocks)."""
+    if train % gen == 0 or gen % train == 0:
+        return 1 / max(train, gen)
+    return 0.0
+
+
 def reshard_received_bytes(spec: TransformerSpec, tp: int, pp: int, ep: int,
-                           generation_tp: int, weight_bytes: int = 2) -> tuple[float, int]:
-    """Bytes one device receives when a colocated actor goes from its training layout (TP ``tp``
-    x PP ``pp``, routed experts over ``ep`` ranks, over ``tp`` without EP) to generation at TP
-    ``generation_tp`` (no PP), and from how many devices (itself included).
+                           generation_tp: int, weight_bytes: int = 2,
+                           fsdp: int = 1) -> tuple[float, int]:
+    """Bytes the busiest device receives when a colocated actor goes from its training layout
+    (TP ``tp`` x PP ``pp``, routed experts over ``ep`` ranks, over ``tp`` without EP; each shard
+    split again over ``fsdp`` ranks by ZeRO-3/FSDP) to generation at TP ``generation_tp`` (no
+    PP), and from how many devices (itself included).
 
     A device keeps what its training shard and its generation shard share and receives the rest
     of its generation shard: for the dense part ``D``, a generation shard is ``D / g`` (a column
-    block of every layer, ``g = generation_tp``) and a training shard ``D / (tp pp)`` (a column
-    block of one stage's layers); aligned, they share ``D / (max(tp, g) pp)``. The routed
-    experts ``E`` with EP: the training shard holds ``1 / ep`` of the experts whole, the
-    generation shard ``1 / g`` of every expert's columns, and they share ``E / (ep g pp)``.
-    Where ``g`` divides ``tp`` and there is no PP this is HybridFlow's resharding
-    (:func:`predict_transition`, arXiv:2409.19256, Table 2): ``(tp - g) / (g tp) M``. With PP it is
-    not free even when ``tp x pp = g``: training on TP 1 x PP 2 and generating on TP 2, each device
-    holds half the layers whole and needs half the columns of all of them, and receives a quarter
-    of the model.
+    block of every layer, ``g = generation_tp``) and a training shard ``D / (tp pp fsdp)``;
+    where one of ``tp`` and ``g`` divides the other they share ``D / (max(tp, g) pp fsdp)``,
+    else the busiest device shares nothing (:func:`_kept`). The routed experts ``E`` with EP:
+    the training shard holds ``1 / ep`` of the experts whole, the generation shard ``1 / g`` of
+    every expert's columns, and they share ``E / (ep g pp fsdp)``. Where ``g`` divides ``tp``,
+    without PP and FSDP, this is HybridFlow's resharding (:func:`predict_transition`,
+    arXiv:2409.19256, Table 2): ``(tp - g) / (g tp) M``. With PP it is not free even when
+    ``tp x pp = g``: training on TP 1 x PP 2 and generating on TP 2, each device holds half the
+    layers whole and needs half the columns of all of them, and receives a quarter of the model.
+    With FSDP alone it is the all-gather of the generation shard, ``(fsdp - 1) / fsdp`` of it.
 
     Returns:
         ``(received bytes, devices)``; bytes at ``weight_bytes`` per parameter.
 
     Raises:
-        ValueError: for a degree below 1 or one the model does not allow.
+        ValueError: for a degree or size that is not a positive integer, or a degree the model
+            does not allow (TP: the heads; PP: at most the layers; EP: dividing the experts of
+            an MoE model).
     """
-    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("generation_tp", generation_tp)):
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            raise ValueError(f"reshard_received_bytes: {name}={value!r} must be a positive "
-                             "integer.")
+    owner = "reshard_received_bytes"
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("generation_tp", generation_tp),
+                        ("weight_bytes", weight_bytes), ("fsdp", fsdp)):
+        _positive_int(owner, name, value)
+    spec.check_degree("tp", tp)
     spec.check_degree("tp", generation_tp)
+    if pp > spec.n_layer:
+        raise ValueError(f"{owner}: pp={pp} exceeds {spec.name}'s {spec.n_layer} layers.")
+    if ep > 1 and (not spec.is_moe or spec.n_experts % ep):
+        raise ValueError(f"{owner}: ep={ep}: {spec.name} has {spec.n_experts} expert(s); expert "
+                         "parallelism needs an MoE model and a degree dividing its experts.")
     g = generation_tp
     experts = spec.n_layer * spec.n_experts * spec.mlp_params() if spec.is_moe else 0
     dense = (spec.params() - experts) * weight_bytes
     experts *= weight_bytes
-    received = dense / g - dense / (max(tp, g) * pp)
+    columns = -(-tp // g) + (0 if _kept(tp, g) else 1)  # training blocks a generation block spans
+    kept = dense * _kept(tp, g)
     if experts and ep > 1:
-        received += experts / g - experts / (ep * g * pp)
-        devices = pp * max(ep, -(-tp // g))
+        kept += experts / (ep * g)
+        devices = pp * fsdp * max(ep, columns)
     else:
-        received += experts / g - experts / (max(tp, g) * pp)
-        devices = pp * -(-tp // g)
-    return max(0.0, received), devices
+        kept += experts * _kept(tp, g)
+        devices = pp * fsdp * columns
+    return max(0.0, (dense + experts) / g - kept / (pp * fsdp)), devices
 
 
 @dataclass(frozen=True)
@@ -274,32 +316,58 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
             whole messages (gloo, chapter 12's run on CPUs).
 
     Raises:
-        ValueError: for an unknown placement or transport, non-positive sizes or degrees, or a
-            colocated generation shard larger than a device's memory.
+        ValueError: for an unknown placement or transport, non-positive sizes or degrees, rates
+            that are not finite numbers >= 0, an argument of the wrong kind (a name where a spec,
+            device, Layout, Fabric or Link belongs), a trainer layout the model refuses
+            (:meth:`Layout.check`), a colocated trainer whose devices are not the engines'
+            ``replicas x generation_tp``, or a colocated generation shard larger than a device's
+            memory.
     """
+    from rlm_course.cost.layouts import Layout
+
+    check_kinds([("spec", spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
+                 ("device", device, Device, "get_device('H100-SXM-80GB')")], "sync_cost: ")
+    check_kinds([(name, value, kind, example) for name, value, kind, example in (
+        ("trainer", trainer, Layout, "Layout(tp=8, dp=2)"),
+        ("fabric", fabric, Fabric, "Fabric.of(device)"),
+        ("link", link, Link, "Fabric.of(device).inter")) if value is not None], "sync_cost: ")
     if placement not in PLACEMENTS:
         raise ValueError(f"placement={placement!r}: choose one of {PLACEMENTS}.")
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r}: choose one of {TRANSPORTS}.")
     for name, value in (("generation_tp", generation_tp), ("replicas", replicas),
                         ("weight_bytes", weight_bytes)):
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            raise ValueError(f"sync_cost: {name}={value!r} must be a positive integer.")
+        _positive_int("sync_cost", name, value)
     spec.check_degree("tp", generation_tp)
-    if not (bucket_bytes > 0 and 0 <= tensor_seconds < math.inf and 0 <= fixed_seconds < math.inf):
-        raise ValueError(f"sync_cost: bucket_bytes={bucket_bytes} must be positive and "
-                         f"tensor_seconds={tensor_seconds}, fixed_seconds={fixed_seconds} finite "
-                         "and >= 0.")
+    check_amount("sync_cost: bucket_bytes", bucket_bytes, positive=True)
+    check_amount("sync_cost: tensor_seconds", tensor_seconds)
+    check_amount("sync_cost: fixed_seconds", fixed_seconds)
+    if memory_bandwidth is not None:
+        check_amount("sync_cost: memory_bandwidth (bytes/s; None: the device's)",
+                      memory_bandwidth, positive=True)
+    if not isinstance(pipelined, bool):
+        raise ValueError(f"sync_cost: pipelined={pipelined!r} must be True (NCCL) or False (gloo).")
+    if trainer is not None:
+        trainer.check(spec)
+        if placement == "colocated" and trainer.devices != replicas * generation_tp:
+            raise ValueError(
+                f"sync_cost: a colocated trainer of {trainer.devices} devices "
+                f"({trainer.describe()}) generates on the same devices, not on {replicas} "
+                f"replica(s) of tp={generation_tp} ({replicas * generation_tp} devices); give "
+                f"replicas={trainer.devices // generation_tp} or a trainer of "
+                f"{replicas * generation_tp} devices.")
     fabric = fabric or Fabric.of(device)
     bandwidth = memory_bandwidth or device.memory_bandwidth
     total = spec.params() * weight_bytes
     shard = total / generation_tp
     tensors = tensor_count(spec)
-    tp, pp = (trainer.tp, trainer.pp) if trainer is not None else (1, 1)
+    tp, pp, ep = (trainer.tp, trainer.pp, trainer.ep) if trainer is not None else (1, 1, 1)
     dp = trainer.dp * trainer.cp if trainer is not None else 1
     zero3 = trainer is not None and trainer.zero == 3 and dp > 1
     trainer_devices = trainer.devices if trainer is not None else 1
     rollout_devices = replicas * generation_tp
+    experts = (spec.n_layer * spec.n_experts * spec.mlp_params() * weight_bytes
+               if spec.is_moe else 0)
 
     def tree(ranks: int) -> int:
         return max(1, math.ceil(math.log2(max(ranks, 2))))
@@ -309,21 +377,19 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
             raise ValueError(f"a colocated generation shard of {spec.name} at tp={generation_tp} "
                              f"is {shard / 1e9:,.1f} GB, more than a {device.name} holds "
                              f"({device.memory_bytes / 1e9:,.0f} GB); raise the generation tp.")
-        if zero3:  # FSDP: every rank gathers its generation shard from all the data-parallel ranks
-            gather = all_gather_seconds(shard, dp, fabric.link(dp, tp * trainer.cp))
-            received, group = shard * (dp - 1) / dp, dp
-            near = fabric.link(dp, tp * trainer.cp)
-        elif trainer is None and generation_tp > 1:  # one trainer shard: gather across the group
+        if trainer is None:  # one training shard: the generation group gathers its shards
             group = generation_tp
-            near = fabric.link(group)
-            gather = all_gather_seconds(shard, group, near)
             received = shard * (group - 1) / group
-        else:  # what a device's generation shard lacks, from the model-parallel group's shards
-            ep = trainer.ep if trainer is not None else 1
+            near = fabric.link(group) if group > 1 else None
+        else:  # what a device's generation shard lacks, from the devices that hold it
             received, group = reshard_received_bytes(spec, tp, pp, ep, generation_tp,
-                                                     weight_bytes)
-            near = fabric.link(max(tp * pp, group, generation_tp)) if received else None
-            gather = (group - 1) * near.alpha + received / near.beta if received else 0.0
+                                                     weight_bytes, dp if zero3 else 1)
+            near = None
+            if received:
+                near = (fabric.link(dp, tp * trainer.cp) if zero3 and tp * pp == 1
+                        else fabric.link(max(tp * pp * (dp if zero3 else 1), group,
+                                             generation_tp)))
+        gather = (group - 1) * near.alpha + received / near.beta if received else 0.0
         copies = 2 * shard / bandwidth
         # the hand-over converts and passes every tensor in the same process or by CUDA IPC
         # handles (verl's hybrid engine, NeMo-RL's ZMQ stream): no tree, a cost per tensor
@@ -334,19 +400,25 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
     ranks = trainer_devices + rollout_devices
     wire = link or (broadcast_link(fabric, ranks) if transport == "broadcast"
                     else fabric.link(ranks))
+    # the split a device trains: the dense part over tp x pp, the experts over ep x pp (or tp)
+    split = ep if ep > 1 else tp
     if transport == "broadcast":
         if zero3:
             gather = all_gather_seconds(total, dp, fabric.link(dp, tp * trainer.cp))
-        elif tp > 1:
-            gather = all_gather_seconds(total / pp, tp, fabric.link(tp))
-        else:
-            gather = 0.0
+        else:  # Megatron's TP gathers (the experts' over EP instead), per pipeline stage
+            gather = (all_gather_seconds((total - experts) / pp, tp, fabric.link(tp))
+                      if tp > 1 else 0.0)
+            if experts and split > 1:
+                gather += all_gather_seconds(experts / pp, split,
+                                             fabric.link(split, tp if ep > 1 else 1))
         transfer = broadcast_seconds(total, messages, wire, rollout_devices, pipelined)
         sent, packed, unpacked = total, total, total
         software = tensors * tensor_seconds * tree(ranks)
     else:  # each model-parallel shard leaves from the device that holds it
-        senders = dp if zero3 else tp * pp * (trainer.ep if trainer is not None else 1)
-        sent = total / senders
+        if zero3:
+            sent = total / (dp * tp * pp)
+        else:
+            sent = (total - experts) / (tp * pp) + experts / (split * pp)
         gather = 0.0
         per = max(sent, shard)
         transfer = broadcast_seconds(per, max(1, math.ceil(per / bucket_bytes)), wire, 1, pipelined)

@@ -115,7 +115,7 @@ def test_a_colocated_sync_never_copies_more_than_a_device_holds():
             if spec.n_head % tp:
                 continue
             try:
-                cost = sync_cost(spec, H100, "colocated", generation_tp=tp, replicas=1,
+                cost = sync_cost(spec, H100, "colocated", generation_tp=tp, replicas=16 // tp,
                                  trainer=Layout(dp=1, tp=8, pp=2))
             except ValueError:
                 assert 2 * spec.params() / tp > H100.memory_bytes
@@ -126,6 +126,10 @@ def test_a_colocated_sync_never_copies_more_than_a_device_holds():
             assert cost.network_bytes == 0 and cost.ideal <= cost.seconds
     with pytest.raises(ValueError, match="raise the generation tp"):
         sync_cost(LLAMA70, H100, "colocated", generation_tp=1)  # 141 GB on an 80 GB device
+    # colocated, the trainer's devices are the engines' devices: 16 are not one engine of 8
+    with pytest.raises(ValueError, match="give replicas=2 or a trainer of 8 devices"):
+        sync_cost(LLAMA70, H100, "colocated", generation_tp=8, replicas=1,
+                  trainer=Layout(dp=1, tp=8, pp=2))
 
 
 def test_chapter_12_stage_4_equals_the_simulators_weight_sync():
@@ -153,7 +157,12 @@ def test_weight_sync_terms_and_the_ideal_bound():
     assert slow.software == pytest.approx(tensor_count(moe) * 1e-4 * 5)
     assert slow.seconds == pytest.approx(fast.seconds + slow.software + 2.0)
     sharded = sync_cost(moe, H100, generation_tp=4, replicas=4, trainer=lay, transport="sharded")
-    assert sharded.network_bytes == pytest.approx(2 * moe.params() / 16)  # each shard leaves once
+    # each device sends the shard it trains: the dense part over tp 2, the experts over ep 8
+    # (the EP ranks are the 8 devices' data-parallel ranks: 2 x 8 = 16 shards of the whole model
+    # on 8 devices, as this once assumed, sent less than a device holds)
+    experts = 2 * moe.n_layer * moe.n_experts * moe.mlp_params()
+    dense = 2 * moe.params() - experts
+    assert sharded.network_bytes == pytest.approx(dense / 2 + experts / 8)
     for cost in (fast, slow, sharded):
         assert 0 < cost.ideal <= cost.seconds
     with pytest.raises(ValueError, match="transport"):

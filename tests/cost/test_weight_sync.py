@@ -1,6 +1,7 @@
 """Stage 4, the weight sync, in the anatomy and the work-depth DAG (rlm_course.cost.weight_sync)."""
 
 import math
+import re
 
 import pytest
 
@@ -97,3 +98,76 @@ def test_a_colocated_reshard_receives_what_the_training_shard_lacks():
                      trainer=Layout(tp=8, dp=2)).gather == 0.0
     with pytest.raises(ValueError, match="pp=0"):
         reshard_received_bytes(spec, 1, 0, 1, 2)
+
+
+def test_reshards_whose_blocks_straddle_and_fsdp_shards():
+    from rlm_course.cost.weight_sync import reshard_received_bytes
+
+    spec, h100 = SPECS["llama-3-70b"], get_device("H100-SXM-80GB")
+    m = 2 * spec.params()
+    # TP 4 -> TP 6 and back (a model of 12 heads): the blocks straddle, and with ranks in order
+    # the busiest device keeps none of its generation shard (it was priced as keeping it all)
+    small = SPECS["r1-distill-qwen-1.5b"]
+    ms = 2 * small.params()
+    assert reshard_received_bytes(small, 4, 1, 1, 6)[0] == pytest.approx(ms / 6)
+    assert reshard_received_bytes(small, 6, 1, 1, 4)[0] == pytest.approx(ms / 4)
+    # FSDP over 2 with TP 8 -> TP 4: a device holds M/16 of the M/4 it needs (it was priced as
+    # the all-gather of the generation shard over the 2 FSDP ranks alone, M/8)
+    c = sync_cost(spec, h100, "colocated", generation_tp=4, replicas=4,
+                  trainer=Layout(tp=8, dp=2, zero=3))
+    assert c.ideal * Fabric.of(h100).link(16).beta == pytest.approx(3 * m / 16)  # two nodes
+    assert reshard_received_bytes(spec, 1, 4, 1, 2, fsdp=2)[0] == pytest.approx(m / 2 - m / 16)
+    # FSDP alone: the all-gather of the generation shard, as before
+    fsdp = sync_cost(spec, h100, "colocated", generation_tp=8, replicas=1,
+                     trainer=Layout(dp=8, zero=3))
+    assert fsdp.ideal * h100.intra_node_bandwidth == pytest.approx(m / 8 * 7 / 8)
+
+
+def test_a_broadcast_gathers_the_experts_over_ep_first():
+    moe, h20 = SPECS["qwen3-30b-a3b"], get_device("H20-96GB")
+    experts = 2 * moe.n_layer * moe.n_experts * moe.mlp_params()
+    replicated = sync_cost(moe, h20, generation_tp=4, replicas=2, trainer=Layout(dp=8))
+    ep = sync_cost(moe, h20, generation_tp=4, replicas=2, trainer=Layout(dp=8, ep=8))
+    assert replicated.gather == 0.0  # every rank holds the whole model
+    # rank 0 lacks 7/8 of the experts: a ring all-gather over the node's 8 devices
+    link = Fabric.of(h20).intra
+    assert ep.gather == pytest.approx(7 * (link.alpha + experts / 8 / link.beta))
+
+
+def test_weight_sync_refuses_bad_input_with_a_value_error():
+    from rlm_course.cost.phases import weight_sync
+    from rlm_course.cost.weight_sync import (broadcast_seconds, predict_transition,
+                                             reshard_received_bytes, tensor_count)
+
+    spec, h100 = SPECS["llama-3-70b"], get_device("H100-SXM-80GB")
+    link = Fabric.of(h100).inter
+    bad = [
+        (lambda: sync_cost(spec, h100, memory_bandwidth=-1e12), "memory_bandwidth"),
+        (lambda: sync_cost(spec, h100, memory_bandwidth=float("nan")), "memory_bandwidth"),
+        (lambda: sync_cost(spec, h100, pipelined=None), "pipelined"),
+        (lambda: sync_cost(spec, h100, trainer="tp8"), "trainer='tp8' must be a Layout"),
+        (lambda: sync_cost(spec, h100, fabric="ib"), "fabric='ib' must be a Fabric"),
+        (lambda: sync_cost(spec, h100, link="ib"), "link='ib' must be a Link"),
+        (lambda: sync_cost("llama-3-70b", h100), "spec='llama-3-70b' must be a TransformerSpec"),
+        (lambda: sync_cost(spec, h100, tensor_seconds=None), "tensor_seconds=None"),
+        (lambda: sync_cost(spec, h100, fixed_seconds="1"), "fixed_seconds='1'"),
+        (lambda: sync_cost(spec, h100, tensor_seconds=float("nan")), "tensor_seconds=nan"),
+        (lambda: sync_cost(spec, h100, trainer=Layout(tp=3)), "tp=3"),
+        (lambda: weight_sync(spec, h100, "colocated", 8, 1, Layout(tp=8), None), "rates=None"),
+        (lambda: tensor_count("llama-3-70b"), "must be a TransformerSpec"),
+        (lambda: broadcast_seconds(float("nan"), 1, link), "total_bytes=nan"),
+        (lambda: broadcast_seconds(1e9, 2.5, link), "messages=2.5"),
+        (lambda: broadcast_seconds(1e9, 1, link, receivers=True), "receivers=True"),
+        (lambda: broadcast_seconds(1e9, 1, None), "link=None"),
+        (lambda: broadcast_link(Fabric.of(h100), 0), "ranks=0"),
+        (lambda: predict_transition(1e9, 4.0, 2.0), "tp=4.0"),
+        (lambda: predict_transition(1e9, 4, -2, 1, -1), "tp_gen=-2"),
+        (lambda: predict_transition(1e9, 4, 3), "3 x 1 = 3 must be a divisor"),
+        (lambda: reshard_received_bytes(spec, 1, 200, 1, 8), "pp=200"),
+        (lambda: reshard_received_bytes(spec, 1, 1, 8, 8), "ep=8"),
+        (lambda: reshard_received_bytes(spec, 3, 1, 1, 8), "tp=3"),
+        (lambda: reshard_received_bytes(spec, 8, 1, 1, 8, weight_bytes=0), "weight_bytes=0"),
+    ]
+    for call, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
