@@ -323,14 +323,16 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
             ``replicas x generation_tp``, or a colocated generation shard larger than a device's
             memory.
     """
-    from rlm_course.cost.layouts import Layout
-
     check_kinds([("spec", spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
                  ("device", device, Device, "get_device('H100-SXM-80GB')")], "sync_cost: ")
     check_kinds([(name, value, kind, example) for name, value, kind, example in (
-        ("trainer", trainer, Layout, "Layout(tp=8, dp=2)"),
         ("fabric", fabric, Fabric, "Fabric.of(device)"),
         ("link", link, Link, "Fabric.of(device).inter")) if value is not None], "sync_cost: ")
+    # a Layout by what it has (rlm_course.cost.layouts imports this module's users)
+    if trainer is not None and not all(hasattr(trainer, a) for a in (
+            "tp", "pp", "cp", "dp", "ep", "zero", "devices", "check", "describe")):
+        raise ValueError(f"sync_cost: trainer={trainer!r} must be a Layout; pass e.g. "
+                         "Layout(tp=8, dp=2) (rlm_course.cost.layouts).")
     if placement not in PLACEMENTS:
         raise ValueError(f"placement={placement!r}: choose one of {PLACEMENTS}.")
     if transport not in TRANSPORTS:
