@@ -65,7 +65,11 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
 
     Raises:
         DoesNotFit: if no candidate fits.
+        ValueError: for ``gpus`` or ``sequences`` that is not a positive integer.
     """
+    for name, value in (("gpus", gpus), ("sequences", sequences)):
+        if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"choose_generation_tp: {name}={value!r} must be a positive integer.")
     estimates: dict[int, float] = {}
     # TODO: for each candidate tp (skip those not dividing gpus, or that the model refuses: spec.allows("tp", tp)): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest
     raise NotImplementedError('not implemented yet: for each candidate tp (skip those not dividing gpus, or that the model refuses: spec.allows("tp", tp)): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest')

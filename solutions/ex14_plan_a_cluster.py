@@ -64,7 +64,11 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
 
     Raises:
         DoesNotFit: if no candidate fits.
+        ValueError: for ``gpus`` or ``sequences`` that is not a positive integer.
     """
+    for name, value in (("gpus", gpus), ("sequences", sequences)):
+        if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"choose_generation_tp: {name}={value!r} must be a positive integer.")
     estimates: dict[int, float] = {}
     for tp in candidates:
         if gpus % tp or not spec.allows("tp", tp):  # the heads, and whole KV heads a rank

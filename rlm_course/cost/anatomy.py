@@ -631,15 +631,15 @@ def zero_model_state_bytes(params: int, dp: int, stage: int, optimizer_bytes: in
     weights (``(2 + 2 + K) P / N``), over ``N = dp`` devices.
 
     Raises:
-        ValueError: for an unknown stage or a non-positive ``dp``.
+        ValueError: for an unknown stage, a ``dp`` that is not a positive integer, a parameter
+            count that is not a positive finite number, or a negative ``optimizer_bytes``.
     """
     if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"ZeRO stage={stage!r}: choose 0 (plain DP), 1, 2 or 3.")
-    if not (isinstance(dp, int) and dp >= 1):
+    if isinstance(dp, bool) or not (isinstance(dp, int) and dp >= 1):
         raise ValueError(f"dp={dp!r} must be a positive integer.")
-    if params <= 0 or optimizer_bytes < 0:
-        raise ValueError(f"params={params} must be positive and optimizer_bytes={optimizer_bytes} "
-                         ">= 0.")
+    check_amount("params", params, positive=True)
+    check_amount("optimizer_bytes", optimizer_bytes)
     k = optimizer_bytes
     if stage == 0:
         return (4 + k) * params

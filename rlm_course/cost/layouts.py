@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 from rlm_course.cost.anatomy import activation_bytes, zero_model_state_bytes
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
-from rlm_course.utils import check_amount, is_real
+from rlm_course.utils import check_amount, check_kinds, is_real
 
 GB = 1e9
 ADAM_STATE_BYTES = 12  # fp32 master weights, momentum, variance
@@ -112,11 +112,17 @@ class Layout:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Layout.{name}={value!r} must be a positive integer.")
-        if not (isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0):
+        if not (isinstance(self.micro_batch_tokens, int)
+                and not isinstance(self.micro_batch_tokens, bool) and self.micro_batch_tokens >= 0):
             raise ValueError(f"Layout.micro_batch_tokens={self.micro_batch_tokens!r} must be an "
                              "integer >= 0 (0: micro-batches of micro_batch sequences).")
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
-            raise ValueError(f"Layout.zero={self.zero!r}: choose ZeRO stage 0, 1, 2 or 3.")
+        if not isinstance(self.zero, int) or isinstance(self.zero, bool) or self.zero not in (
+                0, 1, 2, 3):
+            raise ValueError(f"Layout.zero={self.zero!r}: choose ZeRO stage 0, 1, 2 or 3 (an "
+                             "integer).")
+        for name in ("recompute", "offload", "overlap", "main_grads_fp32", "sequence_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Layout.{name}={getattr(self, name)!r} must be True or False.")
         if (self.tp * self.cp * self.dp) % self.ep:
             raise ValueError(f"Layout: ep={self.ep} must divide tp x cp x dp = "
                              f"{self.tp * self.cp * self.dp} (the expert-parallel ranks come from "
@@ -163,6 +169,21 @@ class Layout:
         return self.micro_batch * seq_len
 
 
+def _kinds(owner: str, **values) -> None:
+    """A ValueError for a name or a dict where a spec, device or Layout belongs: ``values`` maps
+    ``spec``, ``device`` or ``layout`` to what the caller passed."""
+    kinds = {"spec": (TransformerSpec, "get_spec('llama-3.1-8b')"),
+             "device": (Device, "get_device('H100-SXM-80GB')"),
+             "layout": (Layout, "Layout(tp=8, dp=2)")}
+    check_kinds([(name, value, *kinds[name]) for name, value in values.items()], f"{owner}: ")
+
+
+def _bytes_per_element(owner: str, name: str, value) -> None:
+    if not (is_real(value) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{owner}: {name}={value!r} must be a positive number of bytes per "
+                         "element (2: bf16, 1: fp8).")
+
+
 def axis_strides(layout: Layout) -> dict[str, tuple[int, int]]:
     """``{axis: (degree, stride)}`` on the mesh ``pp, dp, cp, tp`` (``tp`` fastest): the
     ranks of a group along an axis are ``stride`` apart. An expert-parallel group is ``ep``
@@ -189,6 +210,7 @@ def params_per_device(spec: TransformerSpec, layout: Layout) -> tuple[float, flo
     when tied: Megatron keeps one on the last stage to compute the logits). For Qwen3-4B at
     ``pp = 4``, 9 layers and the 389M-parameter embedding: 1.30B parameters, where an even
     quarter of the model is 1.01B."""
+    _kinds("params_per_device", spec=spec, layout=layout)
     experts = expert_params(spec)
     split = layout.ep if layout.ep > 1 else layout.tp
     if layout.pp == 1:
@@ -205,10 +227,21 @@ def model_states(params: float, dp: int, zero: int, offload: bool,
             grad_bytes: int = 2) -> dict[str, float]:
     """Weights, gradients and (device-resident) optimizer states of ``params`` parameters under
     ZeRO ``zero`` over ``dp`` ranks, from :func:`zero_model_state_bytes`; ``grad_bytes = 4``
-    (fp32 main gradients) doubles the gradients' share."""
-    if params <= 0:
-        return {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0}
+    (fp32 main gradients) doubles the gradients' share; no parameters, no bytes.
+
+    Raises:
+        ValueError: for a parameter count that is not a finite number >= 0, a ``dp`` that is not
+            a positive integer, an unknown ZeRO stage or ``grad_bytes`` other than 2 and 4.
+    """
+    check_amount("model_states: params", params)
+    if isinstance(grad_bytes, bool) or grad_bytes not in (2, 4):
+        raise ValueError(f"model_states: grad_bytes={grad_bytes!r} must be 2 (bf16 gradients) or "
+                         "4 (fp32 main gradients).")
+    if not isinstance(offload, bool):
+        raise ValueError(f"model_states: offload={offload!r} must be True or False.")
     n = int(params)
+    if n == 0:
+        return {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0}
     total = zero_model_state_bytes(n, dp, zero, ADAM_STATE_BYTES)
     no_optimizer = zero_model_state_bytes(n, dp, zero, 0)
     weights = 2 * n / dp if zero == 3 else 2.0 * n
@@ -228,8 +261,15 @@ def training_memory(spec: TransformerSpec, layout: Layout, seq_len: int,
         ValueError: for a layout that does not fit the architecture, or a sequence length that
             is not a finite number >= 0.
     """
+    _kinds("training_memory", spec=spec, layout=layout)
     layout.check(spec)
     check_amount("seq_len", seq_len)
+    if not isinstance(trained, bool):
+        raise ValueError(f"training_memory: trained={trained!r} must be True (a trained role) or "
+                         "False (frozen weights, e.g. the reference).")
+    if spec.max_context is not None and seq_len > spec.max_context:
+        raise ValueError(f"training_memory: seq_len={seq_len:,} tokens exceeds {spec.name}'s "
+                         f"context window of {spec.max_context:,}; train on shorter sequences.")
     dense, experts = params_per_device(spec, layout)
     dp_dense = layout.dp * layout.cp
     dp_expert = layout.tp * dp_dense // layout.ep if layout.ep > 1 else dp_dense
@@ -242,6 +282,8 @@ def training_memory(spec: TransformerSpec, layout: Layout, seq_len: int,
             out[k] = out.get(k, 0.0) + v
     tokens = layout.micro_tokens(seq_len)  # packed: one sequence of this many tokens
     acts = activation_bytes(spec, 1, tokens, layout.recompute)
+    if layout.pp > 1:  # 1F1B: the first stage holds pp micro-batches of its ceil(L / pp) layers
+        acts *= layout.pp * -(-spec.n_layer // layout.pp) / spec.n_layer
     if layout.sequence_parallel or layout.tp == 1:
         out["activations"] = acts / (layout.tp * layout.cp)
     elif layout.recompute:  # the layer inputs, whole on every TP rank
@@ -261,8 +303,12 @@ def generation_memory(spec: TransformerSpec, tp: int, weight_bytes: int = 2,
     kv_heads)``: past the KV heads TP replicates them; a latent cache, whole on every rank).
 
     Raises:
-        ValueError: if ``tp`` does not divide the heads.
+        ValueError: if ``tp`` does not divide the heads, or for a byte width that is not a
+            positive number.
     """
+    _kinds("generation_memory", spec=spec)
+    _bytes_per_element("generation_memory", "weight_bytes", weight_bytes)
+    _bytes_per_element("generation_memory", "kv_bytes", kv_bytes)
     if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 and spec.n_head % tp:
         raise ValueError(f"generation tp={tp} does not divide {spec.name}'s {spec.n_head} heads; "
                          "choose a divisor.")
@@ -278,6 +324,7 @@ def usable(device: Device, memory_fraction: float) -> float:
     Raises:
         ValueError: for a ``memory_fraction`` outside (0, 1].
     """
+    check_kinds([("device", device, Device, "get_device('H100-SXM-80GB')")], "usable: ")
     if not (is_real(memory_fraction) and 0 < memory_fraction <= 1):
         raise ValueError(f"memory_fraction={memory_fraction!r} must be a fraction in (0, 1] of "
                          "the device's memory (0.9 is typical).")
@@ -294,13 +341,17 @@ def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence
 
     Raises:
         DoesNotFit: if not even one sequence fits.
-        ValueError: for a ``tp`` that does not fit the model, a token count that is not positive
-            and finite, a ``memory_fraction`` outside (0, 1], a negative ``resident`` or a
-            ``max_batch`` below 1.
+        ValueError: for a ``tp`` that does not fit the model, a token count that is not a finite
+            number from 1 to the model's context window, a ``memory_fraction`` outside (0, 1], a
+            negative ``resident``, a ``max_batch`` below 1 or a byte width that is not positive.
     """
-    if not (is_real(tokens_per_sequence) and 0 < tokens_per_sequence < math.inf):
-        raise ValueError(f"tokens_per_sequence={tokens_per_sequence!r} must be a positive, finite "
-                         "number of tokens.")
+    _kinds("kv_slots", spec=spec, device=device)
+    if not (is_real(tokens_per_sequence) and 1 <= tokens_per_sequence < math.inf):
+        raise ValueError(f"tokens_per_sequence={tokens_per_sequence!r} must be a finite number of "
+                         "tokens >= 1.")
+    if spec.max_context is not None and tokens_per_sequence > spec.max_context:
+        raise ValueError(f"kv_slots: tokens_per_sequence={tokens_per_sequence:,} exceeds "
+                         f"{spec.name}'s context window of {spec.max_context:,} tokens.")
     if not (is_real(resident) and 0 <= resident < math.inf):
         raise ValueError(f"resident={resident!r} must be a finite number of bytes >= 0.")
     if isinstance(max_batch, bool) or not (isinstance(max_batch, int) and max_batch >= 1):
@@ -326,26 +377,52 @@ def check_training(spec: TransformerSpec, layout: Layout, device: Device, seq_le
     reference's weights); returns it.
 
     Raises:
-        DoesNotFit: naming the layout, the bytes of each part and the usable memory, with fixes.
+        DoesNotFit: naming the layout, the bytes of each part and the usable memory, with the
+            fixes that shrink the parts that overflow: ZeRO-3, TP or PP for the model states;
+            CP, TP (with sequence parallelism) or fewer tokens per micro-batch for the
+            activations and logits (PP does not shrink them: under 1F1B the first stage holds
+            ``pp`` micro-batches of its layers); offloading; recomputation.
+        ValueError: for ``extra`` that is not ``{name: bytes}`` of finite numbers >= 0, or as
+            :func:`training_memory`.
     """
     memory = dict(training_memory(spec, layout, seq_len))
+    if extra is not None and not isinstance(extra, dict):
+        raise ValueError(f"check_training: extra={extra!r} must be a dict of {{name: bytes}}.")
     for k, v in (extra or {}).items():
+        check_amount(f"check_training: extra[{k!r}]", v)
         memory[k] = memory.get(k, 0.0) + v
+    _kinds("check_training", device=device)
     total, room = sum(memory.values()), usable(device, memory_fraction)
     if total > room:
         parts = ", ".join(f"{k} {v / GB:,.1f}" for k, v in memory.items() if v)
+        excess = total - room
+        states = sum(memory.get(k, 0.0) for k in ("weights", "gradients", "optimizer"))
+        per_micro_batch = memory.get("activations", 0.0) + memory.get("logits", 0.0)
+        # (fix, the most it can save): a fix that alone cannot cover the excess is named only
+        # when none can
+        acts = memory.get("activations", 0.0)
         fixes = []
         if layout.zero < 3 and layout.dp > 1:  # one data-parallel rank: nothing to shard
-            fixes.append("shard with ZeRO-3/FSDP (zero=3)")
-        fixes.append("split each model copy over more GPUs (raise tp or pp)")
+            fixes.append(("shard with ZeRO-3/FSDP (zero=3)", states * (1 - 1 / layout.dp)))
+        fixes.append(("split each model copy over more GPUs (raise tp or pp)", states))
+        fixes.append(("split each sequence's activations and logits over more GPUs (raise cp"
+                      + (", or tp" if layout.sequence_parallel else "") + ")", per_micro_batch))
+        if layout.micro_batch > 1 or layout.micro_batch_tokens > seq_len:
+            fixes.append(("put fewer tokens in a micro-batch (micro_batch_tokens, micro_batch)",
+                          per_micro_batch))
         if not layout.offload:
-            fixes.append("offload the optimizer")
-        if not layout.recompute:
-            fixes.append("recompute activations")
+            fixes.append(("offload the optimizer", memory.get("optimizer", 0.0)))
+        if not layout.recompute:  # keeps each layer's input: 2 of the 34 s h per layer
+            fixes.append(("recompute activations", acts * 32 / 34))
+        enough = [fix for fix, saves in fixes if saves > excess]
+        advice = (", or ".join(enough) if enough else
+                  "no one change frees enough; combine: " + ", and ".join(
+                      fix for fix, saves in fixes if saves > 0))
         raise DoesNotFit(f"{role} layout {layout.describe()} of {spec.name} needs "
                          f"{total / GB:,.1f} GB per {device.name} ({parts} GB) but a device has "
                          f"{room / GB:,.1f} GB usable ({memory_fraction:.0%} of "
-                         f"{device.memory_bytes / GB:,.0f} GB): {', or '.join(fixes)}.")
+                         f"{device.memory_bytes / GB:,.0f} GB), {excess / GB:,.1f} GB too much: "
+                         f"{advice}.")
     return memory
 
 
@@ -397,7 +474,11 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
 
     Raises:
         DoesNotFit: if no candidate fits.
+        ValueError: for ``gpus`` or ``sequences`` that is not a positive integer.
     """
+    for name, value in (("gpus", gpus), ("sequences", sequences)):
+        if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"choose_generation_tp: {name}={value!r} must be a positive integer.")
     estimates: dict[int, float] = {}
     # BEGIN SOLUTION: for each candidate tp (skip those not dividing gpus, or that the model refuses: spec.allows("tp", tp)): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest
     for tp in candidates:

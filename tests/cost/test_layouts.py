@@ -90,3 +90,72 @@ def test_without_sequence_parallelism_tp_splits_only_its_matmuls_activations():
     recomputed = training_memory(spec, Layout(dp=8, tp=8, recompute=True,
                                               sequence_parallel=False), s)
     assert recomputed["activations"] == pytest.approx(layers * 2 * s * h)  # inputs, whole
+
+
+def test_a_refusal_names_only_the_fixes_that_can_free_the_excess():
+    spec = get_spec("llama-3.1-8b")
+    # a 131,072-token sequence at tp 8: 73.0 GB of activations and 8.4 of logits, 16 GB of model
+    # states; PP splits only the states (under 1F1B the first stage holds pp micro-batches of its
+    # layers), so it cannot free the 17.5-25.5 GB too much: context parallelism can (it fits
+    # at cp 4, 36.4 GB), and recomputation
+    for pp in (1, 2, 4, 8):
+        with pytest.raises(DoesNotFit, match=r"too much: split each sequence's activations and "
+                                             r"logits over more GPUs \(raise cp, or tp\), or "
+                                             r"recompute activations\.$") as refused:
+            check_training(spec, Layout(tp=8, pp=pp), H100, 131072)
+        assert "raise tp or pp" not in str(refused.value)
+    fits = check_training(spec, Layout(tp=8, cp=4), H100, 131072)
+    assert sum(fits.values()) == pytest.approx(36.4e9, rel=2e-3)
+    # no single change is enough: all of them, to combine
+    with pytest.raises(DoesNotFit, match="no one change frees enough; combine: shard with ZeRO-3"):
+        check_training(get_spec("llama-3.1-70b"), Layout(dp=8), H100, 4096)
+
+
+def test_a_pipeline_stage_holds_pp_micro_batches_of_its_layers():
+    spec = get_spec("llama-3.1-8b")  # 32 layers: pp 3 stages of 11, 11 and 10
+    whole = training_memory(spec, Layout(), 4096)["activations"]
+    assert training_memory(spec, Layout(pp=4), 4096)["activations"] == pytest.approx(whole)
+    assert training_memory(spec, Layout(pp=3), 4096)["activations"] == pytest.approx(
+        whole * 3 * 11 / 32)  # 18.82 GB, where 32 layers' worth is 18.25
+
+
+def test_the_memory_model_refuses_bad_input_with_a_value_error():
+    import math
+    import re
+
+    from rlm_course.cost.layouts import generation_memory, model_states, usable
+
+    spec = get_spec("llama-3.1-8b")
+    bad = [
+        (lambda: Layout(recompute="no"), "Layout.recompute='no' must be True or False"),
+        (lambda: Layout(sequence_parallel=None), "Layout.sequence_parallel=None"),
+        (lambda: Layout(zero=1.0), "Layout.zero=1.0"),
+        (lambda: Layout(micro_batch_tokens=True), "Layout.micro_batch_tokens=True"),
+        (lambda: training_memory("llama-3.1-8b", Layout(), 4096),
+         "spec='llama-3.1-8b' must be a TransformerSpec"),
+        (lambda: training_memory(spec, {"dp": 2}, 4096), "must be a Layout"),
+        (lambda: training_memory(spec, Layout(), 10**6), "context window of 131,072"),
+        (lambda: training_memory(spec, Layout(), 4096, trained="no"), "trained='no'"),
+        (lambda: kv_slots(spec, 1, H100, 200_000), "context window"),
+        (lambda: kv_slots(spec, 1, H100, 4096, kv_bytes=0), "kv_bytes=0"),
+        (lambda: kv_slots(spec, 1, H100, 4096, weight_bytes=math.nan), "weight_bytes=nan"),
+        (lambda: kv_slots(spec, 1, "H100-SXM-80GB", 4096), "must be a Device"),
+        (lambda: generation_memory(spec, 1, weight_bytes=-1), "weight_bytes=-1"),
+        (lambda: usable("H100-SXM-80GB", 0.9), "must be a Device"),
+        (lambda: model_states(-5, 8, 1, False), "params=-5"),
+        (lambda: model_states(1e9, 8, 1, False, grad_bytes=3), "grad_bytes=3"),
+        (lambda: model_states(math.inf, 8, 1, False), "params=inf"),
+        (lambda: zero_model_state_bytes(math.nan, 8, 1), "params=nan"),
+        (lambda: zero_model_state_bytes(1e9, True, 1), "dp=True"),
+        (lambda: check_training(spec, Layout(), H100, 4096, extra={"ref": math.nan}),
+         "extra['ref']=nan"),
+        (lambda: check_training(spec, Layout(), H100, 4096, extra=1e9), "extra=1000000000.0"),
+        (lambda: check_training(spec, Layout(), "H100-SXM-80GB", 4096), "must be a Device"),
+        (lambda: choose_generation_tp(spec, H100, 0, 64, 1024, None), "gpus=0"),
+        (lambda: choose_generation_tp(spec, H100, 8, True, 1024, None), "sequences=True"),
+    ]
+    for call, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
+    # no parameters, no bytes (an MoE's expert part on a dense model)
+    assert model_states(0, 8, 1, False) == {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0}
