@@ -355,15 +355,16 @@ def decode_step_flops(spec: TransformerSpec, context: int, sequences: int) -> fl
     return sequences * spec.forward_flops_per_token(context)
 
 
-def weight_bytes(spec: TransformerSpec, workload: Workload, sequences: int) -> float:
-    """Bytes of the weights a pass reads: all of a dense model; of an MoE model, the experts that
-    ``sequences`` tokens touch: with routing spread evenly, an expert escapes all of them with
+def weight_bytes(spec: TransformerSpec, workload: Workload, tokens: int) -> float:
+    """Bytes of the weights a pass over ``tokens`` tokens reads (a decode step: one token per
+    sequence; a prefill: every prompt token): all of a dense model; of an MoE model, the experts
+    those tokens touch: with routing spread evenly, an expert escapes all of them with
     probability ``(1 - k/E)^a``, so ``E (1 - (1 - k/E)^a)`` are touched on average (``E``
     experts, ``k`` per token, ``a`` tokens): 163 of DeepSeek-V3's 256 at 32 tokens, where the
     bound ``min(E, a k)`` says all 256."""
     if spec.is_moe:
         e, k = spec.n_experts, spec.experts_per_token
-        touched = e * (1 - (1 - k / e) ** sequences)
+        touched = e * (1 - (1 - k / e) ** tokens)
         total = spec.params() - (spec.n_experts - touched) * spec.n_layer * spec.mlp_params()
     else:
         total = spec.params()
@@ -387,7 +388,9 @@ def generation_costs(spec: TransformerSpec, workload: Workload) -> dict[str, Sta
     kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
     costs = {}
     prefill_flops = teacher_forced_flops(spec, w.prompt_len, b)
-    prefill_bytes = w.micro_batches * weight_bytes(spec, w, w.micro_batch) + b * w.prompt_len * kv
+    # each micro-batch's forward reads the weights once (of an MoE, the experts its tokens touch)
+    prefill_bytes = (w.micro_batches * weight_bytes(spec, w, w.micro_batch * w.prompt_len)
+                     + b * w.prompt_len * kv)
     costs["prefill"] = StageCost(prefill_flops, prefill_bytes)
     steps = range(1, w.max_response_len)
     active = [w.active_sequences(t) for t in steps]
@@ -413,7 +416,8 @@ def stage_costs(spec: TransformerSpec, config: RLConfig, workload: Workload) -> 
     passes = predict_passes(config)
     costs = generation_costs(spec, w)
     # scoring: one teacher-forced forward per scoring model, each sequence at its own length
-    pass_bytes = w.micro_batches * weight_bytes(spec, w, w.micro_batch)
+    pass_bytes = w.micro_batches * weight_bytes(
+        spec, w, math.ceil(w.micro_batch * (w.prompt_len + w.mean_response_len)))
     flops = bytes_ = 0.0
     critic = {"critic"}
     for model, count in passes["scoring"].items():
@@ -592,7 +596,7 @@ def prefill_intensity(spec: TransformerSpec, batch: int, seq_len: int,
     w = workload or Workload(1, 1, 1, 1)
     kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
     return (teacher_forced_flops(spec, seq_len, batch)
-            / (weight_bytes(spec, w, batch) + batch * seq_len * kv))
+            / (weight_bytes(spec, w, batch * seq_len) + batch * seq_len * kv))
 
 
 def memory(spec: TransformerSpec, config: RLConfig, workload: Workload) -> dict[str, float]:

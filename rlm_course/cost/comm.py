@@ -52,6 +52,7 @@ ratios for TPUs).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from rlm_course.cost.architectures import TransformerSpec
@@ -82,6 +83,13 @@ class Link:
                              "positive finite bandwidth.")
 
     def seconds(self, nbytes: float) -> float:
+        """``alpha + nbytes / beta``: one message of ``nbytes`` bytes.
+
+        Raises:
+            ValueError: for a byte count that is negative or not a number.
+        """
+        if not nbytes >= 0:  # NaN too
+            raise ValueError(f"Link.seconds: nbytes={nbytes!r} must be a number of bytes >= 0.")
         return self.alpha + nbytes / self.beta
 
 
@@ -104,13 +112,24 @@ class Fabric:
     devices_per_node: int
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.devices_per_node, int) and self.devices_per_node >= 1):
+        if (isinstance(self.devices_per_node, bool) or not isinstance(self.devices_per_node,
+                                                                       numbers.Integral)
+                or self.devices_per_node < 1):
             raise ValueError(f"devices_per_node={self.devices_per_node!r} must be a positive integer.")
+        object.__setattr__(self, "devices_per_node", int(self.devices_per_node))
+        for name in ("intra", "inter"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Link):
+                raise ValueError(f"Fabric.{name}={value!r} must be a Link (or None: no such link); "
+                                 "pass e.g. Link(alpha=5e-6, beta=25e9).")
 
     @classmethod
     def of(cls, device: Device, intra: Link | None = None, inter: Link | None = None) -> "Fabric":
         """The catalog device's links (per-direction bandwidth, NCCL's per-step latency), or the
         measured ``intra`` / ``inter`` links given instead."""
+        if not isinstance(device, Device):
+            raise ValueError(f"Fabric.of: device={device!r} must be a Device; pass e.g. "
+                             "get_device('H100-SXM-80GB').")
         if intra is None and device.intra_node_bandwidth > 0:
             intra = Link(device.intra_node_latency, device.intra_node_bandwidth)
         if inter is None and device.inter_node_bandwidth > 0:
@@ -123,8 +142,13 @@ class Fabric:
         network.
 
         Raises:
-            ValueError: if the device has no such link (e.g. a machine measured alone).
+            ValueError: for a size or stride that is not a positive integer, or if the device
+                has no such link (e.g. a machine measured alone).
         """
+        for name, value in (("size", size), ("stride", stride)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"Fabric.link: {name}={value!r} must be a positive integer "
+                                 "(ranks).")
         inside = size * stride <= self.devices_per_node
         link = self.intra if inside else self.inter
         if link is None:
@@ -331,6 +355,9 @@ def tensor_parallel_comm(spec: TransformerSpec, tp: int, tokens: float, link: Li
 #: The largest message an engine's custom all-reduce takes (vLLM's ``CustomAllreduce``
 #: ``max_size``, 8 MiB); larger ones go to NCCL.
 ENGINE_ALL_REDUCE_MAX_BYTES = 8 * 2**20
+#: the group sizes vLLM's custom all-reduce runs (CustomAllreduce._SUPPORTED_WORLD_SIZES in
+#: vllm/distributed/device_communicators/custom_all_reduce.py); others fall back to NCCL.
+ENGINE_ALL_REDUCE_WORLD_SIZES = (2, 4, 6, 8)
 
 
 def engine_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
@@ -340,7 +367,9 @@ def engine_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
     all ``p - 1`` peers' whole buffers: ``alpha + (p - 1) M / beta``) for small messages,
     two-shot (a reduce-scatter then an all-gather, each in one step: ``2 alpha + 2 (p - 1) / p x
     M / beta``) for large ones; the faster of the two. Messages above
-    :data:`ENGINE_ALL_REDUCE_MAX_BYTES` go to NCCL (:func:`all_reduce_seconds`). 0 for one rank.
+    :data:`ENGINE_ALL_REDUCE_MAX_BYTES`, and groups of a size the kernel does not support
+    (:data:`ENGINE_ALL_REDUCE_WORLD_SIZES`: TP 16 or 32 inside a GB200 NVL72 domain), go to NCCL
+    (:func:`all_reduce_seconds`). 0 for one rank.
 
     Raises:
         ValueError: for a negative size or ``p < 1``.
@@ -348,7 +377,7 @@ def engine_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
     _check(nbytes, p)
     if p == 1:
         return 0.0
-    if nbytes > ENGINE_ALL_REDUCE_MAX_BYTES:
+    if nbytes > ENGINE_ALL_REDUCE_MAX_BYTES or p not in ENGINE_ALL_REDUCE_WORLD_SIZES:
         return all_reduce_seconds(nbytes, p, link, "auto")
     one_shot = link.alpha + (p - 1) * nbytes / link.beta
     two_shot = 2 * link.alpha + 2 * (p - 1) / p * nbytes / link.beta

@@ -421,8 +421,7 @@ def check_training(spec: TransformerSpec, layout: Layout, device: Device, seq_le
         raise DoesNotFit(f"{role} layout {layout.describe()} of {spec.name} needs "
                          f"{total / GB:,.1f} GB per {device.name} ({parts} GB) but a device has "
                          f"{room / GB:,.1f} GB usable ({memory_fraction:.0%} of "
-                         f"{device.memory_bytes / GB:,.0f} GB), {excess / GB:,.1f} GB too much: "
-                         f"{advice}.")
+                         f"{device.memory_bytes / GB:,.0f} GB): {advice}.")
     return memory
 
 

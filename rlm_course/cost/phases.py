@@ -323,6 +323,14 @@ class DecodeCost:
     flops: float = 0.0
 
     def __post_init__(self) -> None:
+        check_kinds([("spec", self.spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
+                     ("device", self.device, Device, "get_device('H100-SXM-80GB')"),
+                     ("rates", self.rates, Rates, "calibrated_rates('nemo-rl') or Rates()"),
+                     ("workload", self.workload, Workload, "Workload(8, 4, 128, 256)")],
+                    "DecodeCost: ")
+        if self.fabric is not None:
+            check_kinds([("fabric", self.fabric, comm.Fabric, "Cluster(device, 8).fabric(rates)")],
+                        "DecodeCost: ")
         s, r, tp = self.spec, self.rates, self.tp
         s.check_degree("tp", tp)
         # FLOPs of one token's matmuls, and per key it attends over
@@ -372,8 +380,20 @@ class DecodeCost:
     def seconds(self, steps: int, active: int, context_sum: float, count: bool = False) -> float:
         """Seconds of ``steps`` decode steps of ``active`` sequences whose contexts sum to
         ``context_sum`` at the first step (each step adds ``active`` to it); ``count`` adds their
-        FLOPs to :attr:`flops`."""
-        if steps <= 0 or active <= 0:
+        FLOPs to :attr:`flops`.
+
+        Raises:
+            ValueError: for a step or sequence count that is not an integer >= 0, or a context
+                sum that is not a finite number >= 0.
+        """
+        if not (steps.__class__ is int or isinstance(steps, numbers.Integral)) or steps < 0 \
+                or not (active.__class__ is int or isinstance(active, numbers.Integral)) \
+                or active < 0 or isinstance(steps, bool) or isinstance(active, bool) \
+                or not 0 <= context_sum < math.inf:
+            raise ValueError(f"DecodeCost.seconds: steps={steps!r} and active={active!r} must be "
+                             f"integers >= 0 and context_sum={context_sum!r} a finite number of "
+                             "tokens >= 0.")
+        if steps == 0 or active == 0:
             return 0.0
         f0, f1, b0, b1 = self._terms(active, context_sum)
         d0, d1 = f0 - b0, f1 - b1  # compute-bound where d0 + d1 t >= 0
@@ -397,7 +417,17 @@ class DecodeCost:
             steps * context_sum + active * steps * (steps - 1) / 2)
 
     def steps_within(self, elapsed: float, active: int, context_sum: float, limit: int) -> int:
-        """The most whole steps (at most ``limit``) that fit in ``elapsed`` seconds."""
+        """The most whole steps (at most ``limit``) that fit in ``elapsed`` seconds.
+
+        Raises:
+            ValueError: for a ``limit`` that is not an integer >= 0 or an ``elapsed`` that is
+                not a number.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 0:
+            raise ValueError(f"DecodeCost.steps_within: limit={limit!r} must be an integer >= 0.")
+        if not is_real(elapsed) or math.isnan(elapsed):
+            raise ValueError(f"DecodeCost.steps_within: elapsed={elapsed!r} must be a number of "
+                             "seconds.")
         lo, hi = 0, limit
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -408,15 +438,24 @@ class DecodeCost:
         return lo
 
     def prefill_seconds(self, contexts: dict[int, int]) -> float:
-        """Seconds to prefill ``{context length: sequences}`` (compute-bound roofline, each
-        device's weights read once, their keys and values written); counts their FLOPs."""
+        """Seconds to prefill ``{context length: sequences}``: the roofline of one forward over
+        all their tokens (compute-bound but for a short batch: each device's weights read once,
+        of an MoE the experts all those *tokens* touch, and their keys and values written), plus
+        TP's two all-reduces of ``tokens x d_model`` per layer, on the critical path as in a
+        decode step (:func:`~rlm_course.cost.comm.decode_tp_comm`); counts the FLOPs."""
         if not contexts:
             return 0.0
         flops = sum(teacher_forced_flops(self.spec, c, n) for c, n in contexts.items())
         tokens = sum(c * n for c, n in contexts.items())
         self.flops += flops
-        return max(flops / self.prefill_rate,
-                   (self._weight_bytes(sum(contexts.values())) + self.kv * tokens) / self.byte_rate)
+        comm_seconds = 0.0
+        if self.tp > 1 and tokens:
+            comm_seconds = comm.decode_tp_comm(self.spec, self.tp, tokens, self.link,
+                                               in_node=self.in_node, fabric=self.fabric).seconds
+            if not self.in_node:
+                comm_seconds += 2 * self.spec.n_layer * self.rates.cross_node_all_reduce_seconds
+        return comm_seconds + max(flops / self.prefill_rate,
+                                  (self._weight_bytes(tokens) + self.kv * tokens) / self.byte_rate)
 
 
 # ---------------------------------------------------------------------- training
@@ -475,6 +514,15 @@ class TrainerCost:
     engine_log_probs: bool = False
 
     def __post_init__(self) -> None:
+        check_kinds([("spec", self.spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
+                     ("config", self.config, RLConfig, "algorithm('grpo')"),
+                     ("layout", self.layout, Layout, "Layout(tp=8, dp=2)"),
+                     ("device", self.device, Device, "get_device('H100-SXM-80GB')"),
+                     ("rates", self.rates, Rates, "calibrated_rates('nemo-rl') or Rates()")],
+                    "TrainerCost: ")
+        if self.fabric is not None:
+            check_kinds([("fabric", self.fabric, comm.Fabric, "Cluster(device, 8).fabric(rates)")],
+                        "TrainerCost: ")
         self.layout.check(self.spec)
         if self.layout.devices > 1 and self.fabric is None:
             raise ValueError("a trainer on several devices needs the cluster's fabric.")
@@ -517,7 +565,27 @@ class TrainerCost:
         and the step lasts as long as the replica with the most FLOPs. With equal lengths that
         is ``FLOPs / (devices x peak x hfu)``; with a long tail, a replica holding one of the
         longest sequences can outlast the average by far, and adding replicas no longer helps.
-        To that come the exposed communication and the fixed costs (the module docstring)."""
+        To that come the exposed communication and the fixed costs (the module docstring).
+
+        Raises:
+            ValueError: for ``lengths`` that are not positive integers, or ``optimizer_steps``
+                that is not None or a positive integer.
+        """
+        try:
+            lengths = list(lengths)
+        except TypeError:
+            raise ValueError(f"TrainerCost.seconds: lengths={lengths!r} must be the responses' "
+                             "lengths in tokens, e.g. [512, 1024].") from None
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 1
+                   for t in lengths):
+            bad = next(t for t in lengths if isinstance(t, bool)
+                       or not isinstance(t, numbers.Integral) or t < 1)
+            raise ValueError(f"TrainerCost.seconds: a response length of {bad!r}: lengths must be "
+                             "positive integers (tokens).")
+        if optimizer_steps is not None and (isinstance(optimizer_steps, bool) or not isinstance(
+                optimizer_steps, numbers.Integral) or optimizer_steps < 1):
+            raise ValueError(f"TrainerCost.seconds: optimizer_steps={optimizer_steps!r} must be a "
+                             "positive integer (None: the configuration's minibatches).")
         lay, spec, dev, r = self.layout, self.spec, self.device, self.rates
         lengths = list(lengths)
         if not lengths:

@@ -149,3 +149,78 @@ def test_zero2_reduce_scatters_every_micro_batch_and_gathers_once_per_step():
     assert seconds[1] == pytest.approx([scatter + gather] * 2, rel=1e-12)
     assert seconds[2] == pytest.approx([scatter + gather, 8 * scatter + gather], rel=1e-12)
     assert seconds[2][1] == pytest.approx(0.28127, rel=1e-4)  # Llama-3-8B on 8 H100s, 8 micro
+
+
+def test_a_prefill_reads_the_experts_its_tokens_touch_and_pays_tp_all_reduces():
+    from rlm_course.cost.anatomy import Workload, weight_bytes
+    from rlm_course.cost.architectures import teacher_forced_flops
+
+    moe, rates = get_spec("qwen3-30b-a3b"), Rates()
+    cost = DecodeCost(moe, H100, 1, rates)
+    w = Workload(1, 1, 1, 1)
+    # one 512-token prompt touches all 128 experts (it was priced as reading the 8 that one
+    # token touches: 7.5 ms where the weights alone take 26 ms)
+    assert weight_bytes(moe, w, 512) == pytest.approx(2 * moe.params(), rel=1e-6)
+    want = max(teacher_forced_flops(moe, 512, 1) / cost.prefill_rate,
+               (weight_bytes(moe, w, 512) + cost.kv * 512) / cost.byte_rate)
+    assert cost.prefill_seconds({512: 1}) == pytest.approx(want)
+    assert cost.prefill_seconds({512: 1}) >= cost.prefill_seconds({8: 64}) * 0.99
+    # TP 8: two all-reduces of tokens x d_model a layer, as a decode step of that many tokens
+    big, fabric = get_spec("llama-3.1-70b"), comm.Fabric.of(H100)
+    tp8 = DecodeCost(big, H100, 8, rates, fabric)
+    roofline = max(teacher_forced_flops(big, 4096, 8) / tp8.prefill_rate,
+                   (2 * big.params() / 8 + tp8.kv * 32768) / tp8.byte_rate)
+    reduce = comm.decode_tp_comm(big, 8, 32768, fabric.intra, in_node=True).seconds
+    assert reduce > 0.1 * roofline
+    assert tp8.prefill_seconds({4096: 8}) == pytest.approx(roofline + reduce)
+
+
+def test_the_engine_all_reduce_runs_only_on_the_group_sizes_its_kernel_supports():
+    gb200 = get_device("GB200-NVL72-186GB")
+    link = comm.Fabric.of(gb200).intra
+    m = 512 * 1024
+    for p in (2, 4, 8):
+        assert comm.engine_all_reduce_seconds(m, p, link) < comm.all_reduce_seconds(m, p, link)
+    for p in (16, 32, 64):  # inside one NVL72 domain, but vLLM's kernel stops at 8: NCCL
+        assert comm.engine_all_reduce_seconds(m, p, link) == comm.all_reduce_seconds(m, p, link)
+
+
+def test_the_stage_model_refuses_bad_input_with_a_value_error():
+    import re
+
+    rates, fabric = Rates(), comm.Fabric.of(H100)
+    cost = DecodeCost(SPEC, H100, 1, rates)
+    trainer = TrainerCost(SPEC, preset("grpo"), Layout(), H100, rates, None, 100)
+    link = Link()
+    bad = [
+        (lambda: cost.seconds(1, 4, -1e9), "context_sum=-1000000000.0"),
+        (lambda: cost.seconds(float("nan"), 4, 100), "steps=nan"),
+        (lambda: cost.seconds(2.5, 4, 100), "steps=2.5"),
+        (lambda: cost.seconds(1, True, 100), "active=True"),
+        (lambda: cost.seconds(1, 4, float("inf")), "context_sum=inf"),
+        (lambda: cost.steps_within(1.0, 4, 100, 2.5), "limit=2.5"),  # looped forever
+        (lambda: cost.steps_within(float("nan"), 4, 100, 10), "elapsed=nan"),
+        (lambda: trainer.seconds([-100] * 8), "a response length of -100"),
+        (lambda: trainer.seconds([100.7]), "a response length of 100.7"),
+        (lambda: trainer.seconds(5), "lengths=5"),
+        (lambda: trainer.seconds([100], optimizer_steps=0), "optimizer_steps=0"),
+        (lambda: DecodeCost("qwen2.5-7b", H100, 1, rates), "spec='qwen2.5-7b'"),
+        (lambda: DecodeCost(SPEC, H100, 1, None), "rates=None"),
+        (lambda: DecodeCost(SPEC, H100, 2, rates, "nvlink"), "fabric='nvlink'"),
+        (lambda: TrainerCost(SPEC, None, Layout(), H100, rates, None, 100), "config=None"),
+        (lambda: TrainerCost(SPEC, preset("grpo"), {"dp": 2}, H100, rates, None, 100),
+         "layout={'dp': 2}"),
+        (lambda: link.seconds(-1e9), "nbytes=-1000000000.0"),
+        (lambda: link.seconds(float("nan")), "nbytes=nan"),
+        (lambda: comm.Fabric(link, link, True), "devices_per_node=True"),
+        (lambda: comm.Fabric("nvlink", link, 8), "Fabric.intra='nvlink'"),
+        (lambda: comm.Fabric.of(H100, intra=(5e-6, 25e9)), "Fabric.intra=(5e-06"),
+        (lambda: comm.Fabric.of("H100-SXM-80GB"), "device='H100-SXM-80GB'"),
+        (lambda: fabric.link(0), "size=0"),
+        (lambda: fabric.link(2.5), "size=2.5"),
+        (lambda: fabric.link(64, stride=0), "stride=0"),
+    ]
+    for call, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
+    assert comm.Fabric(link, link, np.int64(8)).devices_per_node == 8  # numpy's integers too
