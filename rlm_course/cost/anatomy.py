@@ -55,7 +55,7 @@ from rlm_course.cost.accounting import predict_passes
 from rlm_course.cost.architectures import TransformerSpec, teacher_forced_flops
 from rlm_course.cost.hardware import Device
 from rlm_course.algorithms import RLConfig
-from rlm_course.utils import check_amount
+from rlm_course.utils import check_amount, check_kinds, is_real
 from rlm_course.vocabulary import COST_STAGES
 
 STAGES = COST_STAGES  # what this module prices (rlm_course.vocabulary)
@@ -101,6 +101,8 @@ class Workload:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Workload.{name}={value!r} must be a positive integer.")
+        if not isinstance(self.recompute, bool):
+            raise ValueError(f"Workload.recompute={self.recompute!r} must be True or False.")
         if self.responses > MAX_RESPONSES:
             raise ValueError(f"Workload: prompts x group_size = {self.prompts:,} x "
                              f"{self.group_size:,} = {self.responses:,} responses; the cost model "
@@ -231,7 +233,14 @@ def lognormal_lengths(n: int, mean_len: float, sigma: float, max_len: int, seed:
             ``group_size`` that does not divide ``n``, or ``group_share`` outside ``[0, 1]``.
     """
     if not (isinstance(n, int) and n >= 1):
-        raise ValueError(f"lognormal_lengths: n={n!r} must be a positive integer.")
+        raise ValueError(f"lognormal_lengths: n={n!r} (prompts x group_size) must be a positive "
+                         "integer.")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"lognormal_lengths: seed={seed!r} must be an integer (the same seed "
+                         "draws the same lengths; None would draw new ones every time).")
+    for name, value in (("mean_len", mean_len), ("sigma", sigma), ("group_share", group_share)):
+        if not is_real(value):
+            raise ValueError(f"lognormal_lengths: {name}={value!r} must be a number.")
     if not (isinstance(max_len, int) and max_len >= 1 and 1 <= mean_len <= max_len):
         raise ValueError(f"lognormal_lengths: need 1 <= mean_len={mean_len} <= max_len={max_len}.")
     if not (math.isfinite(sigma) and 0 <= sigma <= LOGNORMAL_MAX_SIGMA):
@@ -257,12 +266,18 @@ def lognormal_lengths(n: int, mean_len: float, sigma: float, max_len: int, seed:
         return tuple(min(max_len, max(1, round(math.exp(mu + sigma * x)))) for x in z)
 
     mu = math.log(mean_len) - sigma**2 / 2
-    if not mean_after_cap or mean_len >= max_len:
+    if not mean_after_cap:
         return draw(mu)
-    lo, hi = mu, mu + 1.0
+    if mean_len >= max_len:  # a capped mean at the cap: every response at the cap
+        return (max_len,) * n
+    # bracket the location on both sides (these draws' capped mean at mu can be above the
+    # target as well as below it), then bisect: the capped mean grows with mu
+    lo, hi = mu, mu
+    while sum(draw(lo)) / n > mean_len and mu - lo < 20:
+        lo -= 1.0
     while sum(draw(hi)) / n < mean_len and hi - mu < 20:
         hi += 1.0
-    for _ in range(50):  # the capped mean grows with mu
+    for _ in range(50):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if sum(draw(mid)) / n < mean_len else (lo, mid)
     return draw(hi)
@@ -412,6 +427,9 @@ def stage_costs(spec: TransformerSpec, config: RLConfig, workload: Workload) -> 
     Returns:
         ``{stage: StageCost}`` for the stages of :data:`STAGES` that the algorithm runs.
     """
+    check_kinds([("spec", spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
+                 ("config", config, RLConfig, "preset('grpo')"),
+                 ("workload", workload, Workload, "Workload(8, 4, 128, 256)")], "stage_costs: ")
     w = workload
     passes = predict_passes(config)
     costs = generation_costs(spec, w)
@@ -454,7 +472,16 @@ def stage_seconds(costs: dict[str, StageCost], device: Device, devices: int = 1,
                   generation_tp: int = 1) -> dict[str, float]:
     """Roofline seconds of each stage on ``devices`` devices; generation runs in replicas of
     ``generation_tp`` devices (see :meth:`StageCost.seconds`), the other stages use every device
-    on its share of the batch."""
+    on its share of the batch.
+
+    Raises:
+        ValueError: for a device that is not a Device, or ``devices`` or ``generation_tp``
+            that is not a positive integer.
+    """
+    check_kinds([("device", device, Device, "get_device('H100-SXM-80GB')")], "stage_seconds: ")
+    for name, value in (("devices", devices), ("generation_tp", generation_tp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"stage_seconds: {name}={value!r} must be a positive integer.")
     return {stage: cost.seconds(device, devices,
                                 generation_tp if stage in ("prefill", "decode") else 1)
             for stage, cost in costs.items()}
@@ -695,7 +722,6 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
     """
     from rlm_course.cost import workdepth as wd  # the DAG is only built when asked for
     from rlm_course.cost.weight_sync import sync_cost
-    from rlm_course.utils import check_kinds
 
     check_kinds([
         ("spec", spec, TransformerSpec, "rlm_course.cost.architectures.get_spec('llama-3-8b')"),
@@ -708,6 +734,7 @@ def iteration_report(spec: TransformerSpec, config: RLConfig, workload: Workload
         raise ValueError(f"iteration_report: weight_sync={weight_sync!r}; choose None (stages 1-3), "
                          "'colocated' or 'disaggregated'.")
     spec.check_context(workload.prompt_len, workload.response_len)
+    spec.check_degree("tp", generation_tp)  # the heads, and whole KV heads a rank
     costs = stage_costs(spec, config, workload)
     seconds = stage_seconds(costs, device, devices, generation_tp)
     n_params = spec.params()

@@ -589,7 +589,8 @@ def grpo_iteration(config: Model, prompts: int, group_size: int, prompt_len: int
               minibatches=minibatches)
     batch = prompts * group_size
     if batch % minibatches:
-        raise ValueError(f"minibatches={minibatches} does not divide the batch of {batch}.")
+        raise ValueError(f"minibatches={minibatches} does not divide the batch of {batch} "
+                         "sequences; choose a divisor of it.")
     seq_len = prompt_len + response_len
     old_policy = epochs * minibatches > 1 if old_policy is None else old_policy
     lengths = (None if response_lengths is None
@@ -623,7 +624,8 @@ def ppo_iteration(config: Model, prompts: int, prompt_len: int, response_len: in
     _positive(prompts=prompts, prompt_len=prompt_len, response_len=response_len,
               n_params=n_params, epochs=epochs, minibatches=minibatches)
     if prompts % minibatches:
-        raise ValueError(f"minibatches={minibatches} does not divide the batch of {prompts}.")
+        raise ValueError(f"minibatches={minibatches} does not divide the batch of {prompts} "
+                         "sequences; choose a divisor of it.")
     seq_len = prompt_len + response_len
     passes = 3 if reference else 2
     lengths = (None if response_lengths is None

@@ -280,3 +280,42 @@ def test_iteration_report_with_long_tailed_lengths():
     r_mean = iteration_report(LLAMA, config, even, H100, 8)
     assert r_mean["generation_depth"] < r_tail["generation_depth"] / 2
     assert r_mean["stages"]["decode"]["seconds"] < r_tail["stages"]["decode"]["seconds"] / 2
+
+
+def test_the_mean_after_the_cap_is_the_mean_asked_from_either_side():
+    from rlm_course.cost.anatomy import Workload
+
+    # these draws' capped mean at the uncapped location is already above 1,000 (1,139.7 and
+    # 1,114.7 were returned: the solve only searched upward)
+    for seed in (0, 5):
+        w = Workload.long_tailed(16, 4, 512, 1000, 1.0, 8192, seed=seed, mean_after_cap=True)
+        assert abs(w.mean_response_len - 1000) < 1
+    assert Workload.long_tailed(1, 1, 10, 5, 0.5, 10, mean_after_cap=True).mean_response_len == 5
+    # a capped mean at the cap: every response at the cap (52.9 was returned)
+    at_cap = Workload.long_tailed(4, 4, 10, 100, 1.0, 100, mean_after_cap=True)
+    assert set(at_cap.lengths) == {100}
+
+
+def test_the_anatomy_refuses_bad_input_with_a_value_error():
+    import re
+
+    from rlm_course.cost.anatomy import (Workload, iteration_report, lognormal_lengths,
+                                         stage_seconds)
+
+    spec, h100 = get_spec("llama-3.1-8b"), get_device("H100-SXM-80GB")
+    costs = stage_costs(spec, preset("grpo"), Workload(8, 4, 512, 64))
+    bad = [
+        (lambda: Workload(8, 4, 512, 64, recompute="no"), "Workload.recompute='no'"),
+        (lambda: iteration_report(spec, preset("grpo"), Workload(8, 4, 512, 64), h100, 3, 3),
+         "tp=3"),  # 32 heads: priced before, though no engine runs it
+        (lambda: lognormal_lengths(8, 100, 0.5, 1000, seed=None), "seed=None"),
+        (lambda: lognormal_lengths(8, "100", 0.5, 1000), "mean_len='100'"),
+        (lambda: stage_seconds(costs, "H100-SXM-80GB"), "device='H100-SXM-80GB'"),
+        (lambda: stage_seconds(costs, h100, True), "devices=True"),
+        (lambda: stage_costs(spec, "grpo", Workload(8, 4, 512, 64)), "config='grpo'"),
+        (lambda: stage_costs("llama-3.1-8b", preset("grpo"), Workload(8, 4, 512, 64)),
+         "spec='llama-3.1-8b'"),
+    ]
+    for call, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
