@@ -144,7 +144,8 @@ assert error <= reorder_tolerance(torch.float32, terms=50, depth=2)
 #
 # GRPO: generation, then the scoring passes (independent: depth is the maximum), the group
 # advantages, then the gradient steps one after the other. PPO adds the critic's forward to
-# scoring and runs the critic's update beside the policy's. For Llama-3-8B with 64 prompts x 16
+# scoring and runs the critic's update beside the policy's (the critic ends in a scalar value
+# head on the response positions, not the language-model head). For Llama-3-8B with 64 prompts x 16
 # samples, 256-token prompts and 1,024-token responses:
 
 # %%

@@ -255,17 +255,21 @@ def layer(model: Model, batch: int, seq_len: int, context: int | None = None) ->
     # END SOLUTION
 
 
-def forward(model: Model, batch: int, seq_len: int, context: int | None = None) -> Computation:
+def forward(model: Model, batch: int, seq_len: int, context: int | None = None,
+            value_positions: int | None = None) -> Computation:
     """A forward pass: position embedding add, ``n_layer`` blocks in sequence, final norm, and the
-    language-model head on every position."""
+    language-model head on every position; a critic's (``value_positions`` given) a scalar value
+    head on its ``value_positions`` response positions instead, as
+    :func:`~rlm_course.cost.architectures.teacher_forced_flops` counts it."""
     spec = as_spec(model)
     _positive(batch=batch, seq_len=seq_len)
     rows = batch * seq_len
+    head = (matmul(rows, spec.d_model, spec.vocab_size, "lm head") if value_positions is None
+            else matmul(batch * value_positions, spec.d_model, 1, "value head"))
     return seq("forward", elementwise(rows * spec.d_model, 1, "embed + position"),
                repeat(layer(spec, batch, seq_len, context), spec.n_layer, parallel=False,
                       name=f"{spec.n_layer} layers"),
-               layer_norm(rows, spec.d_model, "final norm"),
-               matmul(rows, spec.d_model, spec.vocab_size, "lm head"))
+               layer_norm(rows, spec.d_model, "final norm"), head)
 
 
 def backward(node: Computation) -> Computation:
@@ -293,13 +297,24 @@ def optimizer_step(n_params: int) -> Computation:
     return elementwise(n_params, ADAM_OPS_PER_PARAMETER, "AdamW")
 
 
-def training_step(config: Model, batch: int, seq_len: int, n_params: int) -> Computation:
+def _loss(config: Model, rows: int, value_rows: int | None) -> Computation:
+    """The policy's loss (log-softmax over the vocabulary and a mean over ``rows`` positions), or
+    a critic's (a squared error and a mean over its ``value_rows`` values)."""
+    if value_rows is None:
+        return seq("loss", softmax(rows, as_spec(config).vocab_size, "log-softmax"),
+                   reduction(1, rows, "mean"))
+    return seq("value loss", elementwise(value_rows, 2, "error, square"),
+               reduction(1, value_rows, "mean"))
+
+
+def training_step(config: Model, batch: int, seq_len: int, n_params: int,
+                  value_positions: int | None = None) -> Computation:
     """One gradient step on ``batch`` sequences: forward, loss (log-softmax over the vocabulary and
-    a mean), backward, gradient-norm clip (a sum over all parameters), AdamW."""
-    fwd = forward(config, batch, seq_len)
-    rows = batch * seq_len
-    loss = seq("loss", softmax(rows, as_spec(config).vocab_size, "log-softmax"),
-               reduction(1, rows, "mean"))
+    a mean; a critic's, ``value_positions`` given: a squared error of its values), backward,
+    gradient-norm clip (a sum over all parameters), AdamW."""
+    fwd = forward(config, batch, seq_len, value_positions=value_positions)
+    loss = _loss(config, batch * seq_len,
+                 None if value_positions is None else batch * value_positions)
     return seq("training step", fwd, loss, backward(seq("model + loss", fwd, loss)),
                seq("clip grad norm", elementwise(n_params, 1, "square"),
                    reduction(1, n_params, "sum"), elementwise(n_params, 1, "scale")),
@@ -390,22 +405,24 @@ def _decode_lengths(spec: TransformerSpec, batch: int, prompt_len: int, response
 
 
 def packed_forward(config: Model, prompt_len: int, lengths: Sequence[int],
-                   name: str = "forward") -> Computation:
+                   name: str = "forward", critic: bool = False) -> Computation:
     """Teacher-forced forwards over sequences of ``prompt_len + T_i`` tokens, each at its own
     length (sequence packing, no padding): sequences are independent, so the work adds and the
     depth is that of the longest. Equal lengths give the work and depth of one
-    :func:`forward` over the whole batch."""
+    :func:`forward` over the whole batch. ``critic``: a value head on each response's positions
+    instead of the language-model head."""
     spec = as_spec(config)
     counts = sorted(Counter(lengths).items())
-    return par(name, *(forward(spec, count, prompt_len + t) for t, count in counts))
+    return par(name, *(forward(spec, count, prompt_len + t, value_positions=t if critic else None)
+                       for t, count in counts))
 
 
-def _packed_training_step(config: Model, prompt_len: int, lengths, n_params: int) -> Computation:
-    """:func:`training_step` on sequences of different lengths (packed)."""
-    fwd = packed_forward(config, prompt_len, lengths)
-    rows = sum(prompt_len + t for t in lengths)
-    loss = seq("loss", softmax(rows, as_spec(config).vocab_size, "log-softmax"),
-               reduction(1, rows, "mean"))
+def _packed_training_step(config: Model, prompt_len: int, lengths, n_params: int,
+                          critic: bool = False) -> Computation:
+    """:func:`training_step` on sequences of different lengths (packed); ``critic``: the value
+    head and loss."""
+    fwd = packed_forward(config, prompt_len, lengths, critic=critic)
+    loss = _loss(config, sum(prompt_len + t for t in lengths), sum(lengths) if critic else None)
     return seq("training step", fwd, loss, backward(seq("model + loss", fwd, loss)),
                seq("clip grad norm", elementwise(n_params, 1, "square"),
                    reduction(1, n_params, "sum"), elementwise(n_params, 1, "scale")),
@@ -413,18 +430,24 @@ def _packed_training_step(config: Model, prompt_len: int, lengths, n_params: int
 
 
 def _training(config: Model, prompt_len: int, response_len: int, batch: int, n_params: int,
-              epochs: int, minibatches: int, lengths, step=None) -> Computation:
+              epochs: int, minibatches: int, lengths, critic: bool = False) -> Computation:
     """``epochs x minibatches`` sequential gradient steps; with ``lengths``, mini-batch ``k``
-    holds the ``k``-th contiguous slice of the sequences, each at its own length."""
-    if lengths is None:
-        one = step or training_step(config, batch // minibatches, prompt_len + response_len,
-                                    n_params)
-        return repeat(one, epochs * minibatches, parallel=False, name="training")
+    holds the ``k``-th contiguous slice of the sequences, each at its own length; ``critic``
+    (PPO): each step the policy's and the critic's side by side."""
     size = batch // minibatches
+    if lengths is None:
+        seq_len = prompt_len + response_len
+        one = training_step(config, size, seq_len, n_params)
+        if critic:
+            one = par("policy + critic step", one,
+                      training_step(config, size, seq_len, n_params, value_positions=response_len))
+        return repeat(one, epochs * minibatches, parallel=False, name="training")
     slices = [lengths[k * size:(k + 1) * size] for k in range(minibatches)]
     steps = [_packed_training_step(config, prompt_len, part, n_params) for part in slices]
-    if step is not None:  # PPO: the policy and the critic step side by side
-        steps = [par("policy + critic step", s, s) for s in steps]
+    if critic:
+        steps = [par("policy + critic step", s,
+                     _packed_training_step(config, prompt_len, part, n_params, critic=True))
+                 for s, part in zip(steps, slices)]
     return seq("training", *(steps * epochs))
 
 
@@ -632,11 +655,11 @@ def ppo_iteration(config: Model, prompts: int, prompt_len: int, response_len: in
                else _check_lengths(prompts, response_len, response_lengths))
     one = (forward(config, prompts, seq_len) if lengths is None
            else packed_forward(config, prompt_len, lengths))
-    scoring = par("scoring", *([one] * passes))
+    value = (forward(config, prompts, seq_len, value_positions=response_len) if lengths is None
+             else packed_forward(config, prompt_len, lengths, critic=True))
+    scoring = par("scoring", *([one] * (passes - 1)), value)  # the critic's head is a value's
     advantage = (gae_prefix_scan if prefix_scan else gae_scan)(prompts, response_len)
-    policy = training_step(config, prompts // minibatches, seq_len, n_params)
-    step = par("policy + critic step", policy, policy)
     return seq("PPO iteration", decode(config, prompts, prompt_len, response_len, lengths),
                scoring, advantage,
                _training(config, prompt_len, response_len, prompts, n_params, epochs,
-                         minibatches, lengths, step))
+                         minibatches, lengths, critic=True))
