@@ -128,7 +128,7 @@ class Mode:
     inflight_batches: float = 0.0
 
     def __post_init__(self) -> None:
-        if (isinstance(self.staleness, bool) or not isinstance(self.staleness, (int, float))
+        if (isinstance(self.staleness, bool) or not isinstance(self.staleness, numbers.Real)
                 or not 0 <= self.staleness <= MAX_STALENESS):
             raise ValueError(f"Mode.staleness={self.staleness!r} must be a number from 0 to "
                              f"{MAX_STALENESS} (0: synchronous, 1: one step off-policy; "
@@ -137,7 +137,7 @@ class Mode:
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"Mode.{flag}={getattr(self, flag)!r} must be True or False.")
         if (isinstance(self.inflight_batches, bool)
-                or not isinstance(self.inflight_batches, (int, float))
+                or not isinstance(self.inflight_batches, numbers.Real)
                 or not 0 <= self.inflight_batches <= MAX_STALENESS + 1):
             raise ValueError(f"Mode.inflight_batches={self.inflight_batches!r} must be a number "
                              f"from 0 to {MAX_STALENESS + 1} (batches of prompts generating at "
@@ -286,8 +286,12 @@ class Scenario:
                                  "one; use the disaggregated placement for an off-policy mode (or "
                                  "partial_rollout, which carries unfinished groups to the next "
                                  "generation phase).")
-        if not (isinstance(self.generation_tp, int) and self.generation_tp >= 1
-                and self.rollout_pool % self.generation_tp == 0):
+        if (isinstance(self.generation_tp, bool) or not isinstance(self.generation_tp, int)
+                or self.generation_tp < 1):
+            raise ValueError(f"generation_tp={self.generation_tp!r} must be a positive integer "
+                             "(devices per generation replica).")
+        self.spec.check_degree("tp", self.generation_tp)  # the heads, whole KV heads a rank
+        if self.rollout_pool % self.generation_tp:
             raise ValueError(f"generation_tp={self.generation_tp!r} must divide the "
                              f"{self.rollout_pool} rollout devices.")
         per_step = sequences_per_step(self.workload, self.config)
@@ -391,6 +395,8 @@ def memory_plan(s: Scenario) -> dict:
     Raises:
         DoesNotFit: for the first role that does not fit, saying what does not fit.
     """
+    check_kinds([("scenario", s, Scenario, "Scenario(spec, config, workload, cluster)")],
+                "memory_plan: ")
     spec, w, dev, r = s.spec, s.workload, s.cluster.device, s.rates
     seq = w.prompt_len + w.max_response_len
     lay = s.trainer_layout
@@ -494,8 +500,10 @@ class SimResult:
         for worker, intervals in self.timeline.items():
             if worker.startswith("replica") and int(worker.split()[1]) >= replicas:
                 continue
+            # a colocated rollout's generation phase holds its decoding intervals: one bar each
+            detailed = any(phase == "decoding" for phase, *_ in intervals)
             for phase, start, end, iteration in intervals:
-                if phase.startswith("wait"):
+                if phase.startswith("wait") or (detailed and phase == "generation"):
                     continue
                 name = stage.get(phase, phase)
                 out.append(Event(worker, name, start, end, max(iteration, 0), max(iteration, 0) + 1))
@@ -565,16 +573,16 @@ class _Replica:
             if self.needs_recompute and self.active:
                 start = env.now
                 contexts = Counter(seq[3] + self.step - seq[4] for seq in self.active)
-                yield env.timeout(cost.prefill_seconds(contexts))
+                yield env.timeout(cost.prefill_seconds(contexts, count=False))  # done before
                 self._busy(start, env.now)
                 self.needs_recompute = False
             if static and not self.active:
                 self.rows = self.rows_context = 0
-            admitted = prefill = None
+            admitted = prefill = again = None
             while (self.hold != "pause" and self.queue and len(self.active) < sim.slots
                    and not (static and self.rows)):
                 if admitted is None:
-                    admitted, prefill = Counter(), Counter()
+                    admitted, prefill, again = Counter(), Counter(), Counter()
                 group, length, prompt, steps, fresh = self.queue.popleft()
                 finish = self.step + steps   # the prefill samples the first token
                 # the first decode step attends over the prompt and the token the prefill sampled
@@ -584,16 +592,21 @@ class _Replica:
                 admitted[prompt] += 1
                 # a group's shared prompt is prefilled once; a migrated sequence's own context
                 # is prefilled again in full
-                if not (shared and fresh) or group not in self.prefilled:
+                if not fresh:  # its model FLOPs were counted where it started
+                    again[prompt] += 1
+                    self.prefilled.add(group)
+                elif not shared or group not in self.prefilled:
                     prefill[prompt] += 1
                     self.prefilled.add(group)
             if static and admitted:  # the batch runs in lockstep from here until it all ends
                 self.rows = sum(admitted.values())
                 self.rows_context = (sum((c + 1) * n for c, n in admitted.items())
                                      - self.rows * self.step)
-            if prefill:
+            if prefill or again:
                 start = env.now
-                yield env.timeout(cost.prefill_seconds(prefill))
+                seconds = cost.prefill_seconds(prefill + again, count=False)
+                cost.prefill_seconds(prefill)  # counts the fresh prompts' FLOPs
+                yield env.timeout(seconds)
                 self._busy(start, env.now)
             self._finish()
             if not self.active:
@@ -701,6 +714,7 @@ class _Sim:
         self.idle_count = 0
         self._busy_hint = 0
         self.all_idle = self.env.event()
+        self.holding = False  # a weight update is draining or pausing the replicas
         self._id = 0
         self.timeline = {"trainer": [], "rollout": []}
         self.ends: list[float] = []
@@ -752,7 +766,11 @@ class _Sim:
             self.changed.succeed()
 
     def admit(self) -> None:
-        """Give the replicas every prompt the staleness bound allows, round-robin."""
+        """Give the replicas every prompt the staleness bound allows, round-robin; none while a
+        weight update drains or pauses them (the groups it would admit wait for the new
+        weights, as the module docstring says)."""
+        if self.holding:
+            return
         s = self.s
         per_version = s.workload.prompts * s.oversample
         allowed = math.floor(rollout_capacity(self.version, s.mode.staleness, per_version,
@@ -772,7 +790,9 @@ class _Sim:
                 rep.queue.append((group, length, s.workload.prompt_len, max(0, length - 1), True))
             touched.add(rep.index)
             self.admitted += 1
-        if touched:
+        # a new "all idle" only once the last one fired: a loop already waiting on an unfired
+        # one (a colocated phase whose groups are admitted as others finish) must see it fire
+        if touched and self.all_idle.triggered:
             self.all_idle = self.env.event()
         for i in touched:
             self.replicas[i].notify()
@@ -840,6 +860,7 @@ class _Sim:
         env, s = self.env, self.s
         start = env.now
         kind = "pause" if s.mode.partial_rollout else "drain"
+        self.holding = True
         parked = [rep.request(kind) for rep in self.replicas]
         yield simpy.AllOf(env, parked)
         waited = env.now - start
@@ -852,6 +873,7 @@ class _Sim:
         self.log("rollout", "weight sync", start, it)
         stages["weight sync"] = stages.get("weight sync", 0.0) + env.now - start
         self.version = it + 1
+        self.holding = False
         recompute = s.mode.partial_rollout and s.mode.recompute_kv
         for rep in self.replicas:
             rep.release(recompute)
@@ -936,7 +958,8 @@ class _Sim:
                 self.all_idle = env.event()
                 for rep in self.replicas:
                     rep.release(False)
-                share = self.tail_replicas / len(self.replicas)
+                # the tail's devices score too when nothing is left to migrate to them
+                share = self.tail_replicas / len(self.replicas) if moved else 0.0
                 fused_scoring = self.trainer_cost.seconds(head).get("scoring", 0.0) / (1 - share)
                 if not self.all_idle.triggered:
                     yield self.all_idle
@@ -1003,6 +1026,14 @@ def simulate(scenario: Scenario, iterations: int | None = None, warmup: int | No
         DoesNotFit: if a role's layout does not fit memory (checked before anything runs).
         ValueError: for inconsistent settings, or ``length_buckets`` below 2.
     """
+    check_kinds([("scenario", scenario, Scenario, "Scenario(spec, config, workload, cluster)")],
+                "simulate: ")
+    for name, value in (("iterations", iterations), ("warmup", warmup)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value,
+                                                                            numbers.Integral)):
+            raise ValueError(f"simulate: {name}={value!r} must be an integer (None: the default).")
+    iterations = None if iterations is None else int(iterations)
+    warmup = None if warmup is None else int(warmup)
     eta = math.ceil(scenario.mode.staleness)
     deep = eta > 3
     if warmup is None:

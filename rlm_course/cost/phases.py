@@ -437,17 +437,19 @@ class DecodeCost:
                 hi = mid - 1
         return lo
 
-    def prefill_seconds(self, contexts: dict[int, int]) -> float:
+    def prefill_seconds(self, contexts: dict[int, int], count: bool = True) -> float:
         """Seconds to prefill ``{context length: sequences}``: the roofline of one forward over
         all their tokens (compute-bound but for a short batch: each device's weights read once,
         of an MoE the experts all those *tokens* touch, and their keys and values written), plus
         TP's two all-reduces of ``tokens x d_model`` per layer, on the critical path as in a
-        decode step (:func:`~rlm_course.cost.comm.decode_tp_comm`); counts the FLOPs."""
+        decode step (:func:`~rlm_course.cost.comm.decode_tp_comm`); ``count`` adds the FLOPs to
+        :attr:`flops` (not for a context prefilled again: model FLOPs count each token once)."""
         if not contexts:
             return 0.0
         flops = sum(teacher_forced_flops(self.spec, c, n) for c, n in contexts.items())
         tokens = sum(c * n for c, n in contexts.items())
-        self.flops += flops
+        if count:
+            self.flops += flops
         comm_seconds = 0.0
         if self.tp > 1 and tokens:
             comm_seconds = comm.decode_tp_comm(self.spec, self.tp, tokens, self.link,
@@ -610,8 +612,11 @@ class TrainerCost:
             compute = busiest / (replica * dev.peak_flops * r.train_flops_factor * mfu)
             opt_steps = cut * epochs if backward else 1
             per_rank = sequences / (lay.dp * cut)
-            mb_seq = lay.micro_tokens(round(mean_seq)) / mean_seq  # sequences per micro-batch
-            m = max(1, math.ceil(per_rank / mb_seq))
+            # sequences per micro-batch: micro_batch of them, or the token budget's share (at
+            # least one); at the mean length itself, not rounded (a 768.02-token mean rounded to
+            # 768 made a micro-batch hold 0.99998 sequences and added one on every rank)
+            mb_seq = lay.micro_tokens(mean_seq) / mean_seq
+            m = max(1, math.ceil(per_rank / mb_seq - 1e-9))
             if lay.pp > 1:
                 compute /= 1 - (lay.pp - 1) / (m + lay.pp - 1)
             micro = m * opt_steps  # micro-batches each device runs in this stage

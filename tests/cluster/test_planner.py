@@ -9,7 +9,7 @@ from rlm_course.cli import main
 from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
-from rlm_course.cost.layouts import DoesNotFit
+from rlm_course.cost.layouts import DoesNotFit, Layout
 from rlm_course.cluster.planner import (OFFLOADED, fits_memory, format_plan, plan, sensitivity,
                                       trainer_layouts)
 from rlm_course.cluster.planner_widget import PlannerWidget
@@ -215,9 +215,12 @@ def test_modes_a_placement_cannot_run_are_refused_before_the_search(capsys):
 def test_stage_fusion_needs_two_replicas():
     from rlm_course.cluster.simulator import MODES, Cluster, Scenario
 
-    with pytest.raises(ValueError, match="at least 2 generation replicas"):
+    with pytest.raises(ValueError, match="at least 2 generation replicas"):  # 4 devices, one tp4
+        Scenario(get_spec("qwen2.5-7b"), algorithm("grpo"), WORKLOAD, Cluster(H100, 4),
+                 generation_tp=4, trainer=Layout(dp=4), mode=MODES["fused"])
+    with pytest.raises(ValueError, match="tp=8 does not divide qwen2.5-7b's 28 attention heads"):
         Scenario(get_spec("qwen2.5-7b"), algorithm("grpo"), WORKLOAD, Cluster(H100, 8),
-                 generation_tp=8, mode=MODES["fused"])
+                 generation_tp=8, mode=MODES["fused"])  # refused up front, as no engine runs it
     # one device: nothing can score while the tail decodes, so no fused plan is offered
     result = plan(get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4), WORKLOAD, H100, 1)
     assert result.ranked and not any(c.scenario.mode.stage_fusion for c in result.ranked)
