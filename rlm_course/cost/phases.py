@@ -299,6 +299,20 @@ class Cluster:
         return comm.Fabric.of(self.device, rates.intra_link, rates.inter_link)
 
 
+def _check_parts(owner: str, **parts) -> None:
+    """A ValueError for a name or a dict where a spec, device, Rates, Workload, config, Layout or
+    Fabric belongs (a ``fabric`` of None is allowed: one device needs none)."""
+    kinds = {"spec": (TransformerSpec, "get_spec('qwen2.5-7b')"),
+             "device": (Device, "get_device('H100-SXM-80GB')"),
+             "rates": (Rates, "calibrated_rates('nemo-rl') or Rates()"),
+             "workload": (Workload, "Workload(8, 4, 128, 256)"),
+             "config": (RLConfig, "algorithm('grpo')"),
+             "layout": (Layout, "Layout(tp=8, dp=2)"),
+             "fabric": (comm.Fabric, "Cluster(device, 8).fabric(rates)")}
+    check_kinds([(name, value, *kinds[name]) for name, value in parts.items()
+                 if not (name == "fabric" and value is None)], f"{owner}: ")
+
+
 # ---------------------------------------------------------------------- generation
 def _linear_sum(c0: float, c1: float, lo: int, hi: int) -> float:
     """The sum of ``c0 + c1 t`` over ``t = lo .. hi - 1``."""
@@ -323,14 +337,8 @@ class DecodeCost:
     flops: float = 0.0
 
     def __post_init__(self) -> None:
-        check_kinds([("spec", self.spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
-                     ("device", self.device, Device, "get_device('H100-SXM-80GB')"),
-                     ("rates", self.rates, Rates, "calibrated_rates('nemo-rl') or Rates()"),
-                     ("workload", self.workload, Workload, "Workload(8, 4, 128, 256)")],
-                    "DecodeCost: ")
-        if self.fabric is not None:
-            check_kinds([("fabric", self.fabric, comm.Fabric, "Cluster(device, 8).fabric(rates)")],
-                        "DecodeCost: ")
+        _check_parts("DecodeCost", spec=self.spec, device=self.device, rates=self.rates,
+                     workload=self.workload, fabric=self.fabric)
         s, r, tp = self.spec, self.rates, self.tp
         s.check_degree("tp", tp)
         # FLOPs of one token's matmuls, and per key it attends over
@@ -516,15 +524,8 @@ class TrainerCost:
     engine_log_probs: bool = False
 
     def __post_init__(self) -> None:
-        check_kinds([("spec", self.spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
-                     ("config", self.config, RLConfig, "algorithm('grpo')"),
-                     ("layout", self.layout, Layout, "Layout(tp=8, dp=2)"),
-                     ("device", self.device, Device, "get_device('H100-SXM-80GB')"),
-                     ("rates", self.rates, Rates, "calibrated_rates('nemo-rl') or Rates()")],
-                    "TrainerCost: ")
-        if self.fabric is not None:
-            check_kinds([("fabric", self.fabric, comm.Fabric, "Cluster(device, 8).fabric(rates)")],
-                        "TrainerCost: ")
+        _check_parts("TrainerCost", spec=self.spec, config=self.config, layout=self.layout,
+                     device=self.device, rates=self.rates, fabric=self.fabric)
         self.layout.check(self.spec)
         if self.layout.devices > 1 and self.fabric is None:
             raise ValueError("a trainer on several devices needs the cluster's fabric.")
