@@ -604,9 +604,8 @@ class _Replica:
                                      - self.rows * self.step)
             if prefill or again:
                 start = env.now
-                seconds = cost.prefill_seconds(prefill + again, count=False)
-                cost.prefill_seconds(prefill)  # counts the fresh prompts' FLOPs
-                yield env.timeout(seconds)
+                cost.count_prefill(prefill)  # the fresh prompts' model FLOPs only
+                yield env.timeout(cost.prefill_seconds(prefill + again, count=False))
                 self._busy(start, env.now)
             self._finish()
             if not self.active:

@@ -235,6 +235,11 @@ class TransformerSpec:
             params += (matrices - 1) * self.d_ff + self.d_model
         return params
 
+    def expert_params(self) -> int:
+        """The routed experts' parameters, all layers (the part expert parallelism shards); 0 for
+        a dense model."""
+        return self.n_layer * self.n_experts * self.mlp_params() if self.is_moe else 0
+
     def _norms(self) -> int:
         return 2 * self.d_model if self.norm_params_per_layer is None else self.norm_params_per_layer
 

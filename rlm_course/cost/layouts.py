@@ -196,7 +196,7 @@ def axis_strides(layout: Layout) -> dict[str, tuple[int, int]]:
 
 def expert_params(spec: TransformerSpec) -> int:
     """The routed experts' parameters (all layers), the part expert parallelism shards."""
-    return spec.n_layer * spec.n_experts * spec.mlp_params() if spec.is_moe else 0
+    return spec.expert_params()
 
 
 def params_per_device(spec: TransformerSpec, layout: Layout) -> tuple[float, float]:

@@ -356,15 +356,22 @@ class DecodeCost:
         self._fixed: dict[int, float] = {}
         self._weights: dict[int, float] = {}
 
+    def _tp_comm(self, tokens: int) -> float:
+        """Seconds of TP's two all-reduces a layer on ``tokens`` tokens (a decode step's one per
+        sequence, a prefill's every prompt token); over the network, the fitted extra each."""
+        if self.tp == 1 or not tokens:
+            return 0.0
+        seconds = comm.decode_tp_comm(self.spec, self.tp, tokens, self.link,
+                                      in_node=self.in_node, fabric=self.fabric).seconds
+        if not self.in_node:  # two all-reduces per layer over the network
+            seconds += 2 * self.spec.n_layer * self.rates.cross_node_all_reduce_seconds
+        return seconds
+
     def _constant(self, active: int) -> float:
         """Per-step seconds that do not depend on the context: latency and the TP all-reduces."""
         if active not in self._fixed:
-            tp_comm = (comm.decode_tp_comm(self.spec, self.tp, active, self.link,
-                                           in_node=self.in_node, fabric=self.fabric).seconds
-                       if self.tp > 1 else 0.0)
+            tp_comm = self._tp_comm(active)
             eager = 0.0 if self.rates.cuda_graphs else self.spec.n_layer * self.rates.eager_layer_seconds
-            if self.tp > 1 and not self.in_node:  # two all-reduces per layer over the network
-                tp_comm += 2 * self.spec.n_layer * self.rates.cross_node_all_reduce_seconds
             self._fixed[active] = (self.rates.decode_step_latency + eager + tp_comm
                                    + active * self.rates.decode_sequence_latency)
         return self._fixed[active]
@@ -454,18 +461,21 @@ class DecodeCost:
         :attr:`flops` (not for a context prefilled again: model FLOPs count each token once)."""
         if not contexts:
             return 0.0
-        flops = sum(teacher_forced_flops(self.spec, c, n) for c, n in contexts.items())
+        flops = self._prefill_flops(contexts)
         tokens = sum(c * n for c, n in contexts.items())
         if count:
             self.flops += flops
-        comm_seconds = 0.0
-        if self.tp > 1 and tokens:
-            comm_seconds = comm.decode_tp_comm(self.spec, self.tp, tokens, self.link,
-                                               in_node=self.in_node, fabric=self.fabric).seconds
-            if not self.in_node:
-                comm_seconds += 2 * self.spec.n_layer * self.rates.cross_node_all_reduce_seconds
-        return comm_seconds + max(flops / self.prefill_rate,
-                                  (self._weight_bytes(tokens) + self.kv * tokens) / self.byte_rate)
+        return self._tp_comm(tokens) + max(
+            flops / self.prefill_rate,
+            (self._weight_bytes(tokens) + self.kv * tokens) / self.byte_rate)
+
+    def _prefill_flops(self, contexts: dict[int, int]) -> float:
+        return sum(teacher_forced_flops(self.spec, c, n) for c, n in contexts.items())
+
+    def count_prefill(self, contexts: dict[int, int]) -> None:
+        """Add the FLOPs of prefilling ``{context length: sequences}`` to :attr:`flops` (what
+        :meth:`prefill_seconds` counts, without timing it)."""
+        self.flops += self._prefill_flops(contexts)
 
 
 # ---------------------------------------------------------------------- training
@@ -718,9 +728,7 @@ def weight_sync(spec: TransformerSpec, device: Device, placement: str, generatio
     Raises:
         ValueError: if ``rates`` is not a Rates, or as :func:`sync_cost` does.
     """
-    check_kinds([("rates", rates, Rates, "calibrated_rates('nemo-rl') or Rates()")],
-                "weight_sync: ")
-    check_kinds([("device", device, Device, "get_device('H100-SXM-80GB')")], "weight_sync: ")
+    _check_parts("weight_sync", rates=rates, device=device)
     fabric = fabric or comm.Fabric.of(device, rates.intra_link, rates.inter_link)
     tensor_seconds = (rates.colocated_tensor_seconds if placement == "colocated"
                       else rates.sync_tensor_seconds)

@@ -237,9 +237,8 @@ def reshard_received_bytes(spec: TransformerSpec, tp: int, pp: int, ep: int,
         raise ValueError(f"{owner}: ep={ep}: {spec.name} has {spec.n_experts} expert(s); expert "
                          "parallelism needs an MoE model and a degree dividing its experts.")
     g = generation_tp
-    experts = spec.n_layer * spec.n_experts * spec.mlp_params() if spec.is_moe else 0
-    dense = (spec.params() - experts) * weight_bytes
-    experts *= weight_bytes
+    experts = spec.expert_params() * weight_bytes
+    dense = spec.params() * weight_bytes - experts
     columns = -(-tp // g) + (0 if _kept(tp, g) else 1)  # training blocks a generation block spans
     kept = dense * _kept(tp, g)
     if experts and ep > 1:
@@ -368,8 +367,7 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
     zero3 = trainer is not None and trainer.zero == 3 and dp > 1
     trainer_devices = trainer.devices if trainer is not None else 1
     rollout_devices = replicas * generation_tp
-    experts = (spec.n_layer * spec.n_experts * spec.mlp_params() * weight_bytes
-               if spec.is_moe else 0)
+    experts = spec.expert_params() * weight_bytes
 
     def tree(ranks: int) -> int:
         return max(1, math.ceil(math.log2(max(ranks, 2))))
