@@ -16,14 +16,18 @@ adds five terms, each with its source:
   (``full_tensor()``) when the trainer is ZeRO-3. Disaggregated, a
   rank-0 ``broadcast`` first assembles whole tensors (FSDP's ``full_tensor()``, Megatron's TP and
   EP gathers per pipeline stage); a ``sharded`` transfer sends each trainer rank's shard as it is
-  (checkpoint-engine, slime's distributed path), no gather;
+  (checkpoint-engine, slime's distributed path, NeMo-RL's ``nccl_reshard`` refit), no gather;
 * **transfer**: none colocated (CUDA IPC handles or the same process); disaggregated, a
   pipelined broadcast of the whole model from one rank to every rollout device (verl's
   one-step-off and fully-async recipes, NeMo-RL's NCCL refit): ``B x ceil(log2(r + 1)) x alpha +
   M / beta`` over the group's link, ``B`` buckets, ``r`` receivers, across nodes at all of a
-  node's network cards together (:func:`broadcast_link`); or shard-parallel, every
-  trainer device sending its ``M / trainer`` and every rollout device receiving its
-  ``M / generation_tp`` (the larger decides);
+  node's network cards together (:func:`broadcast_link`); or shard-parallel, every region of the
+  model leaving the trainer once, striped over the devices that hold it (a data-parallel copy
+  shares the sending with the others: ``M / trainer`` a device), and fanned out among the
+  generation replicas, every rollout device receiving its ``M / generation_tp`` (the larger
+  decides; NeMo-RL's ``docs/design-docs/nccl-reshard-refit.md``: "moves each destination region
+  once via batched point-to-point (with striped receives across replica groups), and fans out to
+  replicas");
 * **copies** at the memory bandwidth: packing the buckets on the sender and unpacking them on the
   receiver, one read and one write of every byte each (``4 M / bandwidth`` in all for a
   broadcast), or colocated the engine's load of its shard (``2 M / (generation_tp bandwidth)``);
@@ -303,9 +307,11 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
             ``disaggregated`` (separate pools).
         fabric: the cluster's links (default: the device's catalog links).
         transport: ``broadcast`` (rank 0 sends every whole tensor to every rollout device) or
-            ``sharded`` (every trainer device sends its shard); disaggregated only.
+            ``sharded`` (every trainer device sends its share of the model); disaggregated
+            only.
         bucket_bytes: bytes per message of the transfer.
-        weight_bytes: bytes per weight the rollout holds (1: fp8, quantized on the way).
+        weight_bytes: bytes per weight the rollout holds (1: fp8; no term prices quantizing on the
+            way, which an fp8 trainer does not need).
         tensor_seconds, fixed_seconds: the software rates.
         link: the transfer's link (default: the fabric's link for a group of trainer and rollout
             devices, inter-node unless both pools fit in one node; a broadcast's across nodes at a
@@ -414,11 +420,9 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
         transfer = broadcast_seconds(total, messages, wire, rollout_devices, pipelined)
         sent, packed, unpacked = total, total, total
         software = tensors * tensor_seconds * tree(ranks)
-    else:  # each model-parallel shard leaves from the device that holds it
-        if zero3:
-            sent = total / (dp * tp * pp)
-        else:
-            sent = (total - experts) / (tp * pp) + experts / (split * pp)
+    else:  # each region leaves once, from one of the devices that hold it (striped over the
+        # data-parallel copies), and the generation replicas fan it out among themselves
+        sent = total / trainer_devices
         gather = 0.0
         per = max(sent, shard)
         transfer = broadcast_seconds(per, max(1, math.ceil(per / bucket_bytes)), wire, 1, pipelined)

@@ -16,7 +16,7 @@ from rlm_course.cost.architectures import get_spec, teacher_forced_flops
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost.layouts import Layout, generation_memory, kv_slots, training_memory, usable
 from rlm_course.cost.phases import Cluster, DecodeCost, Rates, offload_seconds
-from rlm_course.cost.weight_sync import predict_transition, sync_cost, tensor_count
+from rlm_course.cost.weight_sync import BUCKET_BYTES, predict_transition, sync_cost, tensor_count
 
 H100 = get_device("H100-SXM-80GB")
 DSV3, LLAMA70 = get_spec("deepseek-v3"), get_spec("llama-3-70b")
@@ -157,12 +157,24 @@ def test_weight_sync_terms_and_the_ideal_bound():
     assert slow.software == pytest.approx(tensor_count(moe) * 1e-4 * 5)
     assert slow.seconds == pytest.approx(fast.seconds + slow.software + 2.0)
     sharded = sync_cost(moe, H100, generation_tp=4, replicas=4, trainer=lay, transport="sharded")
-    # each device sends the shard it trains: the dense part over tp 2, the experts over ep 8
-    # (the EP ranks are the 8 devices' data-parallel ranks: 2 x 8 = 16 shards of the whole model
-    # on 8 devices, as this once assumed, sent less than a device holds)
+    # each region of the model leaves the trainer once: the experts from the one device of 8
+    # that trains them (ep 8), the dense part's tp-2 shards from their 4 data-parallel copies in
+    # turn (striped, NeMo-RL's nccl_reshard), an eighth of the model a device; the generation
+    # replicas fan it out, each rollout device receiving its quarter (tp 4), which decides
     experts = 2 * moe.n_layer * moe.n_experts * moe.mlp_params()
     dense = 2 * moe.params() - experts
-    assert sharded.network_bytes == pytest.approx(dense / 2 + experts / 8)
+    assert sharded.network_bytes == pytest.approx(dense / 8 + experts / 8)
+    wire = comm.Fabric.of(H100).link(8 + 16)
+    assert sharded.transfer == pytest.approx(
+        math.ceil((dense + experts) / 4 / BUCKET_BYTES) * wire.alpha
+        + (dense + experts) / 4 / wire.beta)
+    # a data-parallel trainer of 8 copies sends an eighth each to one tp-8 engine, not a copy
+    # each (Qwen3-4B: 1 GB a device where a copy is 8 GB)
+    dense4b = get_spec("qwen3-4b")
+    dp8 = sync_cost(dense4b, H100, generation_tp=8, replicas=1, trainer=Layout(dp=8, zero=1),
+                    transport="sharded")
+    assert dp8.network_bytes == pytest.approx(2 * dense4b.params() / 8)
+    assert dp8.ideal == pytest.approx(2 * dense4b.params() / 8 / comm.Fabric.of(H100).link(16).beta)
     for cost in (fast, slow, sharded):
         assert 0 < cost.ideal <= cost.seconds
     with pytest.raises(ValueError, match="transport"):
