@@ -201,6 +201,10 @@ assert all(0 < r["ratio"] < 10 for r in rows), rows
 # the family's few declared **calibration** figures or a **prediction**. The rates were fitted
 # once, on the calibration figures only (`python -m rlm_course validate --calibrate` wrote
 # `data/published/rates.json`); every other figure is predicted with them, without refitting.
+# A rate that belongs to the engine or to NCCL rather than to the RL framework, and that none of
+# a family's calibration figures exercises, is **borrowed** from the family that fits it rather
+# than left at 0 (verl's engines never span nodes, NeMo-RL's always capture CUDA graphs); the
+# calibration checks that the borrower's own figures cannot feel it.
 
 # %%
 from rlm_course.cluster.calibration import describe, load_calibration

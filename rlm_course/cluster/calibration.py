@@ -7,8 +7,12 @@ device's own figures come from the catalog). Where the software itself runs diff
 device, a family has a **base** (NeMo-RL on GB200 is NeMo-RL's rates, fitted on H100 runs, with
 its fused-MoE decode fitted on GB200 runs): it takes the base family's fitted rates and fits only
 its own free ones. ``data/published/rl_systems.json`` declares, per
-family, which rates are **free** (fitted), which are **tied** to another (fitted as one) and
-which are **fixed** (a stated setting), and marks the family's **calibration** figures.
+family, which rates are **free** (fitted), which are **tied** to another (fitted as one), which
+are **fixed** (a stated setting) and which are **borrowed**: a rate of the engine or of NCCL
+rather than of the RL framework that none of the family's calibration figures exercises (verl's
+calibration has no engine spanning nodes, NeMo-RL's none without CUDA graphs) takes the value
+another family fitted, instead of 0 (:func:`lend`; it refuses a rate the borrower's own
+calibration figures would feel); and it marks the family's **calibration** figures.
 :func:`calibrate` fits the free rates on those figures only, minimising the sum of squared log
 errors of every published seconds value they give (the step and, where published, its stages:
 generation, scoring, update), by coordinate descent with a golden-section search per rate; the
@@ -122,6 +126,11 @@ def _entry_problem(entry: dict) -> str | None:
     if not (isinstance(entry.get("calibrated_on"), list)
             and all(isinstance(f, str) for f in entry["calibrated_on"])):
         return "needs \"calibrated_on\": a list of figure ids"
+    borrowed = entry.get("borrowed", {})
+    if not (isinstance(borrowed, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                               and k in entry["rates"]
+                                               for k, v in borrowed.items())):
+        return "needs \"borrowed\" (if any): {rate: lending family}, each rate in \"rates\""
     points = entry.get("data_points")
     if not (isinstance(points, int) and not isinstance(points, bool) and points >= 0):
         return "needs \"data_points\": a whole number"
@@ -359,6 +368,48 @@ def stale_families(calibration: dict | None = None, rel: float = 1e-6) -> dict[s
     return out
 
 
+def lend(families: dict[str, dict], doc: dict) -> None:
+    """Give each family the rates it borrows (its figures-file entry's ``borrowed``: ``{rate:
+    lending family}``, and those of its base family): the lender's fitted value, written into
+    the borrower's ``rates`` with ``"borrowed": {rate: lender}`` beside them. A family built on a
+    base (``base``) borrows what its base borrows.
+
+    Raises:
+        ValueError: for a lender that does not fit the rate (it is not among its ``free``
+            rates), a rate the borrower fits itself, or a rate one of the borrower's calibration
+            figures exercises (its rms log error moves with the rate: fit it there instead).
+    """
+    specs = doc["families"]
+    for name in families:
+        spec, wanted = specs[name], {}
+        chain, seen = [name], {name}
+        while specs[chain[-1]].get("base") and specs[chain[-1]]["base"] not in seen:
+            seen.add(specs[chain[-1]]["base"])
+            chain.append(specs[chain[-1]]["base"])
+        for member in reversed(chain):  # the family's own entries over its base's
+            wanted.update(specs[member].get("borrowed") or {})
+        if not wanted:
+            continue
+        entry = families[name]
+        for rate, lender in wanted.items():
+            if lender not in families or rate not in specs[lender].get("free", []):
+                raise ValueError(f"family {name} borrows {rate} from {lender!r}, which does not "
+                                 f"fit it; name a family whose \"free\" rates list {rate}.")
+            if rate in spec.get("free", []) or rate in spec.get("tied", {}):
+                raise ValueError(f"family {name} both fits and borrows {rate}; keep one.")
+        before = rms_log_error(name, {"families": families})
+        lent = {**entry, "rates": {**entry["rates"],
+                                   **{r: families[l]["rates"].get(r, getattr(Rates(), r))
+                                      for r, l in wanted.items()}},
+                "borrowed": dict(wanted)}
+        after = rms_log_error(name, {"families": {**families, name: lent}})
+        if not math.isclose(before, after, rel_tol=1e-9):
+            raise ValueError(f"family {name}: its calibration figures exercise the borrowed "
+                             f"rate(s) {', '.join(wanted)} (rms log error {before:.4f} -> "
+                             f"{after:.4f}); make them free and fit them instead.")
+        families[name] = lent
+
+
 def calibrate_all(progress=None) -> dict:
     """Calibrate every family of the figures file and write ``data/published/rates.json``.
 
@@ -381,6 +432,7 @@ def calibrate_all(progress=None) -> dict:
             families[name] = calibrate(name, spec, doc["figures"], progress=progress,
                                        base=families.get(spec.get("base")))
     families = {name: families[name] for name in doc["families"]}
+    lend(families, doc)
     out = {"about": "Rates per family of RL systems, fitted once on the calibration figures of "
                     "data/published/rl_systems.json (rlm_course.cluster.calibration); every other "
                     "figure is predicted with them, and the planner plans with them.",
@@ -398,7 +450,9 @@ def describe(calibration: dict | None = None) -> str:
                             if k in entry["rates"]]
                            + [f"{k} {v:,.0f}" for k, v in entry.get("workload", {}).items()])
         count = len(entry["free"]) + len(entry.get("workload", {}))
+        borrowed = "".join(f"; {k} {entry['rates'][k]:.3g} borrowed from {lender}"
+                           for k, lender in (entry.get("borrowed") or {}).items())
         lines.append(f"{name}: {fitted} ({count} free on {entry['data_points']} "
                      f"published values of {len(entry['calibrated_on'])} figures, rms log error "
-                     f"{entry['rms_log_error']:.3f})")
+                     f"{entry['rms_log_error']:.3f}){borrowed}")
     return "\n".join(lines)

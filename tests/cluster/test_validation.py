@@ -117,6 +117,45 @@ def test_the_stored_calibration_is_the_declared_one():
         calibration.calibrate("nemo-rl-gb200", DOC["families"]["nemo-rl-gb200"], FIGURES)
 
 
+def test_a_rate_no_calibration_figure_exercises_is_borrowed_from_the_family_that_fits_it():
+    # verl's engines never span nodes and NeMo-RL's always capture CUDA graphs: each takes the
+    # other's fitted value for the rate its own figures cannot see (not 0), the GB200 family
+    # what its base borrows; and the premise is checked, not assumed
+    stored = calibration.load_calibration()
+    rates = calibration.family_rates(stored)
+    fams = stored["families"]
+    assert fams["verl"]["borrowed"] == {"cross_node_all_reduce_seconds": "nemo-rl"}
+    assert rates["verl"].cross_node_all_reduce_seconds == \
+        rates["nemo-rl"].cross_node_all_reduce_seconds > 0
+    for name in ("nemo-rl", "nemo-rl-gb200"):
+        assert fams[name]["borrowed"] == {"eager_layer_seconds": "verl"}
+        assert rates[name].eager_layer_seconds == rates["verl"].eager_layer_seconds > 0
+    assert "borrowed from nemo-rl" in calibration.describe(stored)
+    plain = json.loads(json.dumps(fams))
+    for entry in plain.values():  # as fitted, before lending
+        for rate in entry.pop("borrowed", {}):
+            del entry["rates"][rate]
+    doc = json.loads(json.dumps(DOC))
+    doc["families"]["verl"]["borrowed"] = {"decode_step_latency": "nemo-rl"}
+    with pytest.raises(ValueError, match="both fits and borrows decode_step_latency"):
+        calibration.lend(json.loads(json.dumps(plain)), doc)
+    doc["families"]["verl"]["borrowed"] = {"cross_node_all_reduce_seconds": "nemo-rl"}
+    doc["families"]["nemo-rl"]["borrowed"] = {"decode_sequence_latency": "verl"}
+    with pytest.raises(ValueError, match="calibration figures exercise the borrowed"):
+        calibration.lend(json.loads(json.dumps(plain)), doc)
+    doc["families"]["nemo-rl"]["borrowed"] = {"eager_layer_seconds": "verl"}
+    doc["families"]["verl"]["borrowed"] = {"micro_batch_seconds": "nemo-rl"}
+    with pytest.raises(ValueError, match="does not fit it"):
+        calibration.lend(json.loads(json.dumps(plain)), doc)
+    doc["families"]["verl"]["borrowed"] = {"eager_layer_seconds": "nemo-rl"}
+    with pytest.raises(ValueError, match="does not fit it"):  # nemo-rl borrows it itself
+        calibration.lend(json.loads(json.dumps(plain)), doc)
+    doc = json.loads(json.dumps(DOC))
+    lent = json.loads(json.dumps(plain))
+    calibration.lend(lent, doc)
+    assert lent == fams
+
+
 def test_the_stored_rates_are_the_models_fit():
     # The stored rms log error is what the stored rates give now: the simulator, the figures and
     # the rates have not moved apart since `python -m rlm_course validate --calibrate` wrote them.
