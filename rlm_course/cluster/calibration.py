@@ -387,7 +387,13 @@ def lend(families: dict[str, dict], doc: dict) -> None:
             seen.add(specs[chain[-1]]["base"])
             chain.append(specs[chain[-1]]["base"])
         for member in reversed(chain):  # the family's own entries over its base's
-            wanted.update(specs[member].get("borrowed") or {})
+            borrowed = specs[member].get("borrowed") or {}
+            if not (isinstance(borrowed, dict) and all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in borrowed.items())):
+                raise ValueError(f"family {member}: \"borrowed\" is {borrowed!r}; write "
+                                 "{rate: lending family}, e.g. {\"eager_layer_seconds\": "
+                                 "\"verl\"}.")
+            wanted.update(borrowed)
         if not wanted:
             continue
         entry = families[name]

@@ -150,6 +150,9 @@ def test_a_rate_no_calibration_figure_exercises_is_borrowed_from_the_family_that
     doc["families"]["verl"]["borrowed"] = {"eager_layer_seconds": "nemo-rl"}
     with pytest.raises(ValueError, match="does not fit it"):  # nemo-rl borrows it itself
         calibration.lend(json.loads(json.dumps(plain)), doc)
+    doc["families"]["verl"]["borrowed"] = ["cross_node_all_reduce_seconds", "nemo-rl"]
+    with pytest.raises(ValueError, match="rate: lending family"):
+        calibration.lend(json.loads(json.dumps(plain)), doc)
     doc = json.loads(json.dumps(DOC))
     lent = json.loads(json.dumps(plain))
     calibration.lend(lent, doc)
