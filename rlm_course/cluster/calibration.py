@@ -68,8 +68,8 @@ def rates_path() -> Path:
 
 
 def load_calibration() -> dict:
-    """``data/published/rates.json``: per family its fitted rates, the free parameters, the
-    calibration figures and data points.
+    """``data/published/rates.json``: per family its fitted rates (and those it borrows, each
+    the lender's value), the free parameters, the calibration figures and data points.
 
     Raises:
         ValueError: if the file is missing or unreadable (the message names the command that
@@ -96,6 +96,16 @@ def load_calibration() -> dict:
                          f"with `{COMMAND}`.")
     for name, entry in families.items():
         problem = _entry_problem(entry)
+        loans = {} if problem else entry.get("borrowed", {})
+        for rate, lender in loans.items():  # a loan is the lender's value
+            if problem:
+                break
+            if lender not in families or rate in entry["free"]:
+                problem = (f"borrows {rate} from {lender!r}, not another family's fitted rate")
+            elif entry["rates"][rate] != families[lender]["rates"].get(rate,
+                                                                        getattr(Rates(), rate)):
+                problem = (f"holds {rate} = {entry['rates'][rate]!r}, not the value it borrows "
+                           f"from {lender} ({families[lender]['rates'].get(rate)!r})")
         if problem:
             raise ValueError(f"{path}: family {name!r} {problem}; restore it from git (git "
                              f"checkout -- data/published/rates.json) or remake it with "
@@ -370,54 +380,77 @@ def stale_families(calibration: dict | None = None, rel: float = 1e-6) -> dict[s
 
 def lend(families: dict[str, dict], doc: dict) -> None:
     """Give each family the rates it borrows (its figures-file entry's ``borrowed``: ``{rate:
-    lending family}``, and those of its base family): the lender's fitted value, written into
-    the borrower's ``rates`` with ``"borrowed": {rate: lender}`` beside them. A family built on a
-    base (``base``) borrows what its base borrows.
+    lending family}``, and those of its base family, unless it fits the rate itself): the
+    lender's fitted value, written into the borrower's ``rates`` with ``"borrowed": {rate:
+    lender}`` beside them. The check that the borrower's calibration figures do not feel a rate
+    reads the figures from the figures file (:func:`rms_log_error`), one rate at a time.
+
+    Args:
+        families: ``{family: calibration}`` as :func:`calibrate` returned them; changed in place.
+        doc: the figures file (:func:`rlm_course.cluster.published.load_document`): its
+            ``families`` declare what each borrows.
 
     Raises:
-        ValueError: for a lender that does not fit the rate (it is not among its ``free``
-            rates), a rate the borrower fits itself, or a rate one of the borrower's calibration
-            figures exercises (its rms log error moves with the rate: fit it there instead).
+        ValueError: for a ``borrowed`` entry that is not ``{rate: family}``, a family or base the
+            figures file does not declare (or a cycle of bases), a lender that does not fit the
+            rate (it is not among its ``free`` or ``tied`` rates), a rate the borrower fits,
+            ties or fixes itself, or a rate one of the borrower's calibration figures exercises
+            (its rms log error moves with the rate: fit it there instead).
     """
     specs = doc["families"]
-    for name in families:
-        spec, wanted = specs[name], {}
-        chain, seen = [name], {name}
-        while specs[chain[-1]].get("base") and specs[chain[-1]]["base"] not in seen:
-            seen.add(specs[chain[-1]]["base"])
-            chain.append(specs[chain[-1]]["base"])
+    for name in list(families):
+        if name not in specs:
+            raise ValueError(f"family {name} is calibrated but the figures file does not declare "
+                             "it; remake the rates with `" + COMMAND + "`.")
+        chain = [name]
+        while specs[chain[-1]].get("base") is not None:
+            base = specs[chain[-1]]["base"]
+            if base not in specs or base in chain:
+                raise ValueError(f"family {chain[-1]}: its base {base!r} is not another family of "
+                                 "the figures file, or the bases form a cycle.")
+            chain.append(base)
+        own = specs[name]
+        fits = (set(own.get("free", [])) | set(own.get("tied", {}))
+                | set(own.get("tied", {}).values()) | set(own.get("fixed", {})))
+        wanted: dict[str, str] = {}
         for member in reversed(chain):  # the family's own entries over its base's
-            borrowed = specs[member].get("borrowed") or {}
+            borrowed = specs[member].get("borrowed", {})
             if not (isinstance(borrowed, dict) and all(
                     isinstance(k, str) and isinstance(v, str) for k, v in borrowed.items())):
                 raise ValueError(f"family {member}: \"borrowed\" is {borrowed!r}; write "
                                  "{rate: lending family}, e.g. {\"eager_layer_seconds\": "
                                  "\"verl\"}.")
-            wanted.update(borrowed)
+            for rate, lender in borrowed.items():
+                if member == name or rate not in fits:  # a family's own fit beats its base's loan
+                    wanted[rate] = lender
+        for rate, lender in wanted.items():
+            lends = specs.get(lender, {})
+            if lender not in families or (rate not in lends.get("free", [])
+                                          and rate not in lends.get("tied", {})):
+                raise ValueError(f"family {name} borrows {rate} from {lender!r}, which does not "
+                                 f"fit it; name a family whose \"free\" (or \"tied\") rates list "
+                                 f"{rate}.")
+            if rate in fits:
+                raise ValueError(f"family {name} both fits (free, tied or fixed) and borrows "
+                                 f"{rate}; keep one.")
         if not wanted:
             continue
         entry = families[name]
-        for rate, lender in wanted.items():
-            if lender not in families or rate not in specs[lender].get("free", []):
-                raise ValueError(f"family {name} borrows {rate} from {lender!r}, which does not "
-                                 f"fit it; name a family whose \"free\" rates list {rate}.")
-            if rate in spec.get("free", []) or rate in spec.get("tied", {}):
-                raise ValueError(f"family {name} both fits and borrows {rate}; keep one.")
+        value = {r: families[l]["rates"].get(r, getattr(Rates(), r)) for r, l in wanted.items()}
         before = rms_log_error(name, {"families": families})
-        lent = {**entry, "rates": {**entry["rates"],
-                                   **{r: families[l]["rates"].get(r, getattr(Rates(), r))
-                                      for r, l in wanted.items()}},
-                "borrowed": dict(wanted)}
-        after = rms_log_error(name, {"families": {**families, name: lent}})
-        if not math.isclose(before, after, rel_tol=1e-9):
-            raise ValueError(f"family {name}: its calibration figures exercise the borrowed "
-                             f"rate(s) {', '.join(wanted)} (rms log error {before:.4f} -> "
-                             f"{after:.4f}); make them free and fit them instead.")
-        families[name] = lent
+        for rate in wanted:  # one at a time, so that the message names the rate that moves it
+            one = {**entry, "rates": {**entry["rates"], rate: value[rate]}}
+            after = rms_log_error(name, {"families": {**families, name: one}})
+            if not math.isclose(before, after, rel_tol=1e-9):
+                raise ValueError(f"family {name}: its calibration figures exercise the borrowed "
+                                 f"rate {rate} (rms log error {before:.4f} -> {after:.4f}); make it "
+                                 "free and fit it instead.")
+        families[name] = {**entry, "rates": {**entry["rates"], **value}, "borrowed": dict(wanted)}
 
 
 def calibrate_all(progress=None) -> dict:
-    """Calibrate every family of the figures file and write ``data/published/rates.json``.
+    """Calibrate every family of the figures file, give each the rates it borrows
+    (:func:`lend`) and write ``data/published/rates.json``.
 
     Returns:
         the written document.
@@ -448,7 +481,8 @@ def calibrate_all(progress=None) -> dict:
 
 
 def describe(calibration: dict | None = None) -> str:
-    """One line per family: its fitted rates, data points and free parameters."""
+    """One line per family: its fitted rates, data points and free parameters, and the rates it
+    borrows."""
     calibration = load_calibration() if calibration is None else calibration
     lines = []
     for name, entry in calibration["families"].items():

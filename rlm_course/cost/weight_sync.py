@@ -15,19 +15,20 @@ adds five terms, each with its source:
   layers are not a TP shard, so PP always moves bytes), or from every FSDP rank
   (``full_tensor()``) when the trainer is ZeRO-3. Disaggregated, a
   rank-0 ``broadcast`` first assembles whole tensors (FSDP's ``full_tensor()``, Megatron's TP and
-  EP gathers per pipeline stage); a ``sharded`` transfer sends each trainer rank's shard as it is
-  (checkpoint-engine, slime's distributed path, NeMo-RL's ``nccl_reshard`` refit), no gather;
+  EP gathers per pipeline stage); a ``sharded`` transfer sends the trainer's shards as they are
+  (checkpoint-engine, NeMo-RL's ``nccl_reshard`` refit), no gather;
 * **transfer**: none colocated (CUDA IPC handles or the same process); disaggregated, a
   pipelined broadcast of the whole model from one rank to every rollout device (verl's
   one-step-off and fully-async recipes, NeMo-RL's NCCL refit): ``B x ceil(log2(r + 1)) x alpha +
   M / beta`` over the group's link, ``B`` buckets, ``r`` receivers, across nodes at all of a
   node's network cards together (:func:`broadcast_link`); or shard-parallel, every region of the
-  model leaving the trainer once, striped over the devices that hold it (a data-parallel copy
-  shares the sending with the others: ``M / trainer`` a device), and fanned out among the
-  generation replicas, every rollout device receiving its ``M / generation_tp`` (the larger
-  decides; NeMo-RL's ``docs/design-docs/nccl-reshard-refit.md``: "moves each destination region
-  once via batched point-to-point (with striped receives across replica groups), and fans out to
-  replicas");
+  model leaving the trainer once and every rollout device receiving its ``M / generation_tp``
+  (the larger decides), as NeMo-RL's ``nccl_reshard`` refit moves it
+  (``nemo_rl/weight_sync/xferdtensor_python.py``, the implementation its published refit times
+  were measured with): to one engine, each region from the first trainer device that holds it
+  (a data-parallel trainer's copy on one device sends the whole model); to ``r > 1`` engines,
+  each region split into ``r`` stripes, sent round-robin from the devices that hold it (``min(c,
+  r)`` of its ``c`` copies share the sending) and all-gathered among the engines;
 * **copies** at the memory bandwidth: packing the buckets on the sender and unpacking them on the
   receiver, one read and one write of every byte each (``4 M / bandwidth`` in all for a
   broadcast), or colocated the engine's load of its shard (``2 M / (generation_tp bandwidth)``);
@@ -261,7 +262,8 @@ class SyncCost:
     Attributes:
         placement, transport: how the weights move.
         bytes: the model's weights at the rollout's precision.
-        network_bytes: bytes the busiest sender puts on its link (0 colocated).
+        network_bytes: bytes the busiest trainer device sends (0 colocated; a sharded
+            transfer's rollout devices also forward stripes among themselves).
         messages: buckets per sync.
         tensors: tensors in the state dict.
         gather, transfer, copies, software, fixed: the five terms.
@@ -420,9 +422,18 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
         transfer = broadcast_seconds(total, messages, wire, rollout_devices, pipelined)
         sent, packed, unpacked = total, total, total
         software = tensors * tensor_seconds * tree(ranks)
-    else:  # each region leaves once, from one of the devices that hold it (striped over the
-        # data-parallel copies), and the generation replicas fan it out among themselves
-        sent = total / trainer_devices
+    else:  # each region leaves once: to one engine from its first holder, to several in
+        # stripes shared by min(copies, engines) of the devices that hold it
+        def stripes(copies: int) -> int:
+            return min(copies, replicas) if replicas > 1 else 1
+
+        if zero3:  # every device holds a distinct slice
+            sent = total / (dp * tp * pp)
+        else:  # the dense part over tp x pp, the experts over ep x pp (or tp), each with copies
+            dense_copies = trainer_devices // (tp * pp)
+            expert_copies = trainer_devices // (split * pp)
+            sent = ((total - experts) / (tp * pp) / stripes(dense_copies)
+                    + experts / (split * pp) / stripes(expert_copies))
         gather = 0.0
         per = max(sent, shard)
         transfer = broadcast_seconds(per, max(1, math.ceil(per / bucket_bytes)), wire, 1, pipelined)

@@ -117,7 +117,8 @@ def test_the_stored_calibration_is_the_declared_one():
         calibration.calibrate("nemo-rl-gb200", DOC["families"]["nemo-rl-gb200"], FIGURES)
 
 
-def test_a_rate_no_calibration_figure_exercises_is_borrowed_from_the_family_that_fits_it():
+def test_a_rate_no_calibration_figure_exercises_is_borrowed_from_the_family_that_fits_it(
+        tmp_path, monkeypatch):
     # verl's engines never span nodes and NeMo-RL's always capture CUDA graphs: each takes the
     # other's fitted value for the rate its own figures cannot see (not 0), the GB200 family
     # what its base borrows; and the premise is checked, not assumed
@@ -137,7 +138,7 @@ def test_a_rate_no_calibration_figure_exercises_is_borrowed_from_the_family_that
             del entry["rates"][rate]
     doc = json.loads(json.dumps(DOC))
     doc["families"]["verl"]["borrowed"] = {"decode_step_latency": "nemo-rl"}
-    with pytest.raises(ValueError, match="both fits and borrows decode_step_latency"):
+    with pytest.raises(ValueError, match="both fits .* and borrows decode_step_latency"):
         calibration.lend(json.loads(json.dumps(plain)), doc)
     doc["families"]["verl"]["borrowed"] = {"cross_node_all_reduce_seconds": "nemo-rl"}
     doc["families"]["nemo-rl"]["borrowed"] = {"decode_sequence_latency": "verl"}
@@ -153,10 +154,33 @@ def test_a_rate_no_calibration_figure_exercises_is_borrowed_from_the_family_that
     doc["families"]["verl"]["borrowed"] = ["cross_node_all_reduce_seconds", "nemo-rl"]
     with pytest.raises(ValueError, match="rate: lending family"):
         calibration.lend(json.loads(json.dumps(plain)), doc)
+    doc = json.loads(json.dumps(DOC))  # a rate fixed by the borrower is not lent over it
+    doc["families"]["verl"]["fixed"] = {"cross_node_all_reduce_seconds": 1e-5}
+    with pytest.raises(ValueError, match="both fits .* and borrows cross_node"):
+        calibration.lend(json.loads(json.dumps(plain)), doc)
+    doc = json.loads(json.dumps(DOC))  # a base family's loan gives way to the family's own fit
+    doc["families"]["nemo-rl-gb200"]["free"] = ["moe_decode_efficiency", "eager_layer_seconds"]
+    fitted = json.loads(json.dumps(plain))
+    fitted["nemo-rl-gb200"]["rates"]["eager_layer_seconds"] = 1e-3
+    calibration.lend(fitted, doc)
+    assert fitted["nemo-rl-gb200"]["rates"]["eager_layer_seconds"] == 1e-3
+    assert "borrowed" not in fitted["nemo-rl-gb200"]
+    doc = json.loads(json.dumps(DOC))
+    doc["families"]["nemo-rl-gb200"]["base"] = "deepspeed-chat"
+    with pytest.raises(ValueError, match="not another family"):
+        calibration.lend(json.loads(json.dumps(plain)), doc)
     doc = json.loads(json.dumps(DOC))
     lent = json.loads(json.dumps(plain))
     calibration.lend(lent, doc)
     assert lent == fams
+    # a stored loan that is not the lender's value is refused on loading
+    bad = json.loads(json.dumps(stored))
+    bad["families"]["verl"]["rates"]["cross_node_all_reduce_seconds"] = 9e-4
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(bad))
+    monkeypatch.setattr(calibration, "rates_path", lambda: path)
+    with pytest.raises(ValueError, match="not the value it borrows from nemo-rl"):
+        calibration.load_calibration()
 
 
 def test_the_stored_rates_are_the_models_fit():

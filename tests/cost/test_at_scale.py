@@ -158,9 +158,10 @@ def test_weight_sync_terms_and_the_ideal_bound():
     assert slow.seconds == pytest.approx(fast.seconds + slow.software + 2.0)
     sharded = sync_cost(moe, H100, generation_tp=4, replicas=4, trainer=lay, transport="sharded")
     # each region of the model leaves the trainer once: the experts from the one device of 8
-    # that trains them (ep 8), the dense part's tp-2 shards from their 4 data-parallel copies in
-    # turn (striped, NeMo-RL's nccl_reshard), an eighth of the model a device; the generation
-    # replicas fan it out, each rollout device receiving its quarter (tp 4), which decides
+    # that trains them (ep 8), the dense part's tp-2 shards in 4 stripes for the 4 engines, sent
+    # by their 4 data-parallel copies in turn (NeMo-RL's nccl_reshard), an eighth of the model a
+    # device; the engines all-gather their stripes, each rollout device receiving its quarter
+    # (tp 4), which decides
     experts = 2 * moe.n_layer * moe.n_experts * moe.mlp_params()
     dense = 2 * moe.params() - experts
     assert sharded.network_bytes == pytest.approx(dense / 8 + experts / 8)
@@ -168,13 +169,22 @@ def test_weight_sync_terms_and_the_ideal_bound():
     assert sharded.transfer == pytest.approx(
         math.ceil((dense + experts) / 4 / BUCKET_BYTES) * wire.alpha
         + (dense + experts) / 4 / wire.beta)
-    # a data-parallel trainer of 8 copies sends an eighth each to one tp-8 engine, not a copy
-    # each (Qwen3-4B: 1 GB a device where a copy is 8 GB)
+    # a data-parallel trainer of 8 copies (Qwen3-4B, 8 GB): to one tp-8 engine every region
+    # leaves from its first holder, so one device sends the whole copy (NeMo-RL's exact plan);
+    # to 8 engines each region goes in 8 stripes, one from each copy: 1 GB a device
     dense4b = get_spec("qwen3-4b")
-    dp8 = sync_cost(dense4b, H100, generation_tp=8, replicas=1, trainer=Layout(dp=8, zero=1),
+    copy = 2 * dense4b.params()
+    one = sync_cost(dense4b, H100, generation_tp=8, replicas=1, trainer=Layout(dp=8, zero=1),
                     transport="sharded")
-    assert dp8.network_bytes == pytest.approx(2 * dense4b.params() / 8)
-    assert dp8.ideal == pytest.approx(2 * dense4b.params() / 8 / comm.Fabric.of(H100).link(16).beta)
+    assert one.network_bytes == pytest.approx(copy)
+    assert one.ideal == pytest.approx(copy / 8 / comm.Fabric.of(H100).link(16).beta)
+    assert one.transfer > copy / comm.Fabric.of(H100).link(16).beta > one.ideal
+    eight = sync_cost(dense4b, H100, generation_tp=1, replicas=8, trainer=Layout(dp=8, zero=1),
+                      transport="sharded")
+    assert eight.network_bytes == pytest.approx(copy / 8)
+    two = sync_cost(dense4b, H100, generation_tp=4, replicas=2, trainer=Layout(dp=8, zero=1),
+                    transport="sharded")
+    assert two.network_bytes == pytest.approx(copy / 2)  # 2 stripes, 2 of the 8 copies send
     for cost in (fast, slow, sharded):
         assert 0 < cost.ideal <= cost.seconds
     with pytest.raises(ValueError, match="transport"):
