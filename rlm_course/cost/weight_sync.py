@@ -309,8 +309,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
             ``disaggregated`` (separate pools).
         fabric: the cluster's links (default: the device's catalog links).
         transport: ``broadcast`` (rank 0 sends every whole tensor to every rollout device) or
-            ``sharded`` (every trainer device sends its share of the model); disaggregated
-            only.
+            ``sharded`` (every trainer device sends its share of the model); a colocated
+            hand-over sends nothing over the network and ignores it.
         bucket_bytes: bytes per message of the transfer.
         weight_bytes: bytes per weight the rollout holds (1: fp8; no term prices quantizing on the
             way, which an fp8 trainer does not need).
