@@ -254,8 +254,17 @@ class Rates:
         beta]``).
 
         Raises:
-            ValueError: for an unknown field (the message lists the known ones) or a bad value.
+            ValueError: for an unknown field (the message lists the known ones), a bad value,
+                ``values`` that are not a mapping or a ``base`` that is not Rates (a family's
+                name belongs in :func:`rlm_course.cluster.calibration.calibrated_rates`).
         """
+        if base is not None and not isinstance(base, Rates):
+            raise ValueError(f"Rates.from_dict: base={base!r} must be Rates or None; for a "
+                             "family's calibrated rates use calibrated_rates('nemo-rl') "
+                             "(rlm_course.cluster.calibration).")
+        if values is not None and not isinstance(values, dict):
+            raise ValueError(f"Rates.from_dict: values={values!r} must be a dict of rate: value, "
+                             "e.g. {'train_hfu': 0.5}.")
         values = dict(values or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)

@@ -92,6 +92,13 @@ def test_a_flag_a_count_or_a_link_of_the_wrong_kind_is_refused_by_name():
             Rates.from_dict({"intra_link": link})
     assert Rates(max_batch=np.int64(8)).max_batch == 8
     assert Rates.from_dict({"inter_link": [2e-6, 5e10]}).inter_link == Link(2e-6, 5e10)
+    # a family's name where Rates belong, a list where a dict belongs: ValueError, with the fix
+    with pytest.raises(ValueError, match=r"calibrated_rates\('nemo-rl'\)"):
+        Rates.from_dict({"train_hfu": 0.5}, "nemo-rl")
+    with pytest.raises(ValueError, match="must be a dict"):
+        Rates.from_dict(["train_hfu"])
+    assert Rates.from_dict({"train_hfu": 0.5}, Rates(forward_mfu=0.3)) == Rates(
+        train_hfu=0.5, forward_mfu=0.3)
 
 
 def test_pass_flops_follow_the_algorithms_passes():
