@@ -264,7 +264,7 @@ class SyncCost:
         bytes: the model's weights at the rollout's precision.
         network_bytes: bytes the busiest trainer device sends (0 colocated; a sharded
             transfer's rollout devices also forward stripes among themselves).
-        messages: buckets per sync.
+        messages: buckets per sync (a sharded transfer's: the busiest device's).
         tensors: tensors in the state dict.
         gather, transfer, copies, software, fixed: the five terms.
         ideal: the lower bound: the busiest device's bytes over its own link.
@@ -436,7 +436,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
                     + experts / (split * pp) / stripes(expert_copies))
         gather = 0.0
         per = max(sent, shard)
-        transfer = broadcast_seconds(per, max(1, math.ceil(per / bucket_bytes)), wire, 1, pipelined)
+        messages = max(1, math.ceil(per / bucket_bytes))  # the busiest device's buckets
+        transfer = broadcast_seconds(per, messages, wire, 1, pipelined)
         packed, unpacked = sent, shard
         software = tensors * tensor_seconds  # point to point per shard: no tree
     copies = 2 * (packed + unpacked) / bandwidth

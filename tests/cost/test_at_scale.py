@@ -166,6 +166,7 @@ def test_weight_sync_terms_and_the_ideal_bound():
     dense = 2 * moe.params() - experts
     assert sharded.network_bytes == pytest.approx(dense / 8 + experts / 8)
     wire = comm.Fabric.of(H100).link(8 + 16)
+    assert sharded.messages == math.ceil((dense + experts) / 4 / BUCKET_BYTES)
     assert sharded.transfer == pytest.approx(
         math.ceil((dense + experts) / 4 / BUCKET_BYTES) * wire.alpha
         + (dense + experts) / 4 / wire.beta)
