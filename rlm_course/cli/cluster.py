@@ -34,7 +34,7 @@ def _plan_flag(key: str) -> str:
 
 
 def _plan(args) -> int:
-    from rlm_course.cluster.calibration import calibrated_rates, default_family
+    from rlm_course.cluster.calibration import calibrated_rates, device_family
     from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_group, check_settings,
                                           fewer_devices, format_plan, half_the_devices,
                                           linked_gpus, plan,
@@ -70,8 +70,8 @@ def _plan(args) -> int:
         raise ValueError(f"--staleness-penalty {args.staleness_penalty:g}: give a number from 0 "
                          f"to {MAX_STALENESS_PENALTY:,.0f} (extra steps per version of staleness; "
                          "0 prices staleness at nothing, 1,000 rules out any).")
-    if args.rates is None:
-        args.rates = default_family()
+    if args.rates is None:  # the family declared for the device (NeMo-RL on GB200), else nemo-rl
+        args.rates = device_family(device)
     rates = calibrated_rates(args.rates)
     most = linked_gpus(device, rates)
     if args.gpus > most:
@@ -130,7 +130,9 @@ def _plan(args) -> int:
           f"{args.group_size:,}, prompts of {tokens}, responses log-normal "
           f"({mean}, sigma {args.sigma:g}, at most {args.max_response:,}); rates "
           f"calibrated on {args.rates}'s published runs (decode step latency "
-          f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}); "
+          f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}"
+          + (f", MoE decode at {rates.moe_decode_efficiency:.2f} of the bandwidth share"
+             if spec.is_moe and rates.moe_decode_efficiency != 1 else "") + "); "
           f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
           f"{len(result.ranked)} plan{'s' if len(result.ranked) != 1 else ''} simulated, "
           f"{len(result.refused)} refused")
@@ -184,7 +186,8 @@ def _plan(args) -> int:
 
 
 def _validate(args) -> int:
-    from rlm_course.cluster.calibration import COMMAND, calibrate_all, describe, stale_families
+    from rlm_course.cluster.calibration import (COMMAND, calibrate_all, describe, stale_families,
+                                                stale_loans)
     from rlm_course.cluster.validation import format_validation, summary, validation_table
 
     if args.calibrate:
@@ -193,9 +196,13 @@ def _validate(args) -> int:
         print("wrote data/published/rates.json")
     print(describe())
     for family, (stored, now) in stale_families().items():
-        print(f"warning: {family}'s rates were fitted to another model (rms log error "
-              f"{stored:.4f} stored, {now:.4f} with the model now): the predictions below use "
-              f"rates that are not this model's fit; remake them with `{COMMAND}`.")
+        print(f"warning: {family}'s rates no longer give the error they were fitted with (rms "
+              f"log error {stored:.4f} stored, {now:.4f} now): the model, a calibration figure or "
+              f"a stored rate changed since; the predictions below do not use this model's fit; "
+              f"remake the rates with `{COMMAND}`.")
+    for family, (declared, stored) in stale_loans().items():
+        print(f"warning: {family} borrows {declared or 'nothing'} by the figures file but "
+              f"{stored or 'nothing'} in the rates file; remake the rates with `{COMMAND}`.")
     rows = validation_table()
     print(format_validation(rows))
     result = summary(rows)
@@ -274,7 +281,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the response lengths (default %(default)s)")
     p.add_argument("--rates", default=None, choices=["nemo-rl", "nemo-rl-gb200", "verl"],
-                   help="the family of calibrated rates to plan with (default: the "
+                   help="the family of calibrated rates to plan with (default: the family "
+                        "declared for the device, nemo-rl-gb200 on GB200s, else the "
                         "default_family of data/published/rates.json, nemo-rl; nemo-rl-gb200 is "
                         "nemo-rl with its MoE decode fitted on GB200 runs)")
     p.add_argument("--staleness-penalty", type=float, default=0.1,

@@ -100,12 +100,18 @@ def load_calibration() -> dict:
         for rate, lender in loans.items():  # a loan is the lender's value
             if problem:
                 break
-            if lender not in families or rate in entry["free"]:
-                problem = (f"borrows {rate} from {lender!r}, not another family's fitted rate")
+            if lender not in families:
+                problem = f"borrows {rate} from {lender!r}, which is not a family of the file"
+            elif lender == name or rate in entry["free"] or not (
+                    rate in families[lender].get("free", [])
+                    or rate in families[lender].get("tied", {})):
+                problem = (f"borrows {rate} from {lender!r}, which does not fit it (a loan comes "
+                           "from another family's free or tied rates)")
             elif entry["rates"][rate] != families[lender]["rates"].get(rate,
                                                                         getattr(Rates(), rate)):
-                problem = (f"holds {rate} = {entry['rates'][rate]!r}, not the value it borrows "
-                           f"from {lender} ({families[lender]['rates'].get(rate)!r})")
+                problem = (f"holds {rate} = {entry['rates'][rate]!r} and its lender {lender} "
+                           f"{families[lender]['rates'].get(rate)!r}: a loan is the lender's "
+                           "value, so one of the two was edited")
         if problem:
             raise ValueError(f"{path}: family {name!r} {problem}; restore it from git (git "
                              f"checkout -- data/published/rates.json) or remake it with "
@@ -140,7 +146,8 @@ def _entry_problem(entry: dict) -> str | None:
     if not (isinstance(borrowed, dict) and all(isinstance(k, str) and isinstance(v, str)
                                                and k in entry["rates"]
                                                for k, v in borrowed.items())):
-        return "needs \"borrowed\" (if any): {rate: lending family}, each rate in \"rates\""
+        return (f"has \"borrowed\": {borrowed!r}; it needs {{rate: lending family}} (if any), "
+                "each rate in \"rates\"")
     points = entry.get("data_points")
     if not (isinstance(points, int) and not isinstance(points, bool) and points >= 0):
         return "needs \"data_points\": a whole number"
@@ -173,18 +180,34 @@ def default_family(calibration: dict | None = None) -> str:
     return calibration.get("default_family", DEFAULT_FAMILY)
 
 
+def device_family(device: Device | str | None, calibration: dict | None = None) -> str:
+    """The family whose rates plan a run on ``device``: a family built on the default family
+    (its ``base``) and declared for that device in the figures file (``"device"``: NeMo-RL on
+    GB200 is ``nemo-rl-gb200``), else the default family (:func:`default_family`)."""
+    from rlm_course.cluster.published import load_document
+
+    calibration = load_calibration() if calibration is None else calibration
+    default = default_family(calibration)
+    name = device.name if isinstance(device, Device) else device
+    for family, spec in load_document()["families"].items():
+        if (isinstance(spec, dict) and name is not None and spec.get("device") == name
+                and spec.get("base") == default and family in calibration["families"]):
+            return family
+    return default
+
+
 def calibrated_rates(which: str | Device | None = None) -> Rates:
-    """The calibrated rates of a family (by name), or, for a device or ``None``, of the rates
-    file's default family (:func:`default_family`; the efficiencies and software seconds of a
-    system do not depend on the catalog device; the device's peak, memory and links come from
-    the catalog).
+    """The calibrated rates of a family (by name), or, for a device, of the family declared for
+    it (:func:`device_family`: NeMo-RL on GB200 is ``nemo-rl-gb200``), else of the rates file's
+    default family (:func:`default_family`; the device's peak, memory and links come from the
+    catalog).
 
     Raises:
         ValueError: for an unknown family (the message lists the known ones).
     """
     calibration = load_calibration()
     rates = family_rates(calibration)
-    name = which if isinstance(which, str) else default_family(calibration)
+    name = which if isinstance(which, str) else device_family(which, calibration)
     if name not in rates:
         raise ValueError(f"no calibrated rates for family {name!r} in {rates_path()}; known: "
                          f"{', '.join(rates) or 'none'}. Give a known family, or restore the file "
@@ -378,6 +401,98 @@ def stale_families(calibration: dict | None = None, rel: float = 1e-6) -> dict[s
     return out
 
 
+def check_families(doc: dict) -> None:
+    """Check the ``families`` of the figures file before anything is fitted: each an object whose
+    ``free`` is a list of rate names, whose ``tied``, ``fixed``, ``start``, ``workload`` and
+    ``borrowed`` are objects (``tied`` and ``borrowed`` naming rates and families, ``workload``
+    bounds ``[low, high]``), whose ``base`` (if any) names another family.
+
+    Raises:
+        ValueError: naming the family, the field, its value and the form to write.
+    """
+    families = doc.get("families") if isinstance(doc, dict) else None
+    if not (isinstance(families, dict) and families):
+        raise ValueError(f"the figures file's \"families\" is {families!r}; write an object "
+                         "{name: {\"free\": [...], ...}}.")
+    for name, spec in families.items():
+        if not isinstance(spec, dict):
+            raise ValueError(f"family {name}: its entry is {spec!r}; write an object with "
+                             "\"free\": [rates] (and \"tied\", \"fixed\", \"start\", "
+                             "\"workload\", \"borrowed\", \"base\" as needed).")
+        free = spec.get("free", [])
+        if not (isinstance(free, list) and all(isinstance(r, str) for r in free)):
+            raise ValueError(f"family {name}: \"free\" is {free!r}; write a list of rate "
+                             "names, e.g. [\"decode_step_latency\"].")
+        forms = {"tied": "{rate: free rate}", "fixed": "{rate: value}",
+                 "start": "{rate or workload name: value}", "workload": "{name: [low, high]}",
+                 "borrowed": "{rate: lending family}"}
+        for key, form in forms.items():
+            value = spec.get(key, {})
+            if not isinstance(value, dict):
+                raise ValueError(f"family {name}: \"{key}\" is {value!r}; write an object "
+                                 f"{form}.")
+        for key in ("tied", "borrowed"):
+            bad = {k: v for k, v in spec.get(key, {}).items() if not isinstance(v, str)}
+            if bad:
+                raise ValueError(f"family {name}: \"{key}\" has {bad!r}; each value names a "
+                                 f"{'rate' if key == 'tied' else 'family'}.")
+        for bound_name, bounds in spec.get("workload", {}).items():
+            if not (isinstance(bounds, list) and len(bounds) == 2
+                    and all(_is_number(b) for b in bounds) and 0 < bounds[0] < bounds[1]):
+                raise ValueError(f"family {name}: workload bounds {bound_name!r}: {bounds!r}; "
+                                 "write [low, high] with 0 < low < high, e.g. [300, 6000].")
+        base = spec.get("base")
+        if base is not None and not (isinstance(base, str) and base in families
+                                     and base != name):
+            raise ValueError(f"family {name}: \"base\" is {base!r}; name another family of "
+                             f"the file ({', '.join(n for n in families if n != name)}).")
+
+
+def declared_loans(doc: dict, name: str) -> dict[str, str]:
+    """``{rate: lender}`` that family ``name`` borrows by the figures file: its own
+    ``borrowed`` over its base's, less the rates it fits, ties or fixes itself."""
+    specs = doc["families"]
+    chain = [name]
+    while specs[chain[-1]].get("base") is not None:
+        base = specs[chain[-1]]["base"]
+        if base not in specs or base in chain:
+            raise ValueError(f"family {chain[-1]}: its base {base!r} is not another family of "
+                             "the figures file, or the bases form a cycle.")
+        chain.append(base)
+    own = specs[name]
+    fits = (set(own.get("free", [])) | set(own.get("tied", {}))
+            | set(own.get("tied", {}).values()) | set(own.get("fixed", {})))
+    wanted: dict[str, str] = {}
+    for member in reversed(chain):  # the family's own entries over its base's
+        borrowed = specs[member].get("borrowed", {})
+        if not (isinstance(borrowed, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in borrowed.items())):
+            raise ValueError(f"family {member}: \"borrowed\" is {borrowed!r}; write "
+                             "{rate: lending family}, e.g. {\"eager_layer_seconds\": "
+                             "\"verl\"}.")
+        for rate, lender in borrowed.items():
+            if member == name or rate not in fits:  # a family's own fit beats its base's loan
+                wanted[rate] = lender
+    return wanted
+
+
+def stale_loans(calibration: dict | None = None, doc: dict | None = None) -> dict[str, tuple]:
+    """``{family: (declared, stored)}`` for every family whose loans in the figures file
+    (:func:`declared_loans`) are not those its rates file holds: the file was edited after the
+    rates were made."""
+    from rlm_course.cluster.published import load_document
+
+    calibration = load_calibration() if calibration is None else calibration
+    doc = load_document() if doc is None else doc
+    check_families(doc)
+    out = {}
+    for name, entry in calibration["families"].items():
+        declared = declared_loans(doc, name) if name in doc["families"] else {}
+        if declared != entry.get("borrowed", {}):
+            out[name] = (declared, entry.get("borrowed", {}))
+    return out
+
+
 def lend(families: dict[str, dict], doc: dict) -> None:
     """Give each family the rates it borrows (its figures-file entry's ``borrowed``: ``{rate:
     lending family}``, and those of its base family, unless it fits the rate itself): the
@@ -397,36 +512,26 @@ def lend(families: dict[str, dict], doc: dict) -> None:
             ties or fixes itself, or a rate one of the borrower's calibration figures exercises
             (its rms log error moves with the rate: fit it there instead).
     """
+    check_families(doc)
     specs = doc["families"]
     for name in list(families):
         if name not in specs:
             raise ValueError(f"family {name} is calibrated but the figures file does not declare "
                              "it; remake the rates with `" + COMMAND + "`.")
-        chain = [name]
-        while specs[chain[-1]].get("base") is not None:
-            base = specs[chain[-1]]["base"]
-            if base not in specs or base in chain:
-                raise ValueError(f"family {chain[-1]}: its base {base!r} is not another family of "
-                                 "the figures file, or the bases form a cycle.")
-            chain.append(base)
         own = specs[name]
         fits = (set(own.get("free", [])) | set(own.get("tied", {}))
                 | set(own.get("tied", {}).values()) | set(own.get("fixed", {})))
-        wanted: dict[str, str] = {}
-        for member in reversed(chain):  # the family's own entries over its base's
-            borrowed = specs[member].get("borrowed", {})
-            if not (isinstance(borrowed, dict) and all(
-                    isinstance(k, str) and isinstance(v, str) for k, v in borrowed.items())):
-                raise ValueError(f"family {member}: \"borrowed\" is {borrowed!r}; write "
-                                 "{rate: lending family}, e.g. {\"eager_layer_seconds\": "
-                                 "\"verl\"}.")
-            for rate, lender in borrowed.items():
-                if member == name or rate not in fits:  # a family's own fit beats its base's loan
-                    wanted[rate] = lender
+        wanted = declared_loans(doc, name)
         for rate, lender in wanted.items():
-            lends = specs.get(lender, {})
-            if lender not in families or (rate not in lends.get("free", [])
-                                          and rate not in lends.get("tied", {})):
+            if rate not in FITTABLE:
+                raise ValueError(f"family {name} borrows {rate!r}, which is not a rate a family "
+                                 f"fits; choose among {', '.join(FITTABLE)}.")
+            if lender not in families or not isinstance(specs.get(lender), dict):
+                raise ValueError(f"family {name} borrows {rate} from {lender!r}, which is not a "
+                                 f"family of the figures file ({', '.join(families)}).")
+            lends = specs[lender]
+            if lender == name or (rate not in lends.get("free", [])
+                                  and rate not in lends.get("tied", {})):
                 raise ValueError(f"family {name} borrows {rate} from {lender!r}, which does not "
                                  f"fit it; name a family whose \"free\" (or \"tied\") rates list "
                                  f"{rate}.")
@@ -437,14 +542,16 @@ def lend(families: dict[str, dict], doc: dict) -> None:
             continue
         entry = families[name]
         value = {r: families[l]["rates"].get(r, getattr(Rates(), r)) for r, l in wanted.items()}
-        before = rms_log_error(name, {"families": families})
-        for rate in wanted:  # one at a time, so that the message names the rate that moves it
-            one = {**entry, "rates": {**entry["rates"], rate: value[rate]}}
-            after = rms_log_error(name, {"families": {**families, name: one}})
-            if not math.isclose(before, after, rel_tol=1e-9):
+        for rate in wanted:  # one at a time, at both ends of the rate's range: felt or not
+            low, high = ({**entry, "rates": {**entry["rates"], rate: bound}}
+                         for bound in FITTABLE[rate])
+            at_low = rms_log_error(name, {"families": {**families, name: low}})
+            at_high = rms_log_error(name, {"families": {**families, name: high}})
+            if not math.isclose(at_low, at_high, rel_tol=1e-9):
                 raise ValueError(f"family {name}: its calibration figures exercise the borrowed "
-                                 f"rate {rate} (rms log error {before:.4f} -> {after:.4f}); make it "
-                                 "free and fit it instead.")
+                                 f"rate {rate} (rms log error {at_low:.4f} at {FITTABLE[rate][0]:g}, "
+                                 f"{at_high:.4f} at {FITTABLE[rate][1]:g}); make it free and fit it "
+                                 "instead.")
         families[name] = {**entry, "rates": {**entry["rates"], **value}, "borrowed": dict(wanted)}
 
 
@@ -458,6 +565,7 @@ def calibrate_all(progress=None) -> dict:
     from rlm_course.cluster.published import load_document
 
     doc = load_document()
+    check_families(doc)  # before minutes of fitting
     families: dict[str, dict] = {}
     pending = dict(doc["families"])
     while pending:  # a base family before the families built on it
@@ -495,4 +603,9 @@ def describe(calibration: dict | None = None) -> str:
         lines.append(f"{name}: {fitted} ({count} free on {entry['data_points']} "
                      f"published values of {len(entry['calibrated_on'])} figures, rms log error "
                      f"{entry['rms_log_error']:.3f}){borrowed}")
+    if any(entry.get("borrowed") for entry in calibration["families"].values()):
+        lines.append("(borrowed: a rate of the engine or of NCCL that none of the family's "
+                     "calibration figures exercises, taken from the family that fits it; not "
+                     "counted among the free parameters; why: \"borrowed_why\" in "
+                     "data/published/rl_systems.json)")
     return "\n".join(lines)

@@ -167,8 +167,25 @@ def test_a_rate_no_calibration_figure_exercises_is_borrowed_from_the_family_that
     assert "borrowed" not in fitted["nemo-rl-gb200"]
     doc = json.loads(json.dumps(DOC))
     doc["families"]["nemo-rl-gb200"]["base"] = "deepspeed-chat"
-    with pytest.raises(ValueError, match="not another family"):
+    with pytest.raises(ValueError, match="name another family of the file"):
         calibration.lend(json.loads(json.dumps(plain)), doc)
+    # a rate the borrower already holds (from its base) is still tested at both ends of its
+    # range: GB200's decode step latency is felt by its figures, so it cannot be borrowed
+    doc = json.loads(json.dumps(DOC))
+    doc["families"]["nemo-rl-gb200"]["borrowed"] = {"decode_step_latency": "nemo-rl"}
+    with pytest.raises(ValueError, match="exercise the borrowed rate decode_step_latency"):
+        calibration.lend(json.loads(json.dumps(plain)), doc)
+    doc["families"]["nemo-rl-gb200"]["borrowed"] = {"bogus_rate": "nemo-rl"}
+    with pytest.raises(ValueError, match="'bogus_rate', which is not a rate"):
+        calibration.lend(json.loads(json.dumps(plain)), doc)
+    doc["families"]["nemo-rl-gb200"]["borrowed"] = {"train_hfu": "deepspeed-chat"}
+    with pytest.raises(ValueError, match="'deepspeed-chat', which is not a family"):
+        calibration.lend(json.loads(json.dumps(plain)), doc)
+    # the figures file and the rates file agree on the loans; an edit of one shows
+    assert calibration.stale_loans(stored, DOC) == {}
+    assert calibration.stale_loans(stored, doc) == {
+        "nemo-rl-gb200": ({"eager_layer_seconds": "verl", "train_hfu": "deepspeed-chat"},
+                          {"eager_layer_seconds": "verl"})}
     doc = json.loads(json.dumps(DOC))
     lent = json.loads(json.dumps(plain))
     calibration.lend(lent, doc)
@@ -179,8 +196,44 @@ def test_a_rate_no_calibration_figure_exercises_is_borrowed_from_the_family_that
     path = tmp_path / "rates.json"
     path.write_text(json.dumps(bad))
     monkeypatch.setattr(calibration, "rates_path", lambda: path)
-    with pytest.raises(ValueError, match="not the value it borrows from nemo-rl"):
+    with pytest.raises(ValueError, match="its lender nemo-rl .*one of the two was edited"):
         calibration.load_calibration()
+    bad = json.loads(json.dumps(stored))  # a loan from a family that does not fit the rate
+    bad["families"]["nemo-rl-gb200"]["borrowed"] = {"eager_layer_seconds": "nemo-rl"}
+    bad["families"]["nemo-rl-gb200"]["rates"]["eager_layer_seconds"] = \
+        bad["families"]["nemo-rl"]["rates"]["eager_layer_seconds"]
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="which does not fit it"):
+        calibration.load_calibration()
+
+
+def test_the_figures_files_families_are_checked_before_any_fitting():
+    for edit, message in ((lambda f: f.update({"nemo-rl-gb200": ["x"]}), "write an object with"),
+                          (lambda f: f["verl"].update({"free": "decode_step_latency"}),
+                           "write a list of rate"),
+                          (lambda f: f["verl"].update({"tied": ["a"]}), "{rate: free rate}"),
+                          (lambda f: f["verl"]["workload"].update(
+                              {"verl-dapo-7b-mean-response": 300}), r"\[low, high\]"),
+                          (lambda f: f["nemo-rl-gb200"].update({"base": ["nemo-rl"]}),
+                           "name another family"),
+                          (lambda f: f["verl"].update({"borrowed": {"train_hfu": 3}}),
+                           "each value names a family")):
+        doc = json.loads(json.dumps(DOC))
+        edit(doc["families"])
+        with pytest.raises(ValueError, match=message):
+            calibration.check_families(doc)
+    with pytest.raises(ValueError, match="families"):
+        calibration.check_families({"families": ["verl"]})
+    calibration.check_families(DOC)
+
+
+def test_a_device_plans_with_the_family_declared_for_it():
+    # NeMo-RL on GB200 plans with the GB200 family (its MoE decode fitted on GB200 runs), any
+    # other device with the default family
+    assert calibration.device_family(get_device("GB200-NVL72-186GB")) == "nemo-rl-gb200"
+    assert calibration.device_family(get_device("H100-SXM-80GB")) == "nemo-rl"
+    assert calibration.calibrated_rates(get_device("GB200-NVL72-186GB")) == \
+        calibration.calibrated_rates("nemo-rl-gb200")
 
 
 def test_the_stored_rates_are_the_models_fit():
@@ -253,11 +306,15 @@ def test_the_validate_command_ends_with_its_counts_as_json(capsys, monkeypatch):
     monkeypatch.setattr(validation, "load_figures", lambda: subset)
     # (whether the stored rates are the model's fit is test_the_stored_rates_are_the_models_fit's)
     monkeypatch.setattr(calibration, "stale_families", lambda: {"verl": (0.19, 0.25)})
+    monkeypatch.setattr(calibration, "stale_loans",
+                        lambda: {"verl": ({}, {"cross_node_all_reduce_seconds": "nemo-rl"})})
     assert main(["validate"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert ("warning: verl's rates were fitted to another model (rms log error 0.1900 stored, "
-            "0.2500 with the model now)") in "\n".join(lines)
-    assert "remake them with `python -m rlm_course validate --calibrate`" in "\n".join(lines)
+    assert ("warning: verl's rates no longer give the error they were fitted with (rms log error "
+            "0.1900 stored, 0.2500 now)") in "\n".join(lines)
+    assert ("warning: verl borrows nothing by the figures file but "
+            "{'cross_node_all_reduce_seconds': 'nemo-rl'} in the rates file") in "\n".join(lines)
+    assert "remake the rates with `python -m rlm_course validate --calibrate`" in "\n".join(lines)
     result = json.loads(lines[-1])
     assert {"out_of_sample_hits", "out_of_sample_total", "free_parameters",
             "direction_errors"} <= set(result)
