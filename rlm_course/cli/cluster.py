@@ -280,14 +280,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=int, default=5, help="plans to print in full (default %(default)s)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the response lengths (default %(default)s)")
-    p.add_argument("--rates", default=None, choices=["nemo-rl", "nemo-rl-gb200", "verl"],
-                   help="the family of calibrated rates to plan with (default: the family "
-                        "declared for the device, nemo-rl-gb200 on GB200s, else the "
-                        "default_family of data/published/rates.json, nemo-rl; nemo-rl-gb200 is "
-                        "nemo-rl with its MoE decode fitted on GB200 runs)")
+    p.add_argument("--rates", default=None,
+                   help="the family of calibrated rates to plan with, one of those of "
+                        "data/published/rates.json (nemo-rl, nemo-rl-gb200: nemo-rl with its MoE "
+                        "decode fitted on GB200 runs, verl); default: the family declared for the "
+                        "device (nemo-rl-gb200 on GB200s), else the file's default_family")
     p.add_argument("--staleness-penalty", type=float, default=0.1,
                    help="extra steps per version of staleness to reach the same accuracy "
-                        "(0: staleness is free; at most 1,000)")
+                        "(default %(default)s; 0: staleness is free; at most 1,000)")
     p.add_argument("--sensitivity", action="store_true",
                    help="then plan again with each deciding rate moved (decode latency, HFU, "
                         "sync seconds, staleness price) and say which flip the plan")

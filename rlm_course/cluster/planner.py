@@ -1058,8 +1058,14 @@ def why(candidate: Candidate, best: Candidate) -> str:
     reason = {"generation": "waits for generation", "policy update": "training-bound",
               "critic update": "training-bound", "scoring": "scoring-bound",
               "weight sync": "weight sync", "offload": "offloading"}.get(top, top)
+    if theirs.get(top, 0.0) > 0.005 * best.result.step_seconds:
+        against = f"against {seconds_text(theirs[top], 0)} in the best"
+    elif top == "generation":  # the best's trainer never waits: it trains while the rollout runs
+        against = "where the best's trainer does not wait: it trains while the rollout generates"
+    else:
+        against = "where the best spends none"
     where = (f"{reason} ({top} {seconds_text(seconds, 0)}, {seconds / r.step_seconds:.0%} of its "
-             f"step, against {seconds_text(theirs.get(top, 0.0), 0)} in the best)")
+             f"step, {against})")
     # the two pay different prices for staleness: the cost ratio is not the steps' ratio
     if abs(candidate.cost / candidate.step - best.cost / best.step) > 0.005:
         return (f"{slower:.2f}x the cost ({seconds_text(r.step_seconds, 0)} per step, "

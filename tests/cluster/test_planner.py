@@ -85,6 +85,11 @@ def test_why_a_plan_loses_names_the_stage_it_loses_by_not_the_one_it_shares():
     said = why(candidate(90.0, 379.0), candidate(95.0, 353.0))
     assert said.endswith("training-bound (policy update 173 s, 46% of its step, against 173 s in "
                          "the best)"), said
+    # against an asynchronous best whose trainer never waits for samples: said so, not "0 ms"
+    said = why(candidate(120.0, 379.0), candidate(0.0, 353.0))
+    assert said.endswith("waits for generation (generation 120 s, 32% of its step, where the "
+                         "best's trainer does not wait: it trains while the rollout generates)"), \
+        said
 
 
 def test_layouts_that_do_not_fit_are_refused_with_their_reason():
