@@ -448,9 +448,16 @@ def check_families(doc: dict) -> None:
                              f"the file ({', '.join(n for n in families if n != name)}).")
 
 
+def _own_rates(spec: dict) -> set[str]:
+    """The rates a family's figures-file entry fits, ties or fixes itself."""
+    tied = spec.get("tied", {})
+    return set(spec.get("free", [])) | set(tied) | set(tied.values()) | set(spec.get("fixed", {}))
+
+
 def declared_loans(doc: dict, name: str) -> dict[str, str]:
-    """``{rate: lender}`` that family ``name`` borrows by the figures file: its own
-    ``borrowed`` over its base's, less the rates it fits, ties or fixes itself."""
+    """``{rate: lender}`` that family ``name`` borrows by the figures file (checked by
+    :func:`check_families`): its own ``borrowed`` over its base's, less the rates it fits, ties
+    or fixes itself (:func:`_own_rates`)."""
     specs = doc["families"]
     chain = [name]
     while specs[chain[-1]].get("base") is not None:
@@ -459,18 +466,10 @@ def declared_loans(doc: dict, name: str) -> dict[str, str]:
             raise ValueError(f"family {chain[-1]}: its base {base!r} is not another family of "
                              "the figures file, or the bases form a cycle.")
         chain.append(base)
-    own = specs[name]
-    fits = (set(own.get("free", [])) | set(own.get("tied", {}))
-            | set(own.get("tied", {}).values()) | set(own.get("fixed", {})))
+    fits = _own_rates(specs[name])
     wanted: dict[str, str] = {}
     for member in reversed(chain):  # the family's own entries over its base's
-        borrowed = specs[member].get("borrowed", {})
-        if not (isinstance(borrowed, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in borrowed.items())):
-            raise ValueError(f"family {member}: \"borrowed\" is {borrowed!r}; write "
-                             "{rate: lending family}, e.g. {\"eager_layer_seconds\": "
-                             "\"verl\"}.")
-        for rate, lender in borrowed.items():
+        for rate, lender in specs[member].get("borrowed", {}).items():
             if member == name or rate not in fits:  # a family's own fit beats its base's loan
                 wanted[rate] = lender
     return wanted
@@ -518,9 +517,7 @@ def lend(families: dict[str, dict], doc: dict) -> None:
         if name not in specs:
             raise ValueError(f"family {name} is calibrated but the figures file does not declare "
                              "it; remake the rates with `" + COMMAND + "`.")
-        own = specs[name]
-        fits = (set(own.get("free", [])) | set(own.get("tied", {}))
-                | set(own.get("tied", {}).values()) | set(own.get("fixed", {})))
+        fits = _own_rates(specs[name])
         wanted = declared_loans(doc, name)
         for rate, lender in wanted.items():
             if rate not in FITTABLE:

@@ -194,11 +194,6 @@ def axis_strides(layout: Layout) -> dict[str, tuple[int, int]]:
             "edp": (t * c * d // layout.ep, layout.ep), "pp": (layout.pp, t * c * d)}
 
 
-def expert_params(spec: TransformerSpec) -> int:
-    """The routed experts' parameters (all layers), the part expert parallelism shards."""
-    return spec.expert_params()
-
-
 def params_per_device(spec: TransformerSpec, layout: Layout) -> tuple[float, float]:
     """``(dense, expert)`` parameters the busiest device holds before ZeRO: its pipeline stage's
     dense part ``/ tp``, its experts ``/ ep`` (``/ tp`` without EP).
@@ -211,7 +206,7 @@ def params_per_device(spec: TransformerSpec, layout: Layout) -> tuple[float, flo
     ``pp = 4``, 9 layers and the 389M-parameter embedding: 1.30B parameters, where an even
     quarter of the model is 1.01B."""
     _kinds("params_per_device", spec=spec, layout=layout)
-    experts = expert_params(spec)
+    experts = spec.expert_params()
     split = layout.ep if layout.ep > 1 else layout.tp
     if layout.pp == 1:
         return (spec.params() - experts) / layout.tp, experts / split
