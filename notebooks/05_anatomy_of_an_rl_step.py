@@ -472,7 +472,8 @@ for family in ("verl", "nemo-rl"):
     fitted = calibrated_rates(family)
     print(f"{family}: {fitted.decode_step_latency * 1e3:.1f} ms per decode step and "
           f"{fitted.decode_sequence_latency * 1e6:.1f} us per sequence beyond the roofline, "
-          f"{fitted.cross_node_all_reduce_seconds * 1e6:.0f} us per all-reduce across nodes; "
+          f"{fitted.cross_node_all_reduce_seconds * 1e6:.0f} us per all-reduce and level of the "
+          "node tree across nodes; "
           f"training at {fitted.train_hfu:.0%} of peak (HFU; an MoE at {fitted.moe_efficiency:.0%} "
           "of that)")
     assert fitted.train_hfu <= 1 and fitted.decode_step_latency >= 0

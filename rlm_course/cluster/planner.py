@@ -1128,7 +1128,7 @@ def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
 
 #: The rates (and the staleness price) whose plausible range decides most plans, and the values
 #: ``plan --sensitivity`` moves each to, around the calibrated ones (NeMo-RL's: decode step
-#: latency 14 ms, training HFU 0.60): a roofline engine (0) to one without CUDA graphs (30 ms), a
+#: latency 12 ms, training HFU 0.52): a roofline engine (0) to one without CUDA graphs (30 ms), a
 #: trainer at half that HFU to one above it, no to a minute of fixed weight-sync seconds, and a
 #: version of staleness free to dear.
 SENSITIVITY = {"decode_step_latency": (0.0, 0.01, 0.03), "train_hfu": (0.3, 0.45, 0.75),

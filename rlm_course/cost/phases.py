@@ -22,7 +22,8 @@ calibrated on published runs live in ``data/published/rates.json``
     max(F / (tp x peak x decode_mfu), B / (bandwidth x decode_bandwidth)) + latency + TP comm
 
 (``latency = decode_step_latency + a x decode_sequence_latency``, plus a cost per layer without
-CUDA graphs, and ``cross_node_all_reduce_seconds`` per all-reduce of a replica that spans nodes;
+CUDA graphs, and ``cross_node_all_reduce_seconds`` per all-reduce and network level of NCCL's
+node tree for a replica that spans nodes;
 a mixture-of-experts model's bandwidth is also scaled by ``moe_decode_efficiency``)
 
 with ``F = a 2 N + 4 L H d_h C`` (:meth:`forward_flops_per_token` summed over the sequences) and
@@ -100,9 +101,11 @@ class Rates:
         eager_layer_seconds: without CUDA graphs, seconds each layer adds to a decode step by
             launching its kernels one by one from Python (about 10-20 kernels of a few
             microseconds each); default 0.
-        cross_node_all_reduce_seconds: seconds each of a decode step's TP all-reduces adds when
-            the replica spans nodes, beyond NCCL's tuning model
-            (:func:`~rlm_course.cost.comm.node_tree_all_reduce_seconds`): a network collective
+        cross_node_all_reduce_seconds: seconds each of a decode step's TP all-reduces adds per
+            network level of NCCL's node tree (``ceil(log2 nodes)`` levels: 1 for a TP-16 engine
+            on two 8-GPU nodes, 2 for TP 32 on four) when the replica spans nodes, beyond NCCL's
+            tuning model (:func:`~rlm_course.cost.comm.node_tree_all_reduce_seconds`, whose
+            latency grows with the same levels): a network collective
             captured in the step's CUDA graph, paced by NCCL's proxy thread, where inside a node
             the engine's one-shot all-reduce reads its peers' memory directly. vLLM's guide
             keeps tensor parallelism inside a node and crosses nodes with pipeline parallelism
@@ -372,8 +375,10 @@ class DecodeCost:
             return 0.0
         seconds = comm.decode_tp_comm(self.spec, self.tp, tokens, self.link,
                                       in_node=self.in_node, fabric=self.fabric).seconds
-        if not self.in_node:  # two all-reduces per layer over the network
-            seconds += 2 * self.spec.n_layer * self.rates.cross_node_all_reduce_seconds
+        if not self.in_node:  # two all-reduces per layer, each up and down the node tree
+            nodes = -(-self.tp // self.fabric.devices_per_node)
+            levels = math.ceil(math.log2(nodes))
+            seconds += 2 * self.spec.n_layer * levels * self.rates.cross_node_all_reduce_seconds
         return seconds
 
     def _constant(self, active: int) -> float:

@@ -39,13 +39,15 @@ def test_one_sequence_decodes_at_the_bandwidth_bound():
 
 
 def test_an_engine_across_nodes_pays_its_all_reduces_over_the_network_per_layer():
-    # Qwen3-235B (94 layers): a TP-16 replica spans two H100 nodes and pays the cross-node rate on
-    # each of its 2 x 94 = 188 all-reduces a decode step; TP 8 stays in a node and pays nothing,
-    # and so does TP 32 on a GB200 NVL72 rack (one NVLink domain of 72)
+    # Qwen3-235B (94 layers): a TP-16 replica spans two H100 nodes, one level of NCCL's node
+    # tree, and pays the cross-node rate once on each of its 2 x 94 = 188 all-reduces a decode
+    # step; TP 32 spans four nodes, two levels: twice; TP 8 stays in a node and pays nothing, and
+    # so does TP 32 on a GB200 NVL72 rack (one NVLink domain of 72)
     spec = get_spec("qwen3-235b-a22b")
     gb200 = get_device("GB200-NVL72-186GB")
     x = 5e-5
-    for device, tp, extra in ((H100, 16, 188 * x), (H100, 8, 0.0), (gb200, 32, 0.0)):
+    for device, tp, extra in ((H100, 16, 188 * x), (H100, 32, 2 * 188 * x), (H100, 8, 0.0),
+                              (gb200, 32, 0.0)):
         fabric = comm.Fabric.of(device)
         plain = DecodeCost(spec, device, tp, Rates(), fabric)
         paid = DecodeCost(spec, device, tp, Rates(cross_node_all_reduce_seconds=x), fabric)
