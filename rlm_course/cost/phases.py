@@ -73,6 +73,15 @@ from rlm_course.cost.weight_sync import TRANSPORTS, SyncCost, sync_cost
 from rlm_course.algorithms import RLConfig
 from rlm_course.utils import check_amount, check_kinds, is_real
 
+#: Parameters a second one node's CPUs step with Adam when the optimizer is offloaded
+#: (Megatron's ``HybridDeviceOptimizer``: PyTorch's AdamW on the CPU, the copies overlapped):
+#: GLM-4.5-Air's 106B parameters over 4 H100 nodes in 9.6 s a step, measured under PyTorch's
+#: profiler (THUDM/slime issue #1139, December 2025): 2.8B a second a node. Another Megatron
+#: run measured 1.1B (ISEEKYAN/Megatron-LM issue #188, August 2026: verl's GRPO on
+#: Qwen3.5-35B-A3B over 2 nodes of 8 GPUs, a 15.5 s optimizer step); the CPUs, their memory
+#: and the threads each rank gets decide, so this is a rate to measure on one's own nodes.
+HOST_ADAM_PARAMS_PER_SECOND = 106e9 / 4 / 9.6
+
 
 @dataclass(frozen=True)
 class Rates:
@@ -127,6 +136,12 @@ class Rates:
             movement, logging); default 0.
         host_bandwidth: bytes/s between a device and host memory, for offloading; default the
             catalog device's host link (PCIe Gen5 on H100s, about 50 GB/s).
+        host_adam_params_per_second: parameters per second one node's CPUs advance by an Adam
+            step when the optimizer is offloaded (ZeRO-Offload; Megatron's
+            ``optimizer_cpu_offload``, whose ``HybridDeviceOptimizer`` steps the fp32 master
+            weights and moments on the CPU), all the node's devices' shards together; default
+            :data:`HOST_ADAM_PARAMS_PER_SECOND`, measured under verl with Megatron's distributed
+            optimizer.
         intra_link, inter_link: measured links replacing the catalog's.
         memory_fraction: usable share of device memory; default 0.9.
         rollout_memory_fraction: the share of a device the rollout engine takes for its weights and
@@ -179,6 +194,7 @@ class Rates:
     reward_seconds: float = 0.0
     iteration_overhead: float = 0.0
     host_bandwidth: float | None = None
+    host_adam_params_per_second: float = HOST_ADAM_PARAMS_PER_SECOND
     intra_link: Link | None = None
     inter_link: Link | None = None
     memory_fraction: float = 0.9
@@ -224,6 +240,11 @@ class Rates:
         if not (1 <= self.train_flops_factor <= 8):
             raise ValueError(f"Rates.train_flops_factor={self.train_flops_factor} must be in [1, 8] "
                              "(2 for FP8 training on Hopper).")
+        if not (is_real(self.host_adam_params_per_second)
+                and 0 < self.host_adam_params_per_second < math.inf):
+            raise ValueError(f"Rates.host_adam_params_per_second={self.host_adam_params_per_second!r} "
+                             "must be a positive, finite number of parameters a second (the "
+                             f"default is {HOST_ADAM_PARAMS_PER_SECOND:.3g}).")
         if self.host_bandwidth is not None and not 0 < self.host_bandwidth < math.inf:
             raise ValueError(f"Rates.host_bandwidth={self.host_bandwidth} must be positive and "
                              "finite (bytes/s), or None for the device's host link.")
@@ -674,8 +695,12 @@ class TrainerCost:
     def adam_seconds(self) -> float:
         """Seconds of one Adam step on one device: its weights, gradients and optimizer states
         (after ZeRO's sharding) read once and the updated ones written once, at the memory
-        bandwidth (the update is memory-bound); with offload, the gradients go to the host and
-        the new weights come back over the host link (the CPU's Adam left out)."""
+        bandwidth (the update is memory-bound). With offload (ZeRO-Offload, Ren et al. 2021;
+        Megatron's ``optimizer_cpu_offload``), the gradients go to the host, the CPU steps the
+        device's optimizer shard and the new weights come back over the host link, the copies
+        overlapped with the CPU's step (Megatron's ``overlap_cpu_optimizer_d2h_h2d``): the
+        longer of the two, the CPU's at :attr:`Rates.host_adam_params_per_second` shared by
+        the node's devices of this layout, each stepping its shard at once."""
         lay = self.layout
         dense, experts = params_per_device(self.spec, lay)
         dp_dense = lay.dp * lay.cp
@@ -685,7 +710,12 @@ class TrainerCost:
             for k, v in model_states(part, n, lay.zero, False, lay.grad_bytes).items():
                 states[k] = states.get(k, 0.0) + v
         if lay.offload:
-            return (states["gradients"] + states["weights"]) / self.rates.host(self.device)
+            copies = (states["gradients"] + states["weights"]) / self.rates.host(self.device)
+            shard = sum(p / n if lay.zero else p for p, n in ((dense, dp_dense),
+                                                              (experts, dp_expert)))
+            per_node = self.fabric.devices_per_node if self.fabric is not None else 1
+            sharing = min(lay.devices, per_node)
+            return max(copies, shard * sharing / self.rates.host_adam_params_per_second)
         return 2 * sum(states.values()) / self.device.memory_bandwidth
 
     def _data_parallel(self, compute: float, opt_steps: int, micro: int, backward: bool) -> float:

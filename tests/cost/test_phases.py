@@ -233,3 +233,31 @@ def test_the_stage_model_refuses_bad_input_with_a_value_error():
         with pytest.raises(ValueError, match=re.escape(message)):
             call()
     assert comm.Fabric(link, link, np.int64(8)).devices_per_node == 8  # numpy's integers too
+
+
+def test_an_offloaded_optimizer_step_is_the_cpu_adam_of_the_node_or_the_host_copies():
+    # ZeRO-1 with the optimizer on the host (Megatron's optimizer_cpu_offload): each device's
+    # 1/dp shard is stepped by its node's CPUs, all the node's shards at once, so one node steps
+    # the whole 7.6B-parameter model in params / rate seconds, two nodes in half that; the
+    # gradients and weights cross the host link meanwhile, and bound the step on fast CPUs
+    config = preset("grpo", minibatches=1)
+    params = SPEC.params()
+    assert params == pytest.approx(7.6e9, rel=0.01)
+    rate = 2.5e9  # parameters a second a node
+    host = Rates(host_adam_params_per_second=rate).host(H100)
+    for devices, seconds in ((8, params / rate), (16, params / (2 * rate)), (2, params / rate)):
+        lay = Layout(dp=devices, zero=1, offload=True)
+        cost = TrainerCost(SPEC, config, lay, H100, Rates(host_adam_params_per_second=rate),
+                           comm.Fabric.of(H100), 100)
+        assert cost.adam_seconds() == pytest.approx(seconds, rel=1e-9), devices
+        # a CPU a thousand times faster: the copies (bf16 gradients out, bf16 weights back) decide
+        fast = TrainerCost(SPEC, config, lay, H100, Rates(host_adam_params_per_second=rate * 1e3),
+                           comm.Fabric.of(H100), 100)
+        assert fast.adam_seconds() == pytest.approx(4 * params / host, rel=1e-9), devices
+    # without offload the step stays on the device, at its memory bandwidth, whatever the CPU
+    on_device = TrainerCost(SPEC, config, Layout(dp=8, zero=1), H100,
+                            Rates(host_adam_params_per_second=1.0), comm.Fabric.of(H100), 100)
+    assert on_device.adam_seconds() < 0.1
+    for bad in (0, -1.0, float("inf"), "fast"):
+        with pytest.raises(ValueError, match="host_adam_params_per_second"):
+            Rates(host_adam_params_per_second=bad)
