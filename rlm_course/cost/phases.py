@@ -140,8 +140,8 @@ class Rates:
             step when the optimizer is offloaded (ZeRO-Offload; Megatron's
             ``optimizer_cpu_offload``, whose ``HybridDeviceOptimizer`` steps the fp32 master
             weights and moments on the CPU), all the node's devices' shards together; default
-            :data:`HOST_ADAM_PARAMS_PER_SECOND`, measured under verl with Megatron's distributed
-            optimizer.
+            :data:`HOST_ADAM_PARAMS_PER_SECOND`, measured on Megatron's ``HybridDeviceOptimizer``
+            (a node's CPUs and memory decide it: measure it on one's own nodes).
         intra_link, inter_link: measured links replacing the catalog's.
         memory_fraction: usable share of device memory; default 0.9.
         rollout_memory_fraction: the share of a device the rollout engine takes for its weights and
