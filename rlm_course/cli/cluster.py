@@ -179,9 +179,13 @@ def _plan(args) -> int:
         print("which rates decide the plan (planned again with one rate moved; the plan above "
               "used " + ", ".join(f"{rate} {shown(rate, v)}" for rate, v in now.items()) + "):")
         print(format_table([[r["rate"], shown(r["rate"], r["value"]), r["best"],
-                             seconds_text(r["step"], 0), "yes" if r["flips"] else ""]
+                             seconds_text(r["step"], 0), seconds_text(r["cost"], 0),
+                             "yes" if r["flips"] else ""]
                             for r in rows],
-                           ["rate", "value", "best plan", "step", "flips"]))
+                           ["rate", "value", "best plan", "step", "priced step", "flips"]))
+        print("(plans are ranked by the priced step: the step priced for staleness, "
+              f"{args.staleness_penalty:g} extra steps per version of lag unless the row moves "
+              "staleness_penalty)")
     return 0
 
 

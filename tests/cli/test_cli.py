@@ -338,6 +338,16 @@ def test_plan_sensitivity_shows_each_rate_in_its_unit_beside_the_value_planned_w
               if line.startswith(("decode_step_latency ", "sync_fixed_seconds "))]
     assert values == [["0", "ms"], ["10", "ms"], ["30", "ms"], ["0", "s"], ["10", "s"],
                       ["60", "s"]]
+    # the ranking's own number beside the raw step: the step priced for staleness, equal to it
+    # when staleness is free and dearer as it is priced higher
+    import re
+
+    assert re.search(r"best plan +step +priced step +flips", out)
+    priced = {line.split()[1]: [float(x) for x in re.findall(r"(\d[\d,.]*) s(?= )", line)[-2:]]
+              for line in out.splitlines() if line.startswith("staleness_penalty ")}
+    assert set(priced) == {"0", "0.1", "0.3"}
+    assert priced["0"][0] == priced["0"][1]
+    assert priced["0.3"][1] > priced["0.3"][0] and priced["0.3"][1] >= priced["0.1"][1]
 
 
 def test_configuration_errors_name_the_flags_the_user_typed():
