@@ -205,15 +205,28 @@ def all_reduce_seconds(nbytes: float, p: int, link: Link, algorithm: str = "auto
 NCCL_LL_TREE_LATENCY = {"base": 6.8e-6, "intra": 0.52e-6, "inter": 5.0e-6}
 
 
+def node_tree_levels(nodes: int) -> int:
+    """Network levels NCCL's tuning model charges a tree across ``nodes`` nodes:
+    ``log2i(nNodes)``, the base-2 logarithm rounded down (``src/graph/tuning.cc``; 1 for 2 or 3
+    nodes, 2 for 4 to 7), 0 inside one node.
+
+    Raises:
+        ValueError: for a node count that is not a positive integer.
+    """
+    if isinstance(nodes, bool) or not (isinstance(nodes, int) and nodes >= 1):
+        raise ValueError(f"node_tree_levels: nodes={nodes!r} must be a positive integer.")
+    return nodes.bit_length() - 1
+
+
 def node_tree_all_reduce_seconds(nbytes: float, p: int, fabric: "Fabric") -> float:
     """NCCL's tree all-reduce of a small message of ``nbytes`` over ``p`` ranks spread over whole
     nodes of ``fabric.devices_per_node``: inside each node a chain of ``ppn - 1`` NVLink steps,
-    between nodes a pipelined binary tree of ``ceil(log2 nodes)`` network steps, up (reduce) and
+    between nodes a pipelined binary tree of :func:`node_tree_levels` network steps, up (reduce) and
     down (broadcast), and the message crossing the network link once each way. The latency is
     NCCL's own tuning model for its low-latency protocol (``src/graph/tuning.cc``:
-    ``baseLat + 2 ((ppn - 1) intraLat + log2(nNodes) interLat)``,
+    ``baseLat + 2 ((ppn - 1) intraLat + log2i(nNodes) interLat)``,
     :data:`NCCL_LL_TREE_LATENCY`), what a decode step's all-reduce across nodes pays:
-    ``base + 2 ((ppn - 1) lat_intra + ceil(log2 nodes) lat_inter) + 2 M / beta_inter``. A group
+    ``base + 2 ((ppn - 1) lat_intra + log2i(nodes) lat_inter) + 2 M / beta_inter``. A group
     inside one node is the ring/tree of :func:`all_reduce_seconds` over the intra-node link.
 
     Raises:
@@ -228,7 +241,7 @@ def node_tree_all_reduce_seconds(nbytes: float, p: int, fabric: "Fabric") -> flo
         return all_reduce_seconds(nbytes, p, fabric.link(p))
     lat = NCCL_LL_TREE_LATENCY
     return (lat["base"] + 2 * ((per_node - 1) * lat["intra"]
-                               + math.ceil(math.log2(nodes)) * lat["inter"])
+                               + node_tree_levels(nodes) * lat["inter"])
             + 2 * nbytes / fabric.link(p).beta)
 
 

@@ -111,8 +111,9 @@ class Rates:
             launching its kernels one by one from Python (about 10-20 kernels of a few
             microseconds each); default 0.
         cross_node_all_reduce_seconds: seconds each of a decode step's TP all-reduces adds per
-            network level of NCCL's node tree (``ceil(log2 nodes)`` levels: 1 for a TP-16 engine
-            on two 8-GPU nodes, 2 for TP 32 on four) when the replica spans nodes, beyond NCCL's
+            network level of NCCL's node tree (:func:`~rlm_course.cost.comm.node_tree_levels`:
+            1 for a TP-16 engine on two 8-GPU nodes, 2 for TP 32 on four) when the replica spans
+            nodes, beyond NCCL's
             tuning model (:func:`~rlm_course.cost.comm.node_tree_all_reduce_seconds`, whose
             latency grows with the same levels): a network collective
             captured in the step's CUDA graph, paced by NCCL's proxy thread, where inside a node
@@ -397,8 +398,7 @@ class DecodeCost:
         seconds = comm.decode_tp_comm(self.spec, self.tp, tokens, self.link,
                                       in_node=self.in_node, fabric=self.fabric).seconds
         if not self.in_node:  # two all-reduces per layer, each up and down the node tree
-            nodes = -(-self.tp // self.fabric.devices_per_node)
-            levels = math.ceil(math.log2(nodes))
+            levels = comm.node_tree_levels(-(-self.tp // self.fabric.devices_per_node))
             seconds += 2 * self.spec.n_layer * levels * self.rates.cross_node_all_reduce_seconds
         return seconds
 
