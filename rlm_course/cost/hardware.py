@@ -45,6 +45,10 @@ class Device:
             capacity), of which an inference engine's memory share (vLLM's
             ``gpu_memory_utilization``) is taken; a datasheet's "80 GB" is 80 GiB of HBM, of
             which an H100 reports 79.11 GiB, 84.9e9 bytes, not 80e9 (0: ``memory_bytes``);
+            devices_per_host: the devices that share one host's CPUs and memory (a server, or a
+            GB200 NVL72 compute tray of two Grace CPUs and four GPUs; 0: ``devices_per_node``),
+            what an optimizer stepped on the CPU shares (:meth:`TrainerCost.adam_seconds
+            <rlm_course.cost.phases.TrainerCost.adam_seconds>`);
             source: where the figures come from.
 
     Raises:
@@ -65,6 +69,7 @@ class Device:
     inter_node_latency: float = 0.0
     host_bandwidth: float = 0.0
     reported_memory_bytes: float = 0.0
+    devices_per_host: int = 0
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "memory_bytes", "memory_bandwidth"):
@@ -82,11 +87,21 @@ class Device:
                 isinstance(self.devices_per_node, int) and self.devices_per_node >= 1):
             raise ValueError(f"Device {self.name!r}: devices_per_node={self.devices_per_node!r} "
                              "must be a positive integer.")
+        if isinstance(self.devices_per_host, bool) or not (
+                isinstance(self.devices_per_host, int) and self.devices_per_host >= 0):
+            raise ValueError(f"Device {self.name!r}: devices_per_host={self.devices_per_host!r} "
+                             "must be an integer >= 0 (0: devices_per_node).")
         if not (is_real(self.reported_memory_bytes)
                 and 0 <= self.reported_memory_bytes <= 2 * self.memory_bytes):
             raise ValueError(f"Device {self.name!r}: reported_memory_bytes="
                              f"{self.reported_memory_bytes:g} must be the total CUDA reports, near "
                              f"memory_bytes={self.memory_bytes:g} (or 0).")
+
+    @property
+    def host_devices(self) -> int:
+        """Devices sharing one host's CPUs: :attr:`devices_per_host`, else
+        :attr:`devices_per_node`."""
+        return self.devices_per_host or self.devices_per_node
 
     @property
     def engine_memory_bytes(self) -> float:
@@ -141,7 +156,8 @@ def load_catalog() -> dict[str, Device]:
                                    inter_node_latency=float(entry.get("inter_node_latency", 0.0)),
                                    host_bandwidth=float(entry.get("host_bandwidth", 0.0)),
                                    reported_memory_bytes=float(
-                                       entry.get("reported_memory_bytes", 0.0)))
+                                       entry.get("reported_memory_bytes", 0.0)),
+                                   devices_per_host=int(entry.get("devices_per_host", 0)))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"hardware catalog entry {name!r} is incomplete or wrong ({err}); "
                              "restore it from git, or measure this machine again (python -m "

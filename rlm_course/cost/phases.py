@@ -73,13 +73,13 @@ from rlm_course.cost.weight_sync import TRANSPORTS, SyncCost, sync_cost
 from rlm_course.algorithms import RLConfig
 from rlm_course.utils import check_amount, check_kinds, is_real
 
-#: Parameters a second one node's CPUs step with Adam when the optimizer is offloaded
+#: Parameters a second one host's CPUs step with Adam when the optimizer is offloaded
 #: (Megatron's ``HybridDeviceOptimizer``: PyTorch's AdamW on the CPU, the copies overlapped):
 #: GLM-4.5-Air's 106B parameters over 4 H100 nodes in 9.6 s a step, measured under PyTorch's
-#: profiler (THUDM/slime issue #1139, December 2025): 2.8B a second a node. Another Megatron
-#: run measured 1.1B (ISEEKYAN/Megatron-LM issue #188, August 2026: verl's GRPO on
+#: profiler (THUDM/slime issue #1139, December 2025): 2.8B a second a host of 8 GPUs. Another
+#: Megatron run measured 1.1B (ISEEKYAN/Megatron-LM issue #188, August 2026: verl's GRPO on
 #: Qwen3.5-35B-A3B over 2 nodes of 8 GPUs, a 15.5 s optimizer step); the CPUs, their memory
-#: and the threads each rank gets decide, so this is a rate to measure on one's own nodes.
+#: and the threads each rank gets decide, so this is a rate to measure on one's own hosts.
 HOST_ADAM_PARAMS_PER_SECOND = 106e9 / 4 / 9.6
 
 
@@ -137,12 +137,12 @@ class Rates:
             movement, logging); default 0.
         host_bandwidth: bytes/s between a device and host memory, for offloading; default the
             catalog device's host link (PCIe Gen5 on H100s, about 50 GB/s).
-        host_adam_params_per_second: parameters per second one node's CPUs advance by an Adam
+        host_adam_params_per_second: parameters per second one host's CPUs advance by an Adam
             step when the optimizer is offloaded (ZeRO-Offload; Megatron's
             ``optimizer_cpu_offload``, whose ``HybridDeviceOptimizer`` steps the fp32 master
-            weights and moments on the CPU), all the node's devices' shards together; default
+            weights and moments on the CPU), all the host's devices' shards together; default
             :data:`HOST_ADAM_PARAMS_PER_SECOND`, measured on Megatron's ``HybridDeviceOptimizer``
-            (a node's CPUs and memory decide it: measure it on one's own nodes).
+            (a host's CPUs and memory decide it: measure it on one's own hosts).
         intra_link, inter_link: measured links replacing the catalog's.
         memory_fraction: usable share of device memory; default 0.9.
         rollout_memory_fraction: the share of a device the rollout engine takes for its weights and
@@ -242,9 +242,9 @@ class Rates:
             raise ValueError(f"Rates.train_flops_factor={self.train_flops_factor} must be in [1, 8] "
                              "(2 for FP8 training on Hopper).")
         if not (is_real(self.host_adam_params_per_second)
-                and 0 < self.host_adam_params_per_second < math.inf):
+                and 1 <= self.host_adam_params_per_second < math.inf):
             raise ValueError(f"Rates.host_adam_params_per_second={self.host_adam_params_per_second!r} "
-                             "must be a positive, finite number of parameters a second (the "
+                             "must be a finite number of parameters a second, at least 1 (the "
                              f"default is {HOST_ADAM_PARAMS_PER_SECOND:.3g}).")
         if self.host_bandwidth is not None and not 0 < self.host_bandwidth < math.inf:
             raise ValueError(f"Rates.host_bandwidth={self.host_bandwidth} must be positive and "
@@ -699,8 +699,11 @@ class TrainerCost:
         Megatron's ``optimizer_cpu_offload``), the gradients go to the host, the CPU steps the
         device's optimizer shard and the new weights come back over the host link, the copies
         overlapped with the CPU's step (Megatron's ``overlap_cpu_optimizer_d2h_h2d``): the
-        longer of the two, the CPU's at :attr:`Rates.host_adam_params_per_second` shared by
-        the node's devices of this layout, each stepping its shard at once."""
+        longer of the two. Each device moves and steps only its optimizer shard (``1 / dp``
+        under ZeRO; its gradients out, its bf16 weights back); the CPU runs at
+        :attr:`Rates.host_adam_params_per_second`, shared by the layout's devices on one host
+        (:attr:`~rlm_course.cost.hardware.Device.host_devices`: 8 on an H100 server, 4 on a
+        GB200 compute tray), each stepping its shard at once."""
         lay = self.layout
         dense, experts = params_per_device(self.spec, lay)
         dp_dense = lay.dp * lay.cp
@@ -710,11 +713,12 @@ class TrainerCost:
             for k, v in model_states(part, n, lay.zero, False, lay.grad_bytes).items():
                 states[k] = states.get(k, 0.0) + v
         if lay.offload:
-            copies = (states["gradients"] + states["weights"]) / self.rates.host(self.device)
+            # the parameters this device's optimizer steps: its 1/dp shard under ZeRO (Megatron's
+            # distributed optimizer, ZeRO-Offload), all of its copy without
             shard = sum(p / n if lay.zero else p for p, n in ((dense, dp_dense),
                                                               (experts, dp_expert)))
-            per_node = self.fabric.devices_per_node if self.fabric is not None else 1
-            sharing = min(lay.devices, per_node)
+            copies = shard * (lay.grad_bytes + 2) / self.rates.host(self.device)
+            sharing = min(lay.devices, self.device.host_devices)
             return max(copies, shard * sharing / self.rates.host_adam_params_per_second)
         return 2 * sum(states.values()) / self.device.memory_bandwidth
 

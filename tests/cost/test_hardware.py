@@ -95,9 +95,15 @@ def test_a_device_with_a_figure_no_device_has_is_refused_by_name():
                                   ("memory_bandwidth", float("nan"), "memory_bandwidth=nan"),
                                   ("memory_bytes", -1.0, "memory_bytes=-1.0 must be positive"),
                                   ("inter_node_bandwidth", -5.0, "inter_node_bandwidth=-5.0 must be finite and >= 0"),
-                                  ("devices_per_node", 0, "devices_per_node=0 must be a positive")):
+                                  ("devices_per_node", 0, "devices_per_node=0 must be a positive"),
+                                  ("devices_per_host", -1, "devices_per_host=-1 must be an integer >= 0"),
+                                  ("devices_per_host", 2.5, "devices_per_host=2.5 must be an integer"),
+                                  ("devices_per_host", True, "devices_per_host=True must be an integer")):
         with pytest.raises(ValueError, match=f"Device 'H100-SXM-80GB': {message}"):
             replace(h100, **{field: value})
+    # a host's devices default to the node's; a GB200 NVL72 rack's hosts are its trays of four
+    assert h100.devices_per_host == 0 and h100.host_devices == 8
+    assert get_device("GB200-NVL72-186GB").host_devices == 4
 
 
 def test_a_measurement_on_a_busy_machine_says_its_figures_are_low(monkeypatch, capsys):

@@ -235,29 +235,58 @@ def test_the_stage_model_refuses_bad_input_with_a_value_error():
     assert comm.Fabric(link, link, np.int64(8)).devices_per_node == 8  # numpy's integers too
 
 
-def test_an_offloaded_optimizer_step_is_the_cpu_adam_of_the_node_or_the_host_copies():
+def test_an_offloaded_optimizer_step_is_the_cpu_adam_of_the_host_or_the_host_copies():
     # ZeRO-1 with the optimizer on the host (Megatron's optimizer_cpu_offload): each device's
-    # 1/dp shard is stepped by its node's CPUs, all the node's shards at once, so one node steps
-    # the whole 7.6B-parameter model in params / rate seconds, two nodes in half that; the
-    # gradients and weights cross the host link meanwhile, and bound the step on fast CPUs
+    # 1/dp shard is stepped by its host's CPUs, all the host's shards at once, so one 8-GPU host
+    # steps the whole 7.6B-parameter model in params / rate seconds, two hosts in half that;
+    # each device's gradient shard goes out and its bf16 weight shard comes back meanwhile
+    # (2 + 2 bytes a parameter of the shard), which bounds the step on fast CPUs
     config = preset("grpo", minibatches=1)
     params = SPEC.params()
     assert params == pytest.approx(7.6e9, rel=0.01)
-    rate = 2.5e9  # parameters a second a node
-    host = Rates(host_adam_params_per_second=rate).host(H100)
-    for devices, seconds in ((8, params / rate), (16, params / (2 * rate)), (2, params / rate)):
+    rate = 2.5e9  # parameters a second a host
+    host = Rates().host(H100)
+    for devices, seconds in ((8, params / rate), (16, params / (2 * rate)), (2, params / rate),
+                             (72, params / (9 * rate))):
         lay = Layout(dp=devices, zero=1, offload=True)
         cost = TrainerCost(SPEC, config, lay, H100, Rates(host_adam_params_per_second=rate),
                            comm.Fabric.of(H100), 100)
         assert cost.adam_seconds() == pytest.approx(seconds, rel=1e-9), devices
-        # a CPU a thousand times faster: the copies (bf16 gradients out, bf16 weights back) decide
         fast = TrainerCost(SPEC, config, lay, H100, Rates(host_adam_params_per_second=rate * 1e3),
                            comm.Fabric.of(H100), 100)
-        assert fast.adam_seconds() == pytest.approx(4 * params / host, rel=1e-9), devices
+        assert fast.adam_seconds() == pytest.approx(4 * params / devices / host, rel=1e-9), devices
+    # ZeRO-0: every replica steps its whole copy, the host's 8 at once
+    zero0 = TrainerCost(SPEC, config, Layout(dp=8, zero=0, offload=True), H100,
+                        Rates(host_adam_params_per_second=rate), comm.Fabric.of(H100), 100)
+    assert zero0.adam_seconds() == pytest.approx(8 * params / rate, rel=1e-9)
+    # a GB200 NVL72 is one NVLink domain of 72 GPUs but 18 hosts of 4: 72 devices step on 18
+    gb200 = get_device("GB200-NVL72-186GB")
+    assert gb200.devices_per_node == 72 and gb200.host_devices == 4
+    rack = TrainerCost(SPEC, config, Layout(dp=72, zero=1, offload=True), gb200,
+                       Rates(host_adam_params_per_second=rate), comm.Fabric.of(gb200), 100)
+    assert rack.adam_seconds() == pytest.approx(params / (18 * rate), rel=1e-9)
     # without offload the step stays on the device, at its memory bandwidth, whatever the CPU
     on_device = TrainerCost(SPEC, config, Layout(dp=8, zero=1), H100,
                             Rates(host_adam_params_per_second=1.0), comm.Fabric.of(H100), 100)
     assert on_device.adam_seconds() < 0.1
-    for bad in (0, -1.0, float("inf"), "fast"):
+    for bad in (0, -1.0, 1e-300, float("inf"), float("nan"), "fast", True, None):
         with pytest.raises(ValueError, match="host_adam_params_per_second"):
             Rates(host_adam_params_per_second=bad)
+
+
+def test_the_node_tree_has_nccls_levels():
+    # NCCL's tuning model charges log2i(nNodes) network levels: the logarithm rounded down
+    from rlm_course.cost.comm import node_tree_levels
+
+    assert [node_tree_levels(n) for n in (1, 2, 3, 4, 5, 7, 8, 9, 16)] == [0, 1, 1, 2, 2, 2, 3, 3, 4]
+    for bad in (0, -2, 2.0, True):
+        with pytest.raises(ValueError, match="node_tree_levels"):
+            node_tree_levels(bad)
+    # a TP-40 engine on five H100 nodes pays two levels on each of its all-reduces
+    spec = get_spec("qwen2.5-32b")
+    x = 5e-5
+    fabric = comm.Fabric.of(H100)
+    plain = DecodeCost(spec, H100, 40, Rates(), fabric)
+    paid = DecodeCost(spec, H100, 40, Rates(cross_node_all_reduce_seconds=x), fabric)
+    assert paid.seconds(10, 32, 32 * 1000) - plain.seconds(10, 32, 32 * 1000) == pytest.approx(
+        10 * 2 * spec.n_layer * 2 * x, abs=1e-12)
