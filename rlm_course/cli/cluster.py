@@ -168,7 +168,8 @@ def _plan(args) -> int:
                            modes=args.modes, progress=True)
         # each rate in its unit, and the value the plan above was made with
         units = {"decode_step_latency": (1e3, " ms"), "sync_fixed_seconds": (1.0, " s"),
-                 "staleness_penalty": (1.0, " steps/version")}
+                 "staleness_penalty": (1.0, " steps/version"),
+                 "host_adam_params_per_second": (1e-9, "B params/s")}
         now = {r["rate"]: (args.staleness_penalty if r["rate"] == "staleness_penalty"
                            else getattr(rates, r["rate"])) for r in rows}
 
@@ -179,13 +180,14 @@ def _plan(args) -> int:
         print("which rates decide the plan (planned again with one rate moved; the plan above "
               "used " + ", ".join(f"{rate} {shown(rate, v)}" for rate, v in now.items()) + "):")
         print(format_table([[r["rate"], shown(r["rate"], r["value"]), r["best"],
-                             seconds_text(r["step"], 0), seconds_text(r["cost"], 0),
-                             "yes" if r["flips"] else ""]
+                             seconds_text(r["step"]), f"{r['staleness']:.2f}",
+                             seconds_text(r["cost"]), "yes" if r["flips"] else ""]
                             for r in rows],
-                           ["rate", "value", "best plan", "step", "priced step", "flips"]))
-        print("(plans are ranked by the priced step: the step priced for staleness, "
-              f"{args.staleness_penalty:g} extra steps per version of lag unless the row moves "
-              "staleness_penalty)")
+                           ["rate", "value", "best plan", "step", "staleness", "priced step",
+                            "flips"]))
+        print("(plans are ranked by the priced step = step x (1 + penalty x staleness), the "
+              f"penalty {args.staleness_penalty:g} extra steps per version of mean staleness "
+              "unless the row moves staleness_penalty; a plan with a shorter step can lose on it)")
     return 0
 
 

@@ -1029,6 +1029,20 @@ def _closest(reasons: list[str]) -> str:
     return min(reasons, key=shortfall_gb)
 
 
+def host_optimizer_seconds(result: SimResult) -> tuple[float, int] | None:
+    """``(seconds, steps)``: one optimizer step of a trainer whose optimizer is offloaded (Adam
+    on its host's CPUs, :meth:`~rlm_course.cost.phases.TrainerCost.adam_seconds`) and the
+    optimizer steps an iteration takes; None when the optimizer stays on the devices."""
+    s = result.scenario
+    if not s.trainer_layout.offload:
+        return None
+    fabric = s.cluster.fabric(s.rates) if s.cluster.gpus > 1 else None
+    cost = TrainerCost(s.spec, s.config, s.trainer_layout, s.cluster.device, s.rates, fabric,
+                       s.workload.prompt_len, s.engine_log_probs)
+    steps = min(s.config.minibatches, s.workload.responses) * s.config.ppo_epochs
+    return cost.adam_seconds(), steps
+
+
 def where_time_goes(result: SimResult) -> str:
     """The step's largest parts, as shares."""
     parts = sorted(result.stages.items(), key=lambda kv: -kv[1])
@@ -1112,6 +1126,14 @@ def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
                      f"{rollout_mem:,.1f} GB of {r.memory['usable'] / GB:,.1f} GB usable; "
                      f"KV cache room for {r.memory['slots']:,} sequences per replica")
         lines.append(f"   time: {where_time_goes(r)}")
+        host = host_optimizer_seconds(r)
+        if host is not None:
+            seconds, steps = host
+            lines.append(f"   optimizer offloaded: Adam on the hosts' CPUs, {seconds_text(seconds)} "
+                         f"an optimizer step x {steps} = {seconds_text(seconds * steps)} of the "
+                         f"step, at {c.scenario.rates.host_adam_params_per_second / 1e9:.2g}B "
+                         "parameters/s a host (host_adam_params_per_second: measured 1.1-2.8B on "
+                         "Megatron's hybrid optimizer; measure your hosts')")
     others = ranked[top:] + result.refused
     if others:
         lines.append("why the others lose:")
@@ -1147,8 +1169,10 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
     :func:`plan`.
 
     Returns:
-        one row per (rate, value): ``rate, value, best (its name), step, cost, flips`` (the best
-        plan differs from the one at the calibrated rates).
+        one row per (rate, value): ``rate, value, best (its name), step, staleness (its mean,
+        versions), cost (the step priced for staleness), flips`` (the best plan differs from the
+        one at the calibrated rates). When the best plan offloads its optimizer and
+        ``variations`` is the default, ``host_adam_params_per_second`` is moved too.
 
     Raises:
         ValueError: for an unknown rate or a value :class:`~rlm_course.cost.phases.Rates` refuses.
@@ -1174,6 +1198,10 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
         base = plan(spec, config, workload, device, gpus, rates=rates,
                     staleness_penalty=staleness_penalty, **options)
     base = base.best
+    if variations is SENSITIVITY and base.result and base.scenario.trainer_layout.offload:
+        # an offloaded optimizer's CPU rate decides such a plan: the measured range and above
+        rate = rates.host_adam_params_per_second
+        variations = {**variations, "host_adam_params_per_second": (1.1e9, rate, 4 * rate)}
     rows = []
     todo = [(name, value) for name, values in variations.items() for value in values]
     for name, value in tqdm(todo, desc="sensitivity: planning again", disable=not progress,
@@ -1187,5 +1215,6 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
                           staleness_penalty=staleness_penalty, **options)
         best = result.best
         rows.append({"rate": name, "value": value, "best": best.name, "step": best.step,
+                     "staleness": best.result.staleness if best.result else math.nan,
                      "cost": best.cost, "flips": best.name != base.name})
     return rows

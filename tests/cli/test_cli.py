@@ -342,12 +342,15 @@ def test_plan_sensitivity_shows_each_rate_in_its_unit_beside_the_value_planned_w
     # when staleness is free and dearer as it is priced higher
     import re
 
-    assert re.search(r"best plan +step +priced step +flips", out)
-    priced = {line.split()[1]: [float(x) for x in re.findall(r"(\d[\d,.]*) s(?= )", line)[-2:]]
-              for line in out.splitlines() if line.startswith("staleness_penalty ")}
-    assert set(priced) == {"0", "0.1", "0.3"}
-    assert priced["0"][0] == priced["0"][1]
-    assert priced["0.3"][1] > priced["0.3"][0] and priced["0.3"][1] >= priced["0.1"][1]
+    assert re.search(r"best plan +step +staleness +priced step +flips", out)
+    rows = {line.split()[1]: re.search(r"([\d,.]+) s +([\d.]+) +([\d,.]+) s", line).groups()
+            for line in out.splitlines() if line.startswith("staleness_penalty ")}
+    assert set(rows) == {"0", "0.1", "0.3"}
+    for penalty, (step, staleness, cost) in rows.items():  # to the printed decimal
+        assert float(cost) == pytest.approx(float(step) * (1 + float(penalty) * float(staleness)),
+                                            abs=0.06 + 0.005 * float(step)), penalty
+    assert rows["0"][0] == rows["0"][2] and float(rows["0.3"][2]) > float(rows["0.3"][0])
+    assert "x (1 + penalty x staleness)" in out
 
 
 def test_configuration_errors_name_the_flags_the_user_typed():

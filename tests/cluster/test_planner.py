@@ -715,3 +715,33 @@ def test_a_count_with_few_divisors_is_told_when_the_round_count_below_plans_chea
     spec, grpo = get_spec("llama-3.1-8b"), algorithm("grpo", minibatches=4)
     for round_count in (16, 24, 4):
         assert fewer_devices(spec, grpo, WORKLOAD, H100, round_count, Plan()) is None
+
+
+def test_a_plan_whose_optimizer_runs_on_the_cpu_says_so_and_moves_that_rate():
+    # Llama-3-70B on 8 H100s trains only with its optimizer on the host: the plan prints the
+    # CPU's Adam (its optimizer steps x one step's seconds, from TrainerCost.adam_seconds), and
+    # the sensitivity table moves the host's Adam rate, which decides the step
+    from rlm_course.cluster.planner import host_optimizer_seconds
+    from rlm_course.cost.phases import TrainerCost
+
+    spec, grpo = get_spec("llama-3-70b"), algorithm("grpo")
+    workload = Workload.long_tailed(32, 8, 512, 500, 0.8, 2048, seed=0)
+    result = plan(spec, grpo, workload, H100, 8, length_buckets=32)
+    best = result.best
+    s = best.scenario
+    assert s.trainer_layout.offload
+    seconds, steps = host_optimizer_seconds(best.result)
+    adam = TrainerCost(spec, grpo, s.trainer_layout, H100, s.rates, s.cluster.fabric(s.rates),
+                       512).adam_seconds()
+    assert seconds == adam and steps == grpo.minibatches * grpo.ppo_epochs
+    # the whole model's 70.6B parameters on one host's CPUs
+    assert seconds == pytest.approx(spec.params() / s.rates.host_adam_params_per_second, rel=1e-6)
+    assert f"Adam on the hosts' CPUs, {seconds:.1f} s an optimizer step x {steps}" in " ".join(
+        format_plan(result, top=1).split())
+    rows = sensitivity(spec, grpo, workload, H100, 8, base=result, length_buckets=32)
+    host = [r["step"] for r in rows if r["rate"] == "host_adam_params_per_second"]
+    assert len(host) == 3 and host[0] > host[1] > host[2]
+    # a plan whose optimizer stays on the devices has no such line and no such row
+    small = plan(get_spec("qwen2.5-7b"), grpo, workload, H100, 8, length_buckets=32)
+    assert host_optimizer_seconds(small.best.result) is None
+    assert "Adam on the hosts' CPUs" not in format_plan(small, top=1)
