@@ -350,7 +350,10 @@ assert hfu["verl-fa-7b-fullyasync-16-16"] > 1.5 * hfu["verl-fa-7b-colocate-32"]
 # trainer layouts TP x PP (x EP) x DP that fit memory (Megatron's distributed optimizer keeps
 # fp32 main gradients: `6 + 12/d` bytes per parameter), colocated plans with the trainer's
 # states kept on the devices or offloaded to host memory while they generate (more room for the
-# KV cache, for a copy each way over PCIe, as veRL's and NeMo-RL's hybrid engines do), and the
+# KV cache, for a copy each way over PCIe, as veRL's and NeMo-RL's hybrid engines do), the
+# optimizer offloaded to the hosts when nothing else fits (a layout's `offload`: ZeRO-Offload,
+# Adam stepped on the CPUs at `host_adam_params_per_second`, measured 1.1-2.8B parameters a
+# second for an 8-GPU host, often the longest part of such a step), and the
 # execution modes; it simulates the promising ones and explains the rest. It plans with the **calibrated** rates (NeMo-RL's family
 # by default: vLLM and Megatron-Core) and prices **staleness**: an asynchronous plan's step counts
 # `1 + penalty x staleness` times (by default 0.1 extra steps per version of staleness, an
