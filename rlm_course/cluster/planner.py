@@ -56,7 +56,7 @@ from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
 from rlm_course.algorithms import RLConfig
 from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
-from rlm_course.cost.phases import Cluster, DecodeCost, Rates, TrainerCost
+from rlm_course.cost.phases import HOST_ADAM_MEASURED, Cluster, DecodeCost, Rates, TrainerCost
 from rlm_course.utils import check_kinds, is_real, seconds_text
 from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, OFFLOADED, Scenario, SimResult,
                                           memory_plan, pool_label, sequences_per_step, simulate)
@@ -1132,7 +1132,8 @@ def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
             lines.append(f"   optimizer offloaded: Adam on the hosts' CPUs, {seconds_text(seconds)} "
                          f"an optimizer step x {steps} = {seconds_text(seconds * steps)} of the "
                          f"step, at {c.scenario.rates.host_adam_params_per_second / 1e9:.2g}B "
-                         "parameters/s a host (host_adam_params_per_second: measured 1.1-2.8B on "
+                         "parameters/s a host (host_adam_params_per_second: measured "
+                         f"{HOST_ADAM_MEASURED[0] / 1e9:.2g}-{HOST_ADAM_MEASURED[1] / 1e9:.2g}B on "
                          "Megatron's hybrid optimizer; measure your hosts')")
     others = ranked[top:] + result.refused
     if others:
@@ -1201,7 +1202,8 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
     if variations is SENSITIVITY and base.result and base.scenario.trainer_layout.offload:
         # an offloaded optimizer's CPU rate decides such a plan: the measured range and above
         rate = rates.host_adam_params_per_second
-        variations = {**variations, "host_adam_params_per_second": (1.1e9, rate, 4 * rate)}
+        variations = {**variations,
+                      "host_adam_params_per_second": (HOST_ADAM_MEASURED[0], rate, 4 * rate)}
     rows = []
     todo = [(name, value) for name, values in variations.items() for value in values]
     for name, value in tqdm(todo, desc="sensitivity: planning again", disable=not progress,
