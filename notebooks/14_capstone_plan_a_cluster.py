@@ -351,7 +351,7 @@ assert hfu["verl-fa-7b-fullyasync-16-16"] > 1.5 * hfu["verl-fa-7b-colocate-32"]
 # fp32 main gradients: `6 + 12/d` bytes per parameter), colocated plans with the trainer's
 # states kept on the devices or offloaded to host memory while they generate (more room for the
 # KV cache, for a copy each way over PCIe, as veRL's and NeMo-RL's hybrid engines do), the
-# optimizer offloaded to the hosts when nothing else fits (a layout's `offload`: ZeRO-Offload,
+# optimizer offloaded to the hosts when nothing else fits (`cpu-optimizer` in a layout: ZeRO-Offload,
 # Adam stepped on the CPUs at `host_adam_params_per_second`, measured 1.1-2.8B parameters a
 # second for an 8-GPU host, often the longest part of such a step), and the
 # execution modes; it simulates the promising ones and explains the rest. It plans with the **calibrated** rates (NeMo-RL's family

@@ -151,7 +151,7 @@ class Layout:
         if self.recompute:
             parts.append("recompute")
         if self.offload:
-            parts.append("offload")
+            parts.append("cpu-optimizer")  # ZeRO-Offload: not the states parked while generating
         if self.main_grads_fp32:
             parts.append("fp32-grads")
         return " ".join(parts)

@@ -433,7 +433,7 @@ def test_advice_applies_to_the_layout_it_names():
     nearest = min(refused, key=shortfall_gb)
     # one data-parallel rank (tp8 x pp8 = all 64 GPUs): no ZeRO label, no ZeRO advice, no larger
     # model-parallel group that divides 64, the optimizer already offloaded
-    assert nearest.startswith("trainer layout dp1 tp8 pp8 recompute offload fp32-grads of "
+    assert nearest.startswith("trainer layout dp1 tp8 pp8 recompute cpu-optimizer fp32-grads of "
                               "deepseek-v3 needs 99.7 GB")
     assert nearest.endswith("72.0 GB usable (90% of 80 GB): use more GPUs or a device with more "
                             "memory.")
