@@ -102,9 +102,7 @@ def load_calibration() -> dict:
                 break
             if lender not in families:
                 problem = f"borrows {rate} from {lender!r}, which is not a family of the file"
-            elif lender == name or rate in entry["free"] or not (
-                    rate in families[lender].get("free", [])
-                    or rate in families[lender].get("tied", {})):
+            elif lender == name or rate in entry["free"] or not _fits(families[lender], rate):
                 problem = (f"borrows {rate} from {lender!r}, which does not fit it (a loan comes "
                            "from another family's free or tied rates)")
             elif entry["rates"][rate] != families[lender]["rates"].get(rate,
@@ -448,6 +446,12 @@ def check_families(doc: dict) -> None:
                              f"the file ({', '.join(n for n in families if n != name)}).")
 
 
+def _fits(entry: dict, rate: str) -> bool:
+    """Whether a family fits ``rate`` (among its ``free`` or ``tied`` rates), by its entry in
+    the figures file or in the rates file (both write them alike)."""
+    return rate in entry.get("free", []) or rate in entry.get("tied", {})
+
+
 def _own_rates(spec: dict) -> set[str]:
     """The rates a family's figures-file entry fits, ties or fixes itself."""
     tied = spec.get("tied", {})
@@ -526,9 +530,7 @@ def lend(families: dict[str, dict], doc: dict) -> None:
             if lender not in families or not isinstance(specs.get(lender), dict):
                 raise ValueError(f"family {name} borrows {rate} from {lender!r}, which is not a "
                                  f"family of the figures file ({', '.join(families)}).")
-            lends = specs[lender]
-            if lender == name or (rate not in lends.get("free", [])
-                                  and rate not in lends.get("tied", {})):
+            if lender == name or not _fits(specs[lender], rate):
                 raise ValueError(f"family {name} borrows {rate} from {lender!r}, which does not "
                                  f"fit it; name a family whose \"free\" (or \"tied\") rates list "
                                  f"{rate}.")

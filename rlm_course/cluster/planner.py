@@ -1039,8 +1039,7 @@ def host_optimizer_seconds(result: SimResult) -> tuple[float, int] | None:
     fabric = s.cluster.fabric(s.rates) if s.cluster.gpus > 1 else None
     cost = TrainerCost(s.spec, s.config, s.trainer_layout, s.cluster.device, s.rates, fabric,
                        s.workload.prompt_len, s.engine_log_probs)
-    steps = min(s.config.minibatches, s.workload.responses) * s.config.ppo_epochs
-    return cost.adam_seconds(), steps
+    return cost.adam_seconds(), cost.optimizer_steps(s.workload.responses)
 
 
 def where_time_goes(result: SimResult) -> str:

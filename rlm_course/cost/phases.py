@@ -245,9 +245,10 @@ class Rates:
                              "(2 for FP8 training on Hopper).")
         if not (is_real(self.host_adam_params_per_second)
                 and 1 <= self.host_adam_params_per_second < math.inf):
-            raise ValueError(f"Rates.host_adam_params_per_second={self.host_adam_params_per_second!r} "
-                             "must be a finite number of parameters a second, at least 1 (the "
-                             f"default is {HOST_ADAM_PARAMS_PER_SECOND:.3g}).")
+            raise ValueError("Rates.host_adam_params_per_second="
+                             f"{self.host_adam_params_per_second!r} must be a finite number of "
+                             "parameters a second, at least 1 (the default is "
+                             f"{HOST_ADAM_PARAMS_PER_SECOND:.3g}).")
         if self.host_bandwidth is not None and not 0 < self.host_bandwidth < math.inf:
             raise ValueError(f"Rates.host_bandwidth={self.host_bandwidth} must be positive and "
                              "finite (bytes/s), or None for the device's host link.")
@@ -652,7 +653,8 @@ class TrainerCost:
             backward = stage != "scoring"
             mfu = (r.train_hfu if backward else r.forward_mfu) * (
                 r.moe_efficiency if spec.is_moe else 1.0)
-            cut = max(1, min(steps, sequences)) if backward else 1
+            cut = (self.optimizer_steps(sequences, steps) // self.config.ppo_epochs
+                   if backward else 1)
             busiest = sum(_busiest([per_sequence[lengths[i]][stage] for i in order[k::cut]], lay.dp)
                           for k in range(cut))
             epochs = self.config.ppo_epochs if backward else 1  # (in the FLOPs already)
@@ -693,6 +695,13 @@ class TrainerCost:
                 total += opt_steps * (r.optimizer_step_seconds + self.adam_seconds())
             out[stage] = total
         return out
+
+    def optimizer_steps(self, sequences: int, minibatches: int | None = None) -> int:
+        """Optimizer steps an update of ``sequences`` responses takes: ``minibatches`` (default
+        the configuration's) gradient steps an epoch, at most one a response, times
+        ``ppo_epochs``."""
+        steps = self.config.minibatches if minibatches is None else minibatches
+        return max(1, min(steps, sequences)) * self.config.ppo_epochs
 
     def adam_seconds(self) -> float:
         """Seconds of one Adam step on one device: its weights, gradients and optimizer states

@@ -424,16 +424,13 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
         software = tensors * tensor_seconds * tree(ranks)
     else:  # each region leaves once: to one engine from its first holder, to several in
         # stripes shared by min(copies, engines) of the devices that hold it
-        def stripes(copies: int) -> int:
-            return min(copies, replicas) if replicas > 1 else 1
-
         if zero3:  # every device holds a distinct slice
-            sent = total / (dp * tp * pp)
+            sent = total / trainer_devices
         else:  # the dense part over tp x pp, the experts over ep x pp (or tp), each with copies
             dense_copies = trainer_devices // (tp * pp)
             expert_copies = trainer_devices // (split * pp)
-            sent = ((total - experts) / (tp * pp) / stripes(dense_copies)
-                    + experts / (split * pp) / stripes(expert_copies))
+            sent = ((total - experts) / (tp * pp) / min(dense_copies, replicas)
+                    + experts / (split * pp) / min(expert_copies, replicas))
         gather = 0.0
         per = max(sent, shard)
         messages = max(1, math.ceil(per / bucket_bytes))  # the busiest device's buckets
