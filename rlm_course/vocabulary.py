@@ -22,3 +22,7 @@ STAGE_OF = {"prefill": "generation", "decode": "generation", "scoring": "scoring
 #: Where the actor and the rollout engine run: on the same devices (time-sharing them, the
 #: weights handed over in process) or on separate ones (the weights synced over a network).
 PLACEMENTS = ("colocated", "disaggregated")
+#: How a batch's samples reach the generation replicas: a group's samples together on one replica
+#: (the batch split in contiguous shards over the engines), or each sample a request of its own,
+#: sent to the replicas in turn (an engine served request by request).
+ROUTINGS = ("group", "sample")

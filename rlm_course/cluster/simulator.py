@@ -20,9 +20,11 @@ the rates (:class:`~rlm_course.cost.phases.Rates`).
   :class:`~rlm_course.cost.phases.DecodeCost`, so a replica's whole rollout is one event per
   finishing length, and a long-tailed batch keeps a replica busy with ever fewer sequences: the
   tail;
-* a **controller** admits prompts to the replicas, round-robin, group by group, as far as the
-  staleness bound allows, and collects finished groups (all ``group_size`` samples) in a FIFO
-  buffer;
+* a **controller** admits prompts as far as the staleness bound allows, giving the replicas
+  work in turn, a whole group at a time or one sample at a time (:attr:`Rates.routing`: an
+  offline generate split in contiguous shards, or an engine served request by request as
+  NeMo-RL's asynchronous engine and verl's agent loop are), and collects finished groups (all
+  ``group_size`` samples) in a FIFO buffer;
 * the **trainer** (a process) takes ``prompts`` finished groups, runs the reward, scoring and
   update stages (:class:`~rlm_course.cost.phases.TrainerCost`), then publishes new weights:
   it waits for the rollout to **drain** the sequences already given to it, queued or decoding,
@@ -765,7 +767,8 @@ class _Sim:
             self.changed.succeed()
 
     def admit(self) -> None:
-        """Give the replicas every prompt the staleness bound allows, round-robin; none while a
+        """Give the replicas every prompt the staleness bound allows, in turn (a group's samples
+        to one replica, or each sample to the next: :attr:`Rates.routing`); none while a
         weight update drains or pauses them (the groups it would admit wait for the new
         weights, as the module docstring says)."""
         if self.holding:
@@ -779,15 +782,20 @@ class _Sim:
         target = min(self.admitted + allowed, horizon)
         if self.inflight_cap:  # a semaphore on the groups generating at once
             target = min(target, self.admitted + max(0, self.inflight_cap - len(self.groups)))
+        per_sample = s.rates.routing == "sample"
         while self.admitted < target:
             prompt = self.admitted % s.workload.prompts
             group = self.admitted
             self.groups[group] = [s.workload.group_size, self.version]
-            rep = self.replicas[self.cursor]
-            self.cursor = (self.cursor + 1) % len(self.replicas)
+            # the replicas in turn: per group, or per sample (Rates.routing)
             for length in self.prompt_lengths[prompt]:
+                rep = self.replicas[self.cursor]
                 rep.queue.append((group, length, s.workload.prompt_len, max(0, length - 1), True))
-            touched.add(rep.index)
+                touched.add(rep.index)
+                if per_sample:
+                    self.cursor = (self.cursor + 1) % len(self.replicas)
+            if not per_sample:
+                self.cursor = (self.cursor + 1) % len(self.replicas)
             self.admitted += 1
         # a new "all idle" only once the last one fired: a loop already waiting on an unfired
         # one (a colocated phase whose groups are admitted as others finish) must see it fire

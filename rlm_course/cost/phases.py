@@ -72,6 +72,7 @@ from rlm_course.cost.layouts import Layout, model_states, axis_strides, params_p
 from rlm_course.cost.weight_sync import TRANSPORTS, SyncCost, sync_cost
 from rlm_course.algorithms import RLConfig
 from rlm_course.utils import check_amount, check_kinds, is_real
+from rlm_course.vocabulary import ROUTINGS
 
 #: Parameters a second one host's CPUs step with Adam when the optimizer is offloaded
 #: (Megatron's ``HybridDeviceOptimizer``: PyTorch's AdamW on the CPU, the copies overlapped):
@@ -171,12 +172,23 @@ class Rates:
             sequence's slot goes to the next one at once (vLLM, SGLang; Yu et al. 2022, Orca).
         prefix_caching: the samples of a group share their prompt's KV cache, prefilled once
             (vLLM's automatic prefix caching, SGLang's radix cache); default True.
+        routing: how a batch's samples reach the generation replicas (:data:`ROUTINGS`):
+            ``group``, each group's samples to one replica, the groups in turn (a batch split in
+            contiguous shards over the engines' data-parallel ranks: NeMo-RL's ``generate``
+            without ``async_engine``, ``BatchedDataDict.shard_by_batch_size``; verl's
+            ``generate_sequences`` dispatched to the rollout worker group); ``sample``, each
+            sample a request of its own, the replicas in turn (NeMo-RL's ``generate_async``
+            with ``async_engine``: "restricted to handle only single samples", each call to the
+            next data-parallel shard, ``VllmGeneration._next_dp_shard_idx``; verl's agent loop,
+            ``AsyncLLMServerManager`` sending each request to the server with the fewest sent so
+            far). A group spread over the replicas has its prompt prefilled on each; default
+            ``group``.
 
     Raises:
         ValueError: for a value that is not a number, an efficiency outside (0, 1], a negative
-            or infinite time, a non-positive bandwidth, an unknown transport, a flag that is not
-            a bool, a ``max_batch`` that is not a positive integer or a link that is not a
-            :class:`Link` (each names the field).
+            or infinite time, a non-positive bandwidth, an unknown transport or routing, a flag
+            that is not a bool, a ``max_batch`` that is not a positive integer or a link that is
+            not a :class:`Link` (each names the field).
     """
 
     train_hfu: float = 0.40
@@ -208,6 +220,7 @@ class Rates:
     max_batch: int = 1024
     static_batching: bool = False
     prefix_caching: bool = True
+    routing: str = "group"
 
     #: the fields that are seconds (each finite and >= 0)
     SECONDS = ("decode_step_latency", "decode_sequence_latency", "eager_layer_seconds",
@@ -255,6 +268,9 @@ class Rates:
         if self.sync_transport not in TRANSPORTS:
             raise ValueError(f"Rates.sync_transport={self.sync_transport!r}: choose one of "
                              f"{TRANSPORTS}.")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"Rates.routing={self.routing!r}: choose one of {ROUTINGS} (a "
+                             "group's samples to one replica, or each sample to the next one).")
         if not (is_real(self.max_batch) and isinstance(self.max_batch, numbers.Integral)
                 and self.max_batch >= 1):
             raise ValueError(f"Rates.max_batch={self.max_batch!r} must be a positive integer.")

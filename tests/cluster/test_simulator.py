@@ -54,6 +54,45 @@ def test_a_synchronous_step_is_the_sum_of_its_stages():
     assert result.tokens_per_second * result.step_seconds == pytest.approx(w.responses * 1280)
 
 
+def test_samples_routed_one_by_one_spread_each_group_and_prefill_its_prompt_on_every_replica():
+    # 32 groups of 8 equal samples on 16 replicas. Routed by group (an offline generate over
+    # contiguous shards), a replica holds 2 whole groups and prefills 2 prompts; routed by
+    # sample (NeMo-RL's async engine, verl's agent loop: the replicas in turn), sample i of group
+    # g goes to replica (8 g + i) mod 16, so replica r holds one sample of each of 16 groups and
+    # prefills 16 prompts. The decode is the same 1023 steps of 16 sequences either way.
+    s = _scenario(trainer=Layout(dp=16, zero=3))
+    w = s.workload
+    cost = DecodeCost(SPEC, H100, 1, s.rates, None, w)
+    decode = cost.seconds(1023, 16, 16 * 257)
+    for routing, prompts in (("group", 2), ("sample", 16)):
+        result = simulate(_scenario(trainer=Layout(dp=16, zero=3), rates=Rates(routing=routing)),
+                          iterations=3, warmup=1)
+        assert result.stages["generation"] == pytest.approx(
+            cost.prefill_seconds({256: prompts}) + decode, rel=1e-9), routing
+    # a long group: routed by group its 8 samples decode together on one replica, beside one
+    # short group for the short one's 255 steps, then 3840 steps of 8 sequences; routed by
+    # sample each of 8 replicas holds one of them beside 15 short samples, then decodes it
+    # alone: the same tail of steps, each reading one sequence's KV cache instead of eight
+    lengths = tuple([4096] * 8 + [256] * 8 * 31)
+    steps = {}
+    for routing in ("group", "sample"):
+        steps[routing] = simulate(_scenario(
+            trainer=Layout(dp=16, zero=3), rates=Rates(routing=routing),
+            workload=Workload(32, 8, 256, 4096, response_lengths=lengths)),
+            iterations=3, warmup=1).stages["generation"]
+    tail = DecodeCost(SPEC, H100, 1, s.rates, None, w)
+    assert steps["group"] == pytest.approx(
+        tail.prefill_seconds({256: 2}) + tail.seconds(255, 16, 16 * 257)
+        + tail.seconds(4095 - 255, 8, 8 * (257 + 255)), rel=1e-9)
+    assert steps["sample"] == pytest.approx(
+        tail.prefill_seconds({256: 16}) + tail.seconds(255, 16, 16 * 257)
+        + tail.seconds(4095 - 255, 1, 257 + 255), rel=1e-9)
+    assert steps["sample"] < steps["group"]
+    for bad in ("round-robin", "", None, 1):
+        with pytest.raises(ValueError, match="Rates.routing=.*choose one of .'group', 'sample'."):
+            Rates(routing=bad)
+
+
 def test_an_asynchronous_step_is_the_longer_of_generation_and_training():
     for rollout in (4, 12):  # training-bound, then generation-bound
         sync = simulate(_scenario(placement="disaggregated", rollout_gpus=rollout,
