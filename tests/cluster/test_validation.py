@@ -80,6 +80,29 @@ def test_every_figure_names_its_source_setup_and_assumptions():
         published.check_figure({**FIGURES[0], "what": "speedup", "baseline": "nowhere"}, ids)
 
 
+def test_every_step_figure_says_how_its_samples_reach_the_engines():
+    # NeMo-RL's asynchronous GRPO refuses to start without its asynchronous engine ("Async GRPO
+    # requires ... async_engine=true", nemo_rl/algorithms/grpo.py), which serves one sample a
+    # call, each to the next engine; verl's fully-async trainer runs only on its agent loop.
+    # Every step figure of both families names its routing and says why in its assumptions.
+    for fig in FIGURES:
+        setup = fig.get("setup", {})
+        if fig["what"] != "step_seconds" or fig["family"] not in ("nemo-rl", "nemo-rl-gb200",
+                                                                  "verl"):
+            continue
+        if fig["id"].startswith("verl-dpsk"):  # verl's DeepSeek-V3 page names no rollout mode
+            assert "routing" not in setup.get("rates", {}), fig["id"]
+            continue
+        routing = setup["rates"]["routing"]
+        assert f"routing {routing})" in fig["assumptions"], fig["id"]
+        mode = setup.get("mode")
+        asynchronous = isinstance(mode, dict) and mode.get("staleness", 0) > 0
+        if fig["family"].startswith("nemo-rl") and asynchronous:
+            assert routing == "sample", fig["id"]
+        if fig["id"].startswith("verl-fa-") and fig["setup"].get("placement") == "disaggregated":
+            assert routing == "sample", fig["id"]
+
+
 def test_the_stored_calibration_is_the_declared_one():
     stored = calibration.load_calibration()
     assert stored["command"] == "python -m rlm_course validate --calibrate"
