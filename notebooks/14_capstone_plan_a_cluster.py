@@ -62,7 +62,11 @@ print(torch.__version__)
 # The simulator does not step through tokens or GPUs. Each **replica** is a SimPy process that
 # decodes its sequences with continuous batching: between two events (a sequence finishing, a
 # new one admitted) every decode step costs the closed form of chapter 05's roofline plus the TP
-# all-reduces of chapter 08, so one long-tailed rollout is a few events per replica. The
+# all-reduces of chapter 08, so one long-tailed rollout is a few events per replica. Prompts
+# reach the replicas in turn, a whole group to one (an offline `generate` split in contiguous
+# shards), or one sample to each when the engine is served request by request (NeMo-RL's
+# asynchronous engine, verl's agent loop): `Rates.routing`, which each published figure of
+# section 3 states from its recipe. The
 # **trainer** is another process whose stages take the seconds of chapters 07-09's
 # communication and the busiest data-parallel replica's compute; the weight sync is chapter 12's
 # one model. The **rates** turn FLOPs and bytes into seconds (fractions of peak FLOP/s and
