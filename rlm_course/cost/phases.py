@@ -265,10 +265,11 @@ class Rates:
         if self.host_bandwidth is not None and not 0 < self.host_bandwidth < math.inf:
             raise ValueError(f"Rates.host_bandwidth={self.host_bandwidth} must be positive and "
                              "finite (bytes/s), or None for the device's host link.")
-        if self.sync_transport not in TRANSPORTS:
+        # a name, not an array or list that compares equal to one (numpy's would pass `in`)
+        if not isinstance(self.sync_transport, str) or self.sync_transport not in TRANSPORTS:
             raise ValueError(f"Rates.sync_transport={self.sync_transport!r}: choose one of "
                              f"{TRANSPORTS}.")
-        if self.routing not in ROUTINGS:
+        if not isinstance(self.routing, str) or self.routing not in ROUTINGS:
             raise ValueError(f"Rates.routing={self.routing!r}: choose one of {ROUTINGS} (a "
                              "group's samples to one replica, or each sample to the next one).")
         if not (is_real(self.max_batch) and isinstance(self.max_batch, numbers.Integral)

@@ -64,11 +64,18 @@ def test_samples_routed_one_by_one_spread_each_group_and_prefill_its_prompt_on_e
     w = s.workload
     cost = DecodeCost(SPEC, H100, 1, s.rates, None, w)
     decode = cost.seconds(1023, 16, 16 * 257)
-    for routing, prompts in (("group", 2), ("sample", 16)):
-        result = simulate(_scenario(trainer=Layout(dp=16, zero=3), rates=Rates(routing=routing)),
+    work = set()
+    for routing, caching, prompts in (("group", True, 2), ("sample", True, 16),
+                                      ("group", False, 16)):
+        result = simulate(_scenario(trainer=Layout(dp=16, zero=3),
+                                    rates=Rates(routing=routing, prefix_caching=caching)),
                           iterations=3, warmup=1)
         assert result.stages["generation"] == pytest.approx(
             cost.prefill_seconds({256: prompts}) + decode, rel=1e-9), routing
+        # the model FLOPs (MFU x step) count each group's prompt once however often the
+        # replicas prefill it: the same work, done in more seconds
+        work.add(round(result.mfu * result.step_seconds, 9))
+    assert len(work) == 1
     # a long group: routed by group its 8 samples decode together on one replica, beside one
     # short group for the short one's 255 steps, then 3840 steps of 8 sequences; routed by
     # sample each of 8 replicas holds one of them beside 15 short samples, then decodes it
@@ -88,9 +95,13 @@ def test_samples_routed_one_by_one_spread_each_group_and_prefill_its_prompt_on_e
         tail.prefill_seconds({256: 16}) + tail.seconds(255, 16, 16 * 257)
         + tail.seconds(4095 - 255, 1, 257 + 255), rel=1e-9)
     assert steps["sample"] < steps["group"]
-    for bad in ("round-robin", "", None, 1):
+    import numpy as np
+
+    for bad in ("round-robin", "", None, 1, np.array(["sample"]), ["group"]):
         with pytest.raises(ValueError, match="Rates.routing=.*choose one of .'group', 'sample'."):
             Rates(routing=bad)
+    with pytest.raises(ValueError, match="Rates.sync_transport=.*choose one of"):
+        Rates(sync_transport=np.array(["sharded"]))  # an array compares equal to a name
 
 
 def test_an_asynchronous_step_is_the_longer_of_generation_and_training():
