@@ -584,7 +584,7 @@ class _Replica:
             while (self.hold != "pause" and self.queue and len(self.active) < sim.slots
                    and not (static and self.rows)):
                 if admitted is None:
-                    admitted, prefill, again = Counter(), Counter(), Counter()
+                    admitted, prefill, again, model = Counter(), Counter(), Counter(), Counter()
                 group, length, prompt, steps, fresh = self.queue.popleft()
                 finish = self.step + steps   # the prefill samples the first token
                 # the first decode step attends over the prompt and the token the prefill sampled
@@ -600,13 +600,19 @@ class _Replica:
                 elif not shared or group not in self.prefilled:
                     prefill[prompt] += 1
                     self.prefilled.add(group)
+                # a group's prompt is the model's work once, wherever and however often the
+                # replicas prefill it (again without prefix caching, or on each replica its
+                # samples reach): MFU counts it once, the seconds count every prefill
+                if fresh and group not in sim.prompt_counted:
+                    model[prompt] += 1
+                    sim.prompt_counted.add(group)
             if static and admitted:  # the batch runs in lockstep from here until it all ends
                 self.rows = sum(admitted.values())
                 self.rows_context = (sum((c + 1) * n for c, n in admitted.items())
                                      - self.rows * self.step)
             if prefill or again:
                 start = env.now
-                cost.count_prefill(prefill)  # the fresh prompts' model FLOPs only
+                cost.count_prefill(model)  # each group's prompt once: model FLOPs
                 yield env.timeout(cost.prefill_seconds(prefill + again, count=False))
                 self._busy(start, env.now)
             self._finish()
@@ -707,6 +713,7 @@ class _Sim:
         self.dropped = 0.0
         self.version = 0
         self.groups: dict[int, list] = {}     # group -> [remaining samples, admit version]
+        self.prompt_counted: set[int] = set()  # groups whose prompt's model FLOPs are counted
         self.buffer: deque = deque()           # finished groups: (group, admit version)
         self.done_early: dict[int, int] = {}   # in order: finished past a pending group
         self.next_in_order = 0                 # in order: the next group the buffer takes
