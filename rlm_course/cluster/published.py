@@ -109,6 +109,11 @@ def check_figure(fig: dict, ids: set[str]) -> None:
                 raise ValueError(f"figure {name}: {key}={fig.get(key)!r} is not a figure of the file.")
     elif "setup" not in fig:
         raise ValueError(f"figure {name}: missing its 'setup'.")
+    else:  # the setup's own rates (routing, transport, engine settings the source states)
+        try:
+            Rates.from_dict(fig["setup"].get("rates"))
+        except ValueError as err:
+            raise ValueError(f"figure {name}: setup.rates: {err}") from None
 
 
 # ---------------------------------------------------------------------- building a scenario

@@ -78,6 +78,12 @@ def test_every_figure_names_its_source_setup_and_assumptions():
         published.check_figure({**FIGURES[0], "what": "vibes"}, ids)
     with pytest.raises(ValueError, match="baseline"):
         published.check_figure({**FIGURES[0], "what": "speedup", "baseline": "nowhere"}, ids)
+    # a setup's own rates are checked where the figure is, and the error names it
+    first = FIGURES[0]
+    bad = {**first, "setup": {**first["setup"], "rates": {"routing": "Sample"}}}
+    with pytest.raises(ValueError, match=f"figure {first['id']}: setup.rates: Rates.routing="
+                                         "'Sample': choose one of"):
+        published.check_figure(bad, ids)
 
 
 def test_every_step_figure_says_how_its_samples_reach_the_engines():
