@@ -132,7 +132,9 @@ def _plan(args) -> int:
           f"calibrated on {args.rates}'s published runs (decode step latency "
           f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}"
           + (f", MoE decode at {rates.moe_decode_efficiency:.2f} of the bandwidth share"
-             if spec.is_moe and rates.moe_decode_efficiency != 1 else "") + "); "
+             if spec.is_moe and rates.moe_decode_efficiency != 1 else "")
+          + (", each group's samples on one replica" if rates.routing == "group" else
+             ", each sample to the next replica") + "); "
           f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
           f"{len(result.ranked)} plan{'s' if len(result.ranked) != 1 else ''} simulated, "
           f"{len(result.refused)} refused")

@@ -191,7 +191,10 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
     # Hugging Face writes Llama-3.1-70B; the catalog llama-3.1-70b: no other model differs by case
     assert main(["plan", "--model", "Llama-3.1-70B", "--gpus", "16", "--device", "h100-sxm-80gb",
                  "--top", "1"]) == 0
-    assert capsys.readouterr().out.startswith("llama-3.1-70b, grpo, 16 x H100-SXM-80GB: ")
+    out = capsys.readouterr().out
+    assert out.startswith("llama-3.1-70b, grpo, 16 x H100-SXM-80GB: ")
+    # the header says how prompts reach the replicas (the rates' routing)
+    assert ", each group's samples on one replica); " in out.splitlines()[0]
 
 
 @pytest.mark.parametrize("argv, message", [
