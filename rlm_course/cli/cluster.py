@@ -167,7 +167,8 @@ def _plan(args) -> int:
 
         rows = sensitivity(spec, config, workload, device, args.gpus, rates=rates, base=result,
                            staleness_penalty=args.staleness_penalty, placements=placements,
-                           modes=args.modes, progress=True)
+                           modes=args.modes,
+                           progress=sys.stderr.isatty())  # a bar on a terminal, not in a log
         # each rate in its unit, and the value the plan above was made with
         units = {"decode_step_latency": (1e3, " ms"), "sync_fixed_seconds": (1.0, " s"),
                  "staleness_penalty": (1.0, " steps/version"),
@@ -179,14 +180,22 @@ def _plan(args) -> int:
             scale, unit = units.get(rate, (1.0, ""))
             return f"{value * scale:.3g}{unit}"
 
+        # each best plan once, by a letter (A: the plan above), named under the table
+        letters: dict[str, str] = {result.best.name: "A"}
+        for r in rows:
+            letters.setdefault(r["best"], chr(ord("A") + len(letters)) if len(letters) < 26
+                               else f"P{len(letters) + 1}")
         print("which rates decide the plan (planned again with one rate moved; the plan above "
               "used " + ", ".join(f"{rate} {shown(rate, v)}" for rate, v in now.items()) + "):")
-        print(format_table([[r["rate"], shown(r["rate"], r["value"]), r["best"],
+        print(format_table([[r["rate"], shown(r["rate"], r["value"]), letters[r["best"]],
                              seconds_text(r["step"]), f"{r['staleness']:.2f}",
                              seconds_text(r["cost"]), "yes" if r["flips"] else ""]
                             for r in rows],
                            ["rate", "value", "best plan", "step", "staleness", "priced step",
                             "flips"]))
+        for name, letter in letters.items():
+            if letter == "A" or any(r["best"] == name for r in rows):
+                print(f"  {letter}: {name}" + (" (the plan above)" if letter == "A" else ""))
         print("(plans are ranked by the priced step = step x (1 + penalty x staleness), the "
               f"penalty {args.staleness_penalty:g} extra steps per version of mean staleness "
               "unless the row moves staleness_penalty; a plan with a shorter step can lose on it)")

@@ -354,6 +354,16 @@ def test_plan_sensitivity_shows_each_rate_in_its_unit_beside_the_value_planned_w
                                             abs=0.06 + 0.005 * float(step)), penalty
     assert rows["0"][0] == rows["0"][2] and float(rows["0.3"][2]) > float(rows["0.3"][0])
     assert "x (1 + penalty x staleness)" in out
+    # the best plans by letter, each named once under the table, A the plan above
+    used = {line.split()[3] if line.split()[2] in ("ms", "s", "steps/version")
+            else line.split()[2] for line in out.splitlines()
+            if line.startswith(("decode_step_latency ", "train_hfu ", "sync_fixed_seconds ",
+                                "staleness_penalty "))}
+    legend = {line.split(":")[0].strip(): line.split(": ", 1)[1] for line in out.splitlines()
+              if re.match(r"  [A-Z]: ", line)}
+    assert used <= set(legend) and "A" in legend
+    best = next(line for line in out.splitlines() if line.startswith("1. "))[3:]  # wrapped
+    assert legend["A"].startswith(best) and legend["A"].endswith(" (the plan above)")
 
 
 def test_configuration_errors_name_the_flags_the_user_typed():
