@@ -288,6 +288,13 @@ class Scenario:
                                  "one; use the disaggregated placement for an off-policy mode (or "
                                  "partial_rollout, which carries unfinished groups to the next "
                                  "generation phase).")
+            if self.mode.partial_rollout and not self.mode.recompute_kv:
+                raise ValueError("a colocated rollout frees its KV cache while the shared devices "
+                                 "train (vLLM's sleep mode gives the trainer that memory), so the "
+                                 "groups carried to the next generation phase prefill their "
+                                 "contexts again (Kimi k1.5's partial rollouts); set "
+                                 "recompute_kv=True (Mode's default), or use the disaggregated "
+                                 "placement to keep the cache.")
         if (isinstance(self.generation_tp, bool) or not isinstance(self.generation_tp, int)
                 or self.generation_tp < 1):
             raise ValueError(f"generation_tp={self.generation_tp!r} must be a positive integer "

@@ -363,6 +363,13 @@ def test_nonsense_rates_and_modes_are_refused():
         Rates(host_bandwidth=math.inf)
     with pytest.raises(ValueError, match="stage fusion .* does not combine"):
         Mode(stage_fusion=True, partial_rollout=True)
+    # colocated, the KV cache is freed for training: carried groups prefill again
+    with pytest.raises(ValueError, match="a colocated rollout frees its KV cache .* set "
+                                         "recompute_kv=True"):
+        _scenario(trainer=Layout(dp=16, zero=3),
+                  mode=Mode(staleness=1, partial_rollout=True, recompute_kv=False))
+    assert _scenario(trainer=Layout(dp=16, zero=3),
+                     mode=Mode(staleness=1, partial_rollout=True)).mode.recompute_kv
     with pytest.raises(ValueError, match=r"give a Mode, e.g. MODES\['async'\]"):
         Scenario(get_spec("qwen2.5-7b"), preset("grpo"),
                  Workload.long_tailed(8, 4, 64, 100, 0.5, 400),
