@@ -96,9 +96,6 @@ def test_every_step_figure_says_how_its_samples_reach_the_engines():
         if fig["what"] != "step_seconds" or fig["family"] not in ("nemo-rl", "nemo-rl-gb200",
                                                                   "verl"):
             continue
-        if fig["id"].startswith("verl-dpsk"):  # verl's DeepSeek-V3 page names no rollout mode
-            assert "routing" not in setup.get("rates", {}), fig["id"]
-            continue
         routing = setup["rates"]["routing"]
         assert f"routing {routing})" in fig["assumptions"], fig["id"]
         mode = setup.get("mode")
