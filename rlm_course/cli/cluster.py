@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -72,7 +73,7 @@ def _plan(args) -> int:
                          "0 prices staleness at nothing, 1,000 rules out any).")
     if args.rates is None:  # the family declared for the device (NeMo-RL on GB200), else nemo-rl
         args.rates = device_family(device)
-    rates = calibrated_rates(args.rates)
+    rates = dataclasses.replace(calibrated_rates(args.rates), routing=args.routing)
     most = linked_gpus(device, rates)
     if args.gpus > most:
         raise ValueError(f"--gpus {args.gpus} with --device {args.device}: {args.device} has no "
@@ -259,6 +260,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_systems)
 
     from rlm_course.cluster.simulator import MODES
+    from rlm_course.vocabulary import ROUTINGS
 
     p = sub.add_parser("plan", help="search placements, per-role layouts and execution modes of an "
                                     "RL run on a cluster; print the best plans and why the others "
@@ -302,6 +304,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "data/published/rates.json (nemo-rl, nemo-rl-gb200: nemo-rl with its MoE "
                         "decode fitted on GB200 runs, verl); default: the family declared for the "
                         "device (nemo-rl-gb200 on GB200s), else the file's default_family")
+    p.add_argument("--routing", choices=list(ROUTINGS), default="group",
+                   help="how prompts reach the generation replicas: group (each group's samples "
+                        "on one replica, a batch split in contiguous shards) or sample (each "
+                        "sample to the next replica, as NeMo-RL's asynchronous engine and verl's "
+                        "agent loop send them); default %(default)s")
     p.add_argument("--staleness-penalty", type=float, default=0.1,
                    help="extra steps per version of staleness to reach the same accuracy "
                         "(default %(default)s; 0: staleness is free; at most 1,000)")

@@ -193,8 +193,14 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
                  "--top", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("llama-3.1-70b, grpo, 16 x H100-SXM-80GB: ")
-    # the header says how prompts reach the replicas (the rates' routing)
+    # the header says how prompts reach the replicas (the rates' routing), which --routing sets
     assert ", each group's samples on one replica); " in out.splitlines()[0]
+    assert main(["plan", "--model", "llama-3.1-70b", "--gpus", "16", "--top", "1",
+                 "--routing", "sample"]) == 0
+    assert ", each sample to the next replica); " in capsys.readouterr().out.splitlines()[0]
+    with pytest.raises(SystemExit):
+        main(["plan", "--model", "llama-3.1-70b", "--gpus", "16", "--routing", "round-robin"])
+    assert "--routing: invalid choice: 'round-robin'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
