@@ -291,10 +291,11 @@ ax.set_xticks([]);
 # against 15h34m, 18h21m against 13h06m), which also depend on how many steps each run took and
 # on what ran between the steps (validation, checkpoints), so the two pairs need not agree, and
 # here they even swap order. The simulator predicts all four steps within tolerance (the cell
-# prints the errors) and the Megatron speed-up too, but misses the FSDP2 one: a speed-up's gain is
-# the small difference of two steps, so two step errors of opposite sign, each within 30%, can
-# take most of a 0.44 gain away. That is why the tolerance on a speed-up is set on its gain, not
-# on the ratio: a 1.26x published speed-up predicted as 1.0x-1.7x would be no check at all.
+# prints the errors) but misses both speed-ups: a speed-up's gain is the small difference of two
+# steps, so two step errors of opposite sign, each within 30%, can take most of FSDP2's 0.44 gain
+# away, and even errors of one sign (Megatron's two steps both long, by different amounts) move
+# a 0.24 gain by a third. That is why the tolerance on a speed-up is set on its gain, not on the
+# ratio: a 1.26x published speed-up predicted as 1.0x-1.7x would be no check at all.
 
 # %%
 from rlm_course.cluster.published import load_figures
@@ -309,7 +310,10 @@ for fid in ("verl-oso-fsdp2-speedup", "verl-oso-megatron-speedup"):
           f"{target['error']:+.0%}")
     assert base["within"] and target["within"]
 assert not rows_by_id["verl-oso-fsdp2-speedup"]["within"]
-assert rows_by_id["verl-oso-megatron-speedup"]["within"]
+assert not rows_by_id["verl-oso-megatron-speedup"]["within"]
+megatron = [rows_by_id[figure_by_id["verl-oso-megatron-speedup"][k]]["error"]
+            for k in ("baseline", "target")]
+assert min(megatron) > 0  # both Megatron steps long: errors of one sign
 published = [rows_by_id[k]["published"] for k in ("verl-oso-fsdp2-speedup",
                                                    "verl-oso-megatron-speedup")]
 assert [round(p, 2) for p in published] == [1.44, 1.24]

@@ -628,7 +628,8 @@ class TrainerCost:
 
         The compute of a stage is that of its **busiest data-parallel replica**, step by step:
         each optimizer step's sequences (a deterministic shuffle of the batch cut into
-        mini-batches) go to the ``dp`` replicas longest first, each to the least loaded one
+        mini-batches; the same whatever order the lengths come in, as a simulator hands them
+        over in the order they finished) go to the ``dp`` replicas longest first, each to the least loaded one
         (the LPT rule; verl and AReaL balance their ranks the same way, with Karmarkar-Karp),
         and the step lasts as long as the replica with the most FLOPs. With equal lengths that
         is ``FLOPs / (devices x peak x hfu)``; with a long tail, a replica holding one of the
@@ -659,6 +660,7 @@ class TrainerCost:
         if not lengths:
             return {}
         steps = self.config.minibatches if optimizer_steps is None else optimizer_steps
+        lengths.sort()  # the shuffle below from a canonical order: the batch, not its order
         sequences = len(lengths)
         tokens = sum(self.prompt_len + t for t in lengths)
         mean_seq = tokens / sequences
