@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import textwrap
 
 from rlm_course.algorithms import PRESETS
 
@@ -133,9 +134,9 @@ def _plan(args) -> int:
           f"calibrated on {args.rates}'s published runs (decode step latency "
           f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}"
           + (f", MoE decode at {rates.moe_decode_efficiency:.2f} of the bandwidth share"
-             if spec.is_moe and rates.moe_decode_efficiency != 1 else "")
-          + (", each group's samples on one replica" if rates.routing == "group" else
-             ", each sample to the next replica") + "); "
+             if spec.is_moe and rates.moe_decode_efficiency != 1 else "") + "); "
+          + ("each group's samples on one replica" if rates.routing == "group" else
+             "each sample to the next replica") + f" (--routing {rates.routing}); "
           f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
           f"{len(result.ranked)} plan{'s' if len(result.ranked) != 1 else ''} simulated, "
           f"{len(result.refused)} refused")
@@ -196,7 +197,9 @@ def _plan(args) -> int:
                             "flips"]))
         for name, letter in letters.items():
             if letter == "A" or any(r["best"] == name for r in rows):
-                print(f"  {letter}: {name}" + (" (the plan above)" if letter == "A" else ""))
+                print(textwrap.fill(f"{letter}: {name}" + (" (the plan above)" if letter == "A"
+                                                           else ""), 100,
+                                    initial_indent="  ", subsequent_indent="     "))
         print("(plans are ranked by the priced step = step x (1 + penalty x staleness), the "
               f"penalty {args.staleness_penalty:g} extra steps per version of mean staleness "
               "unless the row moves staleness_penalty; a plan with a shorter step can lose on it)")
@@ -306,7 +309,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "device (nemo-rl-gb200 on GB200s), else the file's default_family")
     p.add_argument("--routing", choices=list(ROUTINGS), default="group",
                    help="how prompts reach the generation replicas: group (each group's samples "
-                        "on one replica, a batch split in contiguous shards) or sample (each "
+                        "on one replica, the groups dealt in turn) or sample (each "
                         "sample to the next replica, as NeMo-RL's asynchronous engine and verl's "
                         "agent loop send them); default %(default)s")
     p.add_argument("--staleness-penalty", type=float, default=0.1,

@@ -194,10 +194,11 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
     out = capsys.readouterr().out
     assert out.startswith("llama-3.1-70b, grpo, 16 x H100-SXM-80GB: ")
     # the header says how prompts reach the replicas (the rates' routing), which --routing sets
-    assert ", each group's samples on one replica); " in out.splitlines()[0]
+    assert "); each group's samples on one replica (--routing group); " in out.splitlines()[0]
     assert main(["plan", "--model", "llama-3.1-70b", "--gpus", "16", "--top", "1",
                  "--routing", "sample"]) == 0
-    assert ", each sample to the next replica); " in capsys.readouterr().out.splitlines()[0]
+    assert "); each sample to the next replica (--routing sample); " in (
+        capsys.readouterr().out.splitlines()[0])
     with pytest.raises(SystemExit):
         main(["plan", "--model", "llama-3.1-70b", "--gpus", "16", "--routing", "round-robin"])
     assert "--routing: invalid choice: 'round-robin'" in capsys.readouterr().err
@@ -365,9 +366,17 @@ def test_plan_sensitivity_shows_each_rate_in_its_unit_beside_the_value_planned_w
             else line.split()[2] for line in out.splitlines()
             if line.startswith(("decode_step_latency ", "train_hfu ", "sync_fixed_seconds ",
                                 "staleness_penalty "))}
-    legend = {line.split(":")[0].strip(): line.split(": ", 1)[1] for line in out.splitlines()
-              if re.match(r"  [A-Z]: ", line)}
+    legend, key = {}, None  # each entry wrapped at 100 characters, continued indented
+    for line in out.splitlines():
+        if re.match(r"  [A-Z]: ", line):
+            key, text = line.strip().split(": ", 1)
+            legend[key] = text
+        elif key and line.startswith("     "):
+            legend[key] += " " + line.strip()
+        else:
+            key = None
     assert used <= set(legend) and "A" in legend
+    assert all(len(line) <= 100 for line in out.splitlines() if re.match(r"  [A-Z]: |     ", line))
     best = next(line for line in out.splitlines() if line.startswith("1. "))[3:]  # wrapped
     assert legend["A"].startswith(best) and legend["A"].endswith(" (the plan above)")
 
