@@ -196,10 +196,9 @@ def _plan(args) -> int:
                            ["rate", "value", "best plan", "step", "staleness", "priced step",
                             "flips"]))
         for name, letter in letters.items():
-            if letter == "A" or any(r["best"] == name for r in rows):
-                print(textwrap.fill(f"{letter}: {name}" + (" (the plan above)" if letter == "A"
-                                                           else ""), 100,
-                                    initial_indent="  ", subsequent_indent="     "))
+            print(textwrap.fill(f"{letter}: {name}" + (" (the plan above)" if letter == "A"
+                                                       else ""), 100,
+                                initial_indent="  ", subsequent_indent="     "))
         print("(plans are ranked by the priced step = step x (1 + penalty x staleness), the "
               f"penalty {args.staleness_penalty:g} extra steps per version of mean staleness "
               "unless the row moves staleness_penalty; a plan with a shorter step can lose on it)")

@@ -961,7 +961,8 @@ class _Sim:
             start = env.now
             self.finished = []
             for rep in self.replicas:
-                rep.release(s.mode.partial_rollout and s.mode.recompute_kv and it > 0)
+                # carried-over groups re-prefill: a colocated rollout always recomputes them
+                rep.release(s.mode.partial_rollout and it > 0)
             self.admit()
             if s.mode.partial_rollout:
                 yield from self.wait_groups(prompts)

@@ -407,6 +407,11 @@ class DecodeCost:
         if tp > 1 and self.link is None:
             raise ValueError(f"a tp={tp} replica needs links; give the cluster's fabric.")
         self.in_node = self.fabric is not None and tp <= self.fabric.devices_per_node
+        # over the network, the fitted extra of two all-reduces a layer, each up and down the
+        # node tree: a constant of the engine
+        self.network_extra = 0.0 if self.in_node or tp == 1 else (
+            2 * s.n_layer * comm.node_tree_levels(-(-tp // self.fabric.devices_per_node))
+            * r.cross_node_all_reduce_seconds)
         self._fixed: dict[int, float] = {}
         self._weights: dict[int, float] = {}
 
@@ -415,12 +420,8 @@ class DecodeCost:
         sequence, a prefill's every prompt token); over the network, the fitted extra each."""
         if self.tp == 1 or not tokens:
             return 0.0
-        seconds = comm.decode_tp_comm(self.spec, self.tp, tokens, self.link,
-                                      in_node=self.in_node, fabric=self.fabric).seconds
-        if not self.in_node:  # two all-reduces per layer, each up and down the node tree
-            levels = comm.node_tree_levels(-(-self.tp // self.fabric.devices_per_node))
-            seconds += 2 * self.spec.n_layer * levels * self.rates.cross_node_all_reduce_seconds
-        return seconds
+        return comm.decode_tp_comm(self.spec, self.tp, tokens, self.link, in_node=self.in_node,
+                                   fabric=self.fabric).seconds + self.network_extra
 
     def _constant(self, active: int) -> float:
         """Per-step seconds that do not depend on the context: latency and the TP all-reduces."""
@@ -628,9 +629,9 @@ class TrainerCost:
 
         The compute of a stage is that of its **busiest data-parallel replica**, step by step:
         each optimizer step's sequences (a deterministic shuffle of the batch cut into
-        mini-batches; the same whatever order the lengths come in, as a simulator hands them
-        over in the order they finished) go to the ``dp`` replicas longest first, each to the least loaded one
-        (the LPT rule; verl and AReaL balance their ranks the same way, with Karmarkar-Karp),
+        mini-batches, the same whatever order the lengths come in: a simulator hands them over
+        in the order they finished) go to the ``dp`` replicas longest first, each to the least
+        loaded one (the LPT rule; verl and AReaL balance their ranks the same way, with Karmarkar-Karp),
         and the step lasts as long as the replica with the most FLOPs. With equal lengths that
         is ``FLOPs / (devices x peak x hfu)``; with a long tail, a replica holding one of the
         longest sequences can outlast the average by far, and adding replicas no longer helps.
@@ -672,8 +673,7 @@ class TrainerCost:
             backward = stage != "scoring"
             mfu = (r.train_hfu if backward else r.forward_mfu) * (
                 r.moe_efficiency if spec.is_moe else 1.0)
-            cut = (self.optimizer_steps(sequences, steps) // self.config.ppo_epochs
-                   if backward else 1)
+            cut = self._steps_per_epoch(sequences, steps) if backward else 1
             busiest = sum(_busiest([per_sequence[lengths[i]][stage] for i in order[k::cut]], lay.dp)
                           for k in range(cut))
             epochs = self.config.ppo_epochs if backward else 1  # (in the FLOPs already)
@@ -719,8 +719,11 @@ class TrainerCost:
         """Optimizer steps an update of ``sequences`` responses takes: ``minibatches`` (default
         the configuration's) gradient steps an epoch, at most one a response, times
         ``ppo_epochs``."""
+        return self._steps_per_epoch(sequences, minibatches) * self.config.ppo_epochs
+
+    def _steps_per_epoch(self, sequences: int, minibatches: int | None = None) -> int:
         steps = self.config.minibatches if minibatches is None else minibatches
-        return max(1, min(steps, sequences)) * self.config.ppo_epochs
+        return max(1, min(steps, sequences))
 
     def adam_seconds(self) -> float:
         """Seconds of one Adam step on one device: its weights, gradients and optimizer states
