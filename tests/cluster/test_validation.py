@@ -93,8 +93,7 @@ def test_every_step_figure_says_how_its_samples_reach_the_engines():
     # Every step figure of both families names its routing and says why in its assumptions.
     for fig in FIGURES:
         setup = fig.get("setup", {})
-        if fig["what"] != "step_seconds" or fig["family"] not in ("nemo-rl", "nemo-rl-gb200",
-                                                                  "verl"):
+        if fig["what"] != "step_seconds" or not fig["family"].startswith(("nemo-rl", "verl")):
             continue
         routing = setup["rates"]["routing"]
         assert f"routing {routing})" in fig["assumptions"], fig["id"]
@@ -498,3 +497,42 @@ def test_a_sync_figures_data_parallel_degree_counts_context_parallelism():
     assert derived == sync_seconds({**base, "trainer": {**lay, "dp": 2}}, rates)
     with pytest.raises(ValueError, match="holds 128 devices, not the setup's trainer_gpus=64"):
         sync_seconds({**base, "trainer": {**lay, "dp": 4}}, rates)
+
+
+def test_every_nemo_rl_table_row_agrees_with_its_setup():
+    # NeMo-RL's performance tables (v0.4-v0.7) give, per row: the GPUs, the samples a step
+    # generates (G-GBS) and trains per optimizer step (T-GBS), the generation TP, the training
+    # [TP, CP, EP, PP], the mean generated length and the step; each figure's setup says the same
+    rows = [f for f in FIGURES if f["family"].startswith("nemo-rl") and f["what"] == "step_seconds"
+            and f["verbatim"].lstrip().startswith("|")]
+    assert len(rows) >= 60
+    number = lambda cell: float(cell.replace(",", ""))  # noqa: E731
+    mismatched = []
+    for fig in rows:
+        cells = [c.strip() for c in fig["verbatim"].strip().strip("|").split("|")]
+        if cells[0] in ("GRPO", "DAPO"):  # v0.5 on name the algorithm first
+            assert cells[0].lower() == fig["setup"]["algorithm"], fig["id"]
+            cells = cells[1:]
+        _, _, max_len, mean, gpus, g_gbs, t_gbs, gen, train, _, step = cells[:11]
+        setup, trainer = fig["setup"], fig["setup"]["trainer"]
+        assert fig["published"] == number(step), fig["id"]
+        assert setup["gpus"] == number(gpus), fig["id"]
+        assert setup["mean_response"] == number(mean), fig["id"]
+        assert setup["prompts"] * setup["group_size"] == number(g_gbs), fig["id"]
+        assert setup["algorithm_overrides"]["minibatches"] == number(g_gbs) // number(t_gbs), \
+            fig["id"]
+        assert setup["max_response"] + setup["prompt_len"] == number(max_len), fig["id"]
+        assert gen == f"[{setup['generation_tp']},1]", fig["id"]
+        layout = train.strip("[]").split(",")
+        if len(layout) == 5 and [int(x) for x in layout[:4]] != [trainer.get(k, 1) for k in
+                                                                 ("tp", "cp", "ep", "pp")]:
+            # a table's layout that its recipe contradicts: the setup follows the recipe, and
+            # the assumptions quote the table's layout and say why
+            assert f"table prints the training layout {train}" in fig["assumptions"], fig["id"]
+            mismatched.append(fig["id"])
+    # v0.6's DeepSeek-V3 rows on 512 H100s and 256 GB200s repeat the 256/128-GPU rows' layout
+    # (v0.7's table gives EP 32, as the recipes set); its GB200 Qwen3-30B-A3B one-step-off row
+    # puts EP 16 on an 8-GPU trainer
+    assert sorted(mismatched) == ["nemo-rl-v0.6-gb200-bf16-grpo-deepseekv3-onpolicy-256",
+                                  "nemo-rl-v0.6-gb200-bf16-grpo-qwen3-30b3a-1stepoff-16",
+                                  "nemo-rl-v0.6-h100-bf16-grpo-deepseekv3-onpolicy-512"]
