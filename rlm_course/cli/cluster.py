@@ -304,8 +304,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rates", default=None,
                    help="the family of calibrated rates to plan with, one of those of "
                         "data/published/rates.json (nemo-rl, nemo-rl-gb200: nemo-rl with its MoE "
-                        "decode fitted on GB200 runs, verl); default: the family declared for the "
-                        "device (nemo-rl-gb200 on GB200s), else the file's default_family")
+                        "decode fitted on GB200 runs, nemo-rl-v0.7 and nemo-rl-v0.7-gb200: "
+                        "NeMo-RL v0.7's, verl); default: the family declared for the device "
+                        "(nemo-rl-gb200 on GB200s), else the file's default_family")
     p.add_argument("--routing", choices=list(ROUTINGS), default="group",
                    help="how prompts reach the generation replicas: group (each group's samples "
                         "on one replica, the groups dealt in turn) or sample (each "
