@@ -37,6 +37,17 @@ Over ``s`` steps with the same sequences, ``C`` grows by ``a`` per step, so both
 in the step and their sum has a closed form (:meth:`DecodeCost.seconds`), which the simulator
 inverts when a weight update interrupts a replica (:meth:`DecodeCost.steps_within`).
 
+**Speculative decoding** (``speculative_tokens = k``): a draft proposes ``k`` tokens a sequence,
+and one forward of the model verifies all ``1 + k``: it computes ``1 + k`` tokens a sequence,
+reads the weights those tokens touch (of an MoE, more experts) and each sequence's KV cache
+once, and keeps the drafted tokens up to the first it rejects, ``(1 - p^(k+1)) / (1 - p)`` a
+sequence on average at acceptance ``p`` (Leviathan et al. 2023, arXiv:2211.17192, eq. 1). The
+draft here is the model's own multi-token-prediction layer (DeepSeek-V3, arXiv:2412.19437,
+section 2.2; vLLM's ``deepseek_mtp``): each of its ``k`` passes reads one more layer and the
+output head. The model prices a step so and spreads it over the tokens it yields, so the
+simulator's steps stay one token a sequence (the context grows by ``a`` each) and the model
+FLOPs count the tokens kept.
+
 **A trainer pass** over a batch of sequences on a :class:`~rlm_course.cost.layouts.Layout`
 takes its *hardware* FLOPs (``4x`` a forward for an update with activation recomputation, ``3x``
 without) at ``train_hfu`` (updates) or ``forward_mfu`` (scoring) on the layout's devices,
@@ -172,6 +183,16 @@ class Rates:
             sequence's slot goes to the next one at once (vLLM, SGLang; Yu et al. 2022, Orca).
         prefix_caching: the samples of a group share their prompt's KV cache, prefilled once
             (vLLM's automatic prefix caching, SGLang's radix cache); default True.
+        speculative_tokens: tokens a draft proposes ahead at every decode step, which the model
+            verifies in the same forward (speculative decoding: Leviathan et al. 2023,
+            arXiv:2211.17192; vLLM's ``num_speculative_tokens``, e.g. DeepSeek-V3's own
+            multi-token-prediction layer as the draft, ``method: deepseek_mtp``); default 0.
+        draft_acceptance: the chance that the model accepts a drafted token (each independently,
+            the first rejection ending the run): a step yields ``(1 - p^(k+1)) / (1 - p)``
+            tokens a sequence for ``k`` speculative tokens (Leviathan et al., eq. 1). The
+            DeepSeek-V3 report measures 85-90% for its multi-token-prediction layer's token
+            (arXiv:2412.19437, section 5.4.3); sampling at temperature 1 and a policy moving
+            away from the draft lower it; default 0.85.
         routing: how a batch's samples reach the generation replicas (:data:`ROUTINGS`):
             ``group``, each group's samples to one replica, the groups in turn (a batch split in
             contiguous shards over the engines' data-parallel ranks: NeMo-RL's ``generate``
@@ -221,6 +242,8 @@ class Rates:
     static_batching: bool = False
     prefix_caching: bool = True
     routing: str = "group"
+    speculative_tokens: int = 0
+    draft_acceptance: float = 0.85
 
     #: the fields that are seconds (each finite and >= 0)
     SECONDS = ("decode_step_latency", "decode_sequence_latency", "eager_layer_seconds",
@@ -275,6 +298,16 @@ class Rates:
         if not (is_real(self.max_batch) and isinstance(self.max_batch, numbers.Integral)
                 and self.max_batch >= 1):
             raise ValueError(f"Rates.max_batch={self.max_batch!r} must be a positive integer.")
+        if not (isinstance(self.speculative_tokens, numbers.Integral)
+                and not isinstance(self.speculative_tokens, bool)
+                and 0 <= self.speculative_tokens <= 16):
+            raise ValueError(f"Rates.speculative_tokens={self.speculative_tokens!r} must be an "
+                             "integer from 0 (no speculative decoding) to 16, the tokens a draft "
+                             "proposes a step (vLLM's num_speculative_tokens).")
+        if not (is_real(self.draft_acceptance) and 0 < self.draft_acceptance < 1):
+            raise ValueError(f"Rates.draft_acceptance={self.draft_acceptance!r} must be a "
+                             "probability in (0, 1): the chance the model accepts a drafted "
+                             "token (0.85-0.9 for DeepSeek-V3's multi-token prediction).")
         for name in ("cuda_graphs", "static_batching", "prefix_caching"):
             if not isinstance(getattr(self, name), bool):  # "false" in a file would read as true
                 raise ValueError(f"Rates.{name}={getattr(self, name)!r} must be true or false "
@@ -380,6 +413,8 @@ class DecodeCost:
 
     Attributes:
         flops: FLOPs counted so far by :meth:`seconds` and :meth:`prefill_seconds` (for MFU).
+        tokens_per_step: tokens an engine step yields a sequence: 1, or under speculative
+            decoding ``(1 - p^(k+1)) / (1 - p)`` (the module docstring).
     """
 
     spec: TransformerSpec
@@ -412,6 +447,11 @@ class DecodeCost:
         self.network_extra = 0.0 if self.in_node or tp == 1 else (
             2 * s.n_layer * comm.node_tree_levels(-(-tp // self.fabric.devices_per_node))
             * r.cross_node_all_reduce_seconds)
+        # speculative decoding: a step verifies 1 + k tokens a sequence and yields tokens_per_step
+        # of them on average; everything below is priced per yielded token
+        self.verified = 1 + r.speculative_tokens
+        p = r.draft_acceptance
+        self.tokens_per_step = (1 - p ** self.verified) / (1 - p)
         self._fixed: dict[int, float] = {}
         self._weights: dict[int, float] = {}
 
@@ -424,34 +464,51 @@ class DecodeCost:
                                    fabric=self.fabric).seconds + self.network_extra
 
     def _constant(self, active: int) -> float:
-        """Per-step seconds that do not depend on the context: latency and the TP all-reduces."""
+        """Per-token seconds that do not depend on the context: latency and the TP all-reduces
+        (of a step verifying ``1 + k`` tokens a sequence, over the tokens it yields)."""
         if active not in self._fixed:
-            tp_comm = self._tp_comm(active)
-            eager = 0.0 if self.rates.cuda_graphs else self.spec.n_layer * self.rates.eager_layer_seconds
+            k = self.verified - 1
+            tp_comm = self._tp_comm(active * self.verified)
+            eager = 0.0 if self.rates.cuda_graphs else (
+                (self.spec.n_layer + k) * self.rates.eager_layer_seconds)  # a draft pass: 1 layer
             self._fixed[active] = (self.rates.decode_step_latency + eager + tp_comm
-                                   + active * self.rates.decode_sequence_latency)
+                                   + active * self.rates.decode_sequence_latency
+                                   ) / self.tokens_per_step
         return self._fixed[active]
 
     def _weight_bytes(self, active: int) -> float:
-        """The weights ``active`` tokens touch, on one device of the replica."""
+        """The weights a step of ``active`` sequences reads on one device of the replica: those
+        its tokens touch (``1 + k`` a sequence under speculative decoding) and, for each of the
+        ``k`` draft passes, a multi-token-prediction layer's (one more layer of the model, the
+        experts ``active`` tokens touch, and the output head it shares: DeepSeek-V3's MTP
+        module, arXiv:2412.19437, section 2.2)."""
         if active not in self._weights:
-            self._weights[active] = weight_bytes(self.spec, self.workload, active) / self.tp
+            s, w, k = self.spec, self.workload, self.verified - 1
+            total = weight_bytes(s, w, active * self.verified)
+            if k:
+                head = s.vocab_size * s.d_model * w.weight_bytes
+                total += k * (weight_bytes(s, w, active) / s.n_layer + head)
+            self._weights[active] = total / self.tp
         return self._weights[active]
 
     def _terms(self, active: int, context_sum: float) -> tuple[float, float, float, float]:
-        """``(f0, f1, b0, b1)``: compute and memory seconds of step ``t`` are ``f0 + f1 t`` and
-        ``b0 + b1 t``."""
-        a = active
-        f0 = (a * self.per_token + self.attention * context_sum) / self.flop_rate
-        f1 = self.attention * a / self.flop_rate
-        b0 = (self._weight_bytes(a) + self.kv * (context_sum + a)) / self.byte_rate
-        b1 = self.kv * a / self.byte_rate
+        """``(f0, f1, b0, b1)``: compute and memory seconds of token step ``t`` (every sequence
+        one token further) are ``f0 + f1 t`` and ``b0 + b1 t``. Under speculative decoding a
+        step computes ``1 + k`` tokens a sequence, each attending over the context, reads the
+        KV cache once and writes ``1 + k`` entries, and yields :attr:`tokens_per_step` tokens
+        a sequence: its seconds are spread over them."""
+        a, v, n = active, self.verified, self.tokens_per_step
+        f0 = v * (a * self.per_token + self.attention * context_sum) / self.flop_rate / n
+        f1 = v * self.attention * a / self.flop_rate / n
+        b0 = (self._weight_bytes(a) + self.kv * (context_sum + v * a)) / self.byte_rate / n
+        b1 = self.kv * a / self.byte_rate / n
         return f0, f1, b0, b1
 
     def seconds(self, steps: int, active: int, context_sum: float, count: bool = False) -> float:
         """Seconds of ``steps`` decode steps of ``active`` sequences whose contexts sum to
-        ``context_sum`` at the first step (each step adds ``active`` to it); ``count`` adds their
-        FLOPs to :attr:`flops`.
+        ``context_sum`` at the first step (each step adds ``active`` to it: a step is one token a
+        sequence, under speculative decoding a share of an engine step that yields
+        :attr:`tokens_per_step`); ``count`` adds their FLOPs to :attr:`flops`.
 
         Raises:
             ValueError: for a step or sequence count that is not an integer >= 0, or a context

@@ -290,3 +290,45 @@ def test_the_node_tree_has_nccls_levels():
     paid = DecodeCost(spec, H100, 40, Rates(cross_node_all_reduce_seconds=x), fabric)
     assert paid.seconds(10, 32, 32 * 1000) - plain.seconds(10, 32, 32 * 1000) == pytest.approx(
         10 * 2 * spec.n_layer * 2 * x, abs=1e-12)
+
+
+def test_speculative_decoding_prices_a_verify_step_over_the_tokens_it_yields():
+    from rlm_course.cost.anatomy import Workload, weight_bytes
+
+    # one drafted token accepted half the time: a step yields (1 - 0.5^2) / (1 - 0.5) = 1.5
+    # tokens a sequence (Leviathan et al. 2023, eq. 1); it computes 2 tokens a sequence, reads
+    # the weights 4 tokens touch (2 a sequence) and, for its draft pass, one more layer's and the
+    # output head, reads the KV cache once and writes 2 entries a sequence
+    fabric = comm.Fabric.of(H100)
+    plain = DecodeCost(SPEC, H100, 2, Rates(decode_step_latency=1e-3), fabric)
+    spec = DecodeCost(SPEC, H100, 2, Rates(decode_step_latency=1e-3, speculative_tokens=1,
+                                           draft_acceptance=0.5), fabric)
+    assert spec.tokens_per_step == pytest.approx(1.5)
+    w = Workload(1, 1, 1, 1)
+    a, context = 2, 2 * 600
+    head = SPEC.vocab_size * SPEC.d_model * 2
+    weights = (weight_bytes(SPEC, w, 4) + weight_bytes(SPEC, w, 2) / SPEC.n_layer + head) / 2
+    memory = (weights + spec.kv * (context + 4)) / spec.byte_rate
+    compute = 2 * (a * spec.per_token + spec.attention * context) / spec.flop_rate
+    fixed = 1e-3 + comm.decode_tp_comm(SPEC, 2, 4, fabric.intra, in_node=True).seconds
+    assert spec.seconds(1, a, context) == pytest.approx((max(memory, compute) + fixed) / 1.5)
+    # memory-bound, so a token costs about 1 / 1.5 of an ordinary step (a little more: the
+    # draft's layer and head); model FLOPs count the tokens kept, the same as without a draft
+    assert 0.67 < spec.seconds(100, a, context) / plain.seconds(100, a, context) < 0.72
+    spec.count(100, a, context)
+    plain.count(100, a, context)
+    assert spec.flops == plain.flops
+    # no speculative tokens: the same seconds whatever the acceptance
+    assert DecodeCost(SPEC, H100, 2, Rates(decode_step_latency=1e-3, draft_acceptance=0.3),
+                      fabric).seconds(100, a, context) == plain.seconds(100, a, context)
+    # an acceptance near 1 with 3 drafted tokens yields close to 4 tokens a step
+    assert DecodeCost(SPEC, H100, 1, Rates(speculative_tokens=3, draft_acceptance=0.99)
+                      ).tokens_per_step == pytest.approx(3.94, abs=0.01)
+    for field, value, message in (("speculative_tokens", 1.5, "must be an integer from 0"),
+                                  ("speculative_tokens", -1, "must be an integer from 0"),
+                                  ("speculative_tokens", True, "must be an integer from 0"),
+                                  ("draft_acceptance", 1.0, r"must be a probability in \(0, 1\)"),
+                                  ("draft_acceptance", 0, r"must be a probability in \(0, 1\)"),
+                                  ("draft_acceptance", "high", r"must be a probability")):
+        with pytest.raises(ValueError, match=f"Rates.{field}=.*{message}"):
+            Rates(**{field: value})
