@@ -198,13 +198,14 @@ assert all(0 < r["ratio"] < 10 for r in rows), rows
 # shows proves nothing. `data/published/rl_systems.json` holds the figures published by open RL
 # systems, each with its source, the verbatim row, the setup the source and its recipe give and
 # the assumptions for what they leave open: the rows of NeMo-RL's performance tables from v0.3 to
-# v0.7 (H100 and GB200, BF16 and FP8; the few it cannot express are listed with the reason, such
-# as v0.7's DeepSeek-V3 runs, which decode with speculative tokens), verl's one-step-off and
-# fully-async tables at 16 to 128 GPUs with their ablations, its weight-sync and DeepSeek-V3
-# figures, NeMo-RL's refit times. Each figure belongs to a **family** of rates (a system's
-# software; NeMo-RL on GB200 is a family built on NeMo-RL's, one rate apart, and NeMo-RL v0.7, a
-# new vLLM and Megatron underneath, one built on it, two rates apart) and is either one of
-# the family's few declared **calibration** figures or a **prediction**. The rates were fitted
+# v0.7 (H100 and GB200, BF16 and FP8; v0.7's DeepSeek-V3 runs decode with speculative tokens,
+# which the model prices; the few rows it cannot express, hybrid Mamba models, are listed with
+# the reason), verl's one-step-off and fully-async tables at 16 to 128 GPUs with their
+# ablations, its weight-sync and DeepSeek-V3 figures, NeMo-RL's refit times. Each figure belongs
+# to a **family** of rates (a system's software; NeMo-RL on GB200 is a family built on NeMo-RL's,
+# one rate apart, and NeMo-RL v0.7, a new vLLM and Megatron underneath, one built on it, three
+# rates apart) and is either one of the family's few declared **calibration** figures or a
+# **prediction**. The rates were fitted
 # once, on the calibration figures only (`python -m rlm_course validate --calibrate` wrote
 # `data/published/rates.json`); every other figure is predicted with them, without refitting.
 # A rate that belongs to the engine or to NCCL rather than to the RL framework, and that none of

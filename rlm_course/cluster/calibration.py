@@ -48,6 +48,7 @@ FITTABLE = {
     "forward_mfu": (0.02, 0.65),
     "moe_efficiency": (0.01, 1.0),
     "moe_decode_efficiency": (0.05, 1.0),
+    "draft_acceptance": (0.3, 0.97),
     "decode_bandwidth": (0.05, 1.0),
     "micro_batch_seconds": (1e-4, 5.0),
     "optimizer_step_seconds": (1e-3, 60.0),
