@@ -45,6 +45,7 @@ def _plan(args) -> int:
     from rlm_course.cost.anatomy import Workload
     from rlm_course.cost.architectures import SPECS, get_spec
     from rlm_course.cost.hardware import get_device, load_catalog
+    from rlm_course.cost.phases import speculative_yield
     from rlm_course.utils import seconds_text, unknown_name
 
     try:
@@ -75,6 +76,20 @@ def _plan(args) -> int:
     if args.rates is None:  # the family declared for the device (NeMo-RL on GB200), else nemo-rl
         args.rates = device_family(device)
     rates = dataclasses.replace(calibrated_rates(args.rates), routing=args.routing)
+    if not 0 <= args.speculative_tokens <= 16:
+        raise ValueError(f"--speculative-tokens {args.speculative_tokens}: give 0 (no speculative "
+                         "decoding) to 16 tokens a draft proposes a step (1-3 is usual).")
+    if args.draft_acceptance is not None and not 0 < args.draft_acceptance < 1:  # NaN fails too
+        raise ValueError(f"--draft-acceptance {args.draft_acceptance:g}: give a probability "
+                         "between 0 and 1, e.g. 0.7 (the chance the model accepts a drafted "
+                         "token).")
+    if args.draft_acceptance is not None and not args.speculative_tokens:
+        print("note: --draft-acceptance without --speculative-tokens: no token is drafted, so "
+              "it changes nothing.", file=sys.stderr)
+    rates = dataclasses.replace(
+        rates, speculative_tokens=args.speculative_tokens,
+        draft_acceptance=(rates.draft_acceptance if args.draft_acceptance is None
+                          else args.draft_acceptance))
     most = linked_gpus(device, rates)
     if args.gpus > most:
         raise ValueError(f"--gpus {args.gpus} with --device {args.device}: {args.device} has no "
@@ -135,6 +150,10 @@ def _plan(args) -> int:
           f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}"
           + (f", MoE decode at {rates.moe_decode_efficiency:.2f} of the bandwidth share"
              if spec.is_moe and rates.moe_decode_efficiency != 1 else "") + "); "
+          + (f"speculative decoding, {rates.speculative_tokens} drafted token"
+             f"{'' if rates.speculative_tokens == 1 else 's'} a step accepted at "
+             f"{rates.draft_acceptance:.2f} ({speculative_yield(rates.speculative_tokens, rates.draft_acceptance):.2f} tokens a step); "
+             if rates.speculative_tokens else "")
           + ("each group's samples on one replica" if rates.routing == "group" else
              "each sample to the next replica") + f" (--routing {rates.routing}); "
           f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
@@ -312,6 +331,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "on one replica, the groups dealt in turn) or sample (each "
                         "sample to the next replica, as NeMo-RL's asynchronous engine and verl's "
                         "agent loop send them); default %(default)s")
+    p.add_argument("--speculative-tokens", type=int, default=0,
+                   help="tokens a draft proposes at each decode step, verified by the model in the "
+                        "same forward (vLLM's num_speculative_tokens; the draft priced as one more "
+                        "layer and the output head a token, as DeepSeek-V3's multi-token "
+                        "prediction or an EAGLE head); default %(default)s")
+    p.add_argument("--draft-acceptance", type=float, default=None,
+                   help="the chance the model accepts a drafted token (default: the rates "
+                        "family's, 0.60 as fitted on NeMo-RL v0.7's DeepSeek-V3 runs, else 0.85, "
+                        "the DeepSeek-V3 report's measure)")
     p.add_argument("--staleness-penalty", type=float, default=0.1,
                    help="extra steps per version of staleness to reach the same accuracy "
                         "(default %(default)s; 0: staleness is free; at most 1,000)")

@@ -401,6 +401,14 @@ def _check_parts(owner: str, **parts) -> None:
 
 
 # ---------------------------------------------------------------------- generation
+def speculative_yield(speculative_tokens: int, acceptance: float) -> float:
+    """Tokens a sequence gains per engine step when a draft proposes ``speculative_tokens``
+    (``k``) and the model accepts each with probability ``acceptance`` (``p``), up to the first it
+    rejects, plus the one it samples itself: ``(1 - p^(k+1)) / (1 - p)`` (Leviathan et al. 2023,
+    arXiv:2211.17192, eq. 1); 1 for ``k = 0``."""
+    return (1 - acceptance ** (speculative_tokens + 1)) / (1 - acceptance)
+
+
 def _linear_sum(c0: float, c1: float, lo: int, hi: int) -> float:
     """The sum of ``c0 + c1 t`` over ``t = lo .. hi - 1``."""
     n = hi - lo
@@ -450,8 +458,7 @@ class DecodeCost:
         # speculative decoding: a step verifies 1 + k tokens a sequence and yields tokens_per_step
         # of them on average; everything below is priced per yielded token
         self.verified = 1 + r.speculative_tokens
-        p = r.draft_acceptance
-        self.tokens_per_step = (1 - p ** self.verified) / (1 - p)
+        self.tokens_per_step = speculative_yield(r.speculative_tokens, r.draft_acceptance)
         self._fixed: dict[int, float] = {}
         self._weights: dict[int, float] = {}
 

@@ -202,6 +202,23 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--model", "llama-3.1-70b", "--gpus", "16", "--routing", "round-robin"])
     assert "--routing: invalid choice: 'round-robin'" in capsys.readouterr().err
+    # speculative decoding: said in the header, with the tokens a step yields (1 + 0.5 + 0.25);
+    # the step is faster than without a draft
+    capsys.readouterr()
+    argv = ["plan", "--model", "llama-3.1-8b", "--gpus", "8", "--top", "1", "--placement",
+            "colocated"]
+    assert main(argv) == 0
+    without = capsys.readouterr().out
+    assert main([*argv, "--speculative-tokens", "2", "--draft-acceptance", "0.5"]) == 0
+    drafted = capsys.readouterr().out
+    assert "speculative decoding" not in without.splitlines()[0]
+    assert ("; speculative decoding, 2 drafted tokens a step accepted at 0.50 (1.75 tokens a "
+            "step); ") in drafted.splitlines()[0]
+    def step(out):
+        return float(out.split("   step ")[1].split(" s,")[0].replace(",", ""))
+    assert step(drafted) < step(without)
+    assert main([*argv, "--draft-acceptance", "0.5"]) == 0
+    assert "--draft-acceptance without --speculative-tokens" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -248,6 +265,12 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
      "--staleness-penalty 1e+308: give a number from 0 to 1,000 (extra steps per version"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--staleness-penalty", "nan"],
      "--staleness-penalty nan: give a number from 0 to 1,000"),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--speculative-tokens", "-1"],
+     "--speculative-tokens -1: give 0 (no speculative decoding) to 16 tokens"),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--speculative-tokens", "1", "--draft-acceptance",
+      "1"], "--draft-acceptance 1: give a probability between 0 and 1"),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--speculative-tokens", "1", "--draft-acceptance",
+      "nan"], "--draft-acceptance nan: give a probability between 0 and 1"),
     (["--model", "qwen2.5-7b", "--gpus", "1", "--placement", "disaggregated"],
      "--placement disaggregated with --gpus 1: separate pools need at least 2 devices"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--placement", "colocated", "--modes", "async"],
