@@ -90,6 +90,7 @@ def _plan(args) -> int:
         rates, speculative_tokens=args.speculative_tokens,
         draft_acceptance=(rates.draft_acceptance if args.draft_acceptance is None
                           else args.draft_acceptance))
+    drafted = rates.speculative_tokens
     most = linked_gpus(device, rates)
     if args.gpus > most:
         raise ValueError(f"--gpus {args.gpus} with --device {args.device}: {args.device} has no "
@@ -150,10 +151,10 @@ def _plan(args) -> int:
           f"{rates.decode_step_latency * 1e3:.1f} ms, training HFU {rates.train_hfu:.2f}"
           + (f", MoE decode at {rates.moe_decode_efficiency:.2f} of the bandwidth share"
              if spec.is_moe and rates.moe_decode_efficiency != 1 else "") + "); "
-          + (f"speculative decoding, {rates.speculative_tokens} drafted token"
-             f"{'' if rates.speculative_tokens == 1 else 's'} a step accepted at "
-             f"{rates.draft_acceptance:.2f} ({speculative_yield(rates.speculative_tokens, rates.draft_acceptance):.2f} tokens a step); "
-             if rates.speculative_tokens else "")
+          + (f"speculative decoding, {drafted} drafted token{'' if drafted == 1 else 's'} a "
+             f"step accepted at {rates.draft_acceptance:.2f} "
+             f"({speculative_yield(drafted, rates.draft_acceptance):.2f} tokens a step); "
+             if drafted else "")
           + ("each group's samples on one replica" if rates.routing == "group" else
              "each sample to the next replica") + f" (--routing {rates.routing}); "
           f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
@@ -338,7 +339,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "prediction or an EAGLE head); default %(default)s")
     p.add_argument("--draft-acceptance", type=float, default=None,
                    help="the chance the model accepts a drafted token (default: the rates "
-                        "family's, 0.60 as fitted on NeMo-RL v0.7's DeepSeek-V3 runs, else 0.85, "
+                        "family's: nemo-rl-v0.7's as fitted on its DeepSeek-V3 runs, else 0.85, "
                         "the DeepSeek-V3 report's measure)")
     p.add_argument("--staleness-penalty", type=float, default=0.1,
                    help="extra steps per version of staleness to reach the same accuracy "
