@@ -35,8 +35,43 @@ def _plan_flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
+def _fits_rate(family: str, rate: str, calibrated: dict) -> str | None:
+    """The family that fitted ``rate`` for ``family``: itself, or the base it inherits it from
+    (a rates-file entry lists its own ``free`` rates and names its ``base``); None if none did."""
+    seen = set()
+    while family in calibrated and family not in seen:
+        seen.add(family)
+        entry = calibrated[family]
+        if rate in entry.get("free", []) or rate in entry.get("tied", {}):
+            return family
+        family = entry.get("base")
+    return None
+
+
+def _note_rates_device(chosen: str, device: str, declared: dict) -> None:
+    """Say so when the rates were fitted for another device than the plan's (a family the
+    figures file declares for a device, or one built on it), or when a family declared for the
+    plan's device is built on the one chosen."""
+    own, family, seen = None, chosen, set()
+    while isinstance(declared.get(family), dict) and family not in seen and own is None:
+        seen.add(family)
+        own = declared[family].get("device")
+        family = declared[family].get("base")
+    if own is not None and own != device:
+        print(f"note: --rates {chosen} was fitted on {own} runs (its MoE decode share among "
+              f"them); planning on {device} with it as asked.", file=sys.stderr)
+    if own is None:
+        for name, entry in declared.items():
+            if (isinstance(entry, dict) and entry.get("base") == chosen
+                    and entry.get("device") == device):
+                print(f"note: --rates {name} is fitted for {device} and built on {chosen}; "
+                      f"planning with {chosen} as asked.", file=sys.stderr)
+
+
 def _plan(args) -> int:
-    from rlm_course.cluster.calibration import calibrated_rates, device_family
+    from rlm_course.cluster.calibration import (calibrated_rates, device_family,
+                                                load_calibration)
+    from rlm_course.cluster.published import load_document
     from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_group, check_settings,
                                           fewer_devices, format_plan, half_the_devices,
                                           linked_gpus, plan,
@@ -73,19 +108,30 @@ def _plan(args) -> int:
         raise ValueError(f"--staleness-penalty {args.staleness_penalty:g}: give a number from 0 "
                          f"to {MAX_STALENESS_PENALTY:,.0f} (extra steps per version of staleness; "
                          "0 prices staleness at nothing, 1,000 rules out any).")
+    calibrated = load_calibration()["families"]
     if args.rates is None:  # the family declared for the device (NeMo-RL on GB200), else nemo-rl
         args.rates = device_family(device)
+    elif args.rates not in calibrated:
+        raise ValueError(f"--rates: {unknown_name('family', args.rates, calibrated)} (nemo-rl is "
+                         "NeMo-RL v0.3-v0.6's software on H100s).")
+    _note_rates_device(args.rates, device.name, load_document()["families"])
     rates = dataclasses.replace(calibrated_rates(args.rates), routing=args.routing)
     if not 0 <= args.speculative_tokens <= 16:
-        raise ValueError(f"--speculative-tokens {args.speculative_tokens}: give 0 (no speculative "
-                         "decoding) to 16 tokens a draft proposes a step (1-3 is usual).")
+        raise ValueError(f"--speculative-tokens {args.speculative_tokens}: give the number of "
+                         "tokens a draft proposes at each step, from 0 (none) to 16; 1 to 3 is "
+                         "usual.")
     if args.draft_acceptance is not None and not 0 < args.draft_acceptance < 1:  # NaN fails too
         raise ValueError(f"--draft-acceptance {args.draft_acceptance:g}: give a probability "
                          "between 0 and 1, e.g. 0.7 (the chance the model accepts a drafted "
                          "token).")
     if args.draft_acceptance is not None and not args.speculative_tokens:
-        print("note: --draft-acceptance without --speculative-tokens: no token is drafted, so "
-              "it changes nothing.", file=sys.stderr)
+        print("note: --draft-acceptance with --speculative-tokens 0: no token is drafted, so it "
+              "changes nothing.", file=sys.stderr)
+    # where the acceptance comes from: the flag, the family's fit, or the stated default
+    fitted = _fits_rate(args.rates, "draft_acceptance", calibrated)
+    source = ("--draft-acceptance" if args.draft_acceptance is not None else
+              f"fitted for {fitted}" if fitted else
+              "assumed: the DeepSeek-V3 report's, not fitted for this family")
     rates = dataclasses.replace(
         rates, speculative_tokens=args.speculative_tokens,
         draft_acceptance=(rates.draft_acceptance if args.draft_acceptance is None
@@ -152,8 +198,8 @@ def _plan(args) -> int:
           + (f", MoE decode at {rates.moe_decode_efficiency:.2f} of the bandwidth share"
              if spec.is_moe and rates.moe_decode_efficiency != 1 else "") + "); "
           + (f"speculative decoding, {drafted} drafted token{'' if drafted == 1 else 's'} a "
-             f"step accepted at {rates.draft_acceptance:.2f} "
-             f"({speculative_yield(drafted, rates.draft_acceptance):.2f} tokens a step); "
+             f"step accepted at {rates.draft_acceptance:.3g} ({source}; "
+             f"{speculative_yield(drafted, rates.draft_acceptance):.2f} tokens a step); "
              if drafted else "")
           + ("each group's samples on one replica" if rates.routing == "group" else
              "each sample to the next replica") + f" (--routing {rates.routing}); "
@@ -323,24 +369,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="seed of the response lengths (default %(default)s)")
     p.add_argument("--rates", default=None,
                    help="the family of calibrated rates to plan with, one of those of "
-                        "data/published/rates.json (nemo-rl, nemo-rl-gb200: nemo-rl with its MoE "
-                        "decode fitted on GB200 runs, nemo-rl-v0.7 and nemo-rl-v0.7-gb200: "
-                        "NeMo-RL v0.7's, verl); default: the family declared for the device "
-                        "(nemo-rl-gb200 on GB200s), else the file's default_family")
+                        "data/published/rates.json: nemo-rl (NeMo-RL v0.3-v0.6 on H100s), "
+                        "nemo-rl-gb200 (the same with its MoE decode fitted on GB200 runs), "
+                        "nemo-rl-v0.7 and nemo-rl-v0.7-gb200 (NeMo-RL v0.7's), verl; default: "
+                        "the family declared for the device (nemo-rl-gb200 on GB200s), else the "
+                        "file's default_family")
     p.add_argument("--routing", choices=list(ROUTINGS), default="group",
                    help="how prompts reach the generation replicas: group (each group's samples "
                         "on one replica, the groups dealt in turn) or sample (each "
                         "sample to the next replica, as NeMo-RL's asynchronous engine and verl's "
                         "agent loop send them); default %(default)s")
     p.add_argument("--speculative-tokens", type=int, default=0,
-                   help="tokens a draft proposes at each decode step, verified by the model in the "
-                        "same forward (vLLM's num_speculative_tokens; the draft priced as one more "
-                        "layer and the output head a token, as DeepSeek-V3's multi-token "
-                        "prediction or an EAGLE head); default %(default)s")
+                   help="tokens a draft proposes at each decode step, 0 to 16, verified by the "
+                        "model in the same forward (vLLM's num_speculative_tokens; the draft "
+                        "priced as one more layer and the output head a token, as DeepSeek-V3's "
+                        "multi-token prediction or an EAGLE head; NeMo-RL v0.7's DeepSeek-V3 "
+                        "recipes draft 1); default %(default)s")
     p.add_argument("--draft-acceptance", type=float, default=None,
-                   help="the chance the model accepts a drafted token (default: the rates "
-                        "family's: nemo-rl-v0.7's as fitted on its DeepSeek-V3 runs, else 0.85, "
-                        "the DeepSeek-V3 report's measure)")
+                   help="the chance the model accepts a drafted token (default: as fitted for "
+                        "the rates family, nemo-rl-v0.7 and the family built on it, on NeMo-RL "
+                        "v0.7's DeepSeek-V3 runs; else 0.85, the DeepSeek-V3 report's measure)")
     p.add_argument("--staleness-penalty", type=float, default=0.1,
                    help="extra steps per version of staleness to reach the same accuracy "
                         "(default %(default)s; 0: staleness is free; at most 1,000)")

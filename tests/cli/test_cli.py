@@ -212,13 +212,26 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
     assert main([*argv, "--speculative-tokens", "2", "--draft-acceptance", "0.5"]) == 0
     drafted = capsys.readouterr().out
     assert "speculative decoding" not in without.splitlines()[0]
-    assert ("; speculative decoding, 2 drafted tokens a step accepted at 0.50 (1.75 tokens a "
-            "step); ") in drafted.splitlines()[0]
+    assert ("; speculative decoding, 2 drafted tokens a step accepted at 0.5 "
+            "(--draft-acceptance; 1.75 tokens a step); ") in drafted.splitlines()[0]
     def step(out):
         return float(out.split("   step ")[1].split(" s,")[0].replace(",", ""))
     assert step(drafted) < step(without)
     assert main([*argv, "--draft-acceptance", "0.5"]) == 0
-    assert "--draft-acceptance without --speculative-tokens" in capsys.readouterr().err
+    assert "--draft-acceptance with --speculative-tokens 0: no token is drafted" in (
+        capsys.readouterr().err)
+    # the acceptance's source: a family that fits it, or the stated default where none does
+    assert main([*argv, "--speculative-tokens", "1", "--rates", "nemo-rl-v0.7-gb200"]) == 0
+    out, err = capsys.readouterr()
+    assert "(fitted for nemo-rl-v0.7; 1." in out.splitlines()[0]
+    assert ("note: --rates nemo-rl-v0.7-gb200 was fitted on GB200-NVL72-186GB runs" in err)
+    assert main([*argv, "--speculative-tokens", "1"]) == 0
+    assert ("accepted at 0.85 (assumed: the DeepSeek-V3 report's, not fitted for this family; "
+            "1.85 tokens a step)") in capsys.readouterr().out.splitlines()[0]
+    # a family built for the plan's device is named when its base is chosen
+    assert main([*argv, "--rates", "nemo-rl-v0.7", "--device", "GB200-NVL72-186GB"]) == 0
+    assert ("note: --rates nemo-rl-v0.7-gb200 is fitted for GB200-NVL72-186GB and built on "
+            "nemo-rl-v0.7; planning with nemo-rl-v0.7 as asked.") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -266,7 +279,13 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
     (["--model", "qwen2.5-7b", "--gpus", "8", "--staleness-penalty", "nan"],
      "--staleness-penalty nan: give a number from 0 to 1,000"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--speculative-tokens", "-1"],
-     "--speculative-tokens -1: give 0 (no speculative decoding) to 16 tokens"),
+     "--speculative-tokens -1: give the number of tokens a draft proposes at each step, from 0 "
+     "(none) to 16"),
+    # a misspelt or older family: named with the flag and the one meant
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--rates", "NeMo-RL-v0.7"],
+     "--rates: unknown family 'NeMo-RL-v0.7' (did you mean 'nemo-rl-v0.7'?); choose one of "),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--rates", "nemo-rl-v0.6"],
+     "--rates: unknown family 'nemo-rl-v0.6' (did you mean 'nemo-rl-v0.7'?); choose one of "),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--speculative-tokens", "1", "--draft-acceptance",
       "1"], "--draft-acceptance 1: give a probability between 0 and 1"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--speculative-tokens", "1", "--draft-acceptance",
