@@ -1155,6 +1155,10 @@ def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
 #: version of staleness free to dear.
 SENSITIVITY = {"decode_step_latency": (0.0, 0.01, 0.03), "train_hfu": (0.3, 0.45, 0.75),
                "sync_fixed_seconds": (0.0, 10.0, 60.0), "staleness_penalty": (0.0, 0.1, 0.3)}
+#: With speculative decoding, the acceptances ``plan --sensitivity`` also tries: below the 0.60
+#: fitted on NeMo-RL v0.7's DeepSeek-V3 runs (sampling at temperature 1), and the DeepSeek-V3
+#: report's 0.85-0.9 for its multi-token-prediction token (arXiv:2412.19437, section 5.4.3).
+DRAFT_ACCEPTANCE_RANGE = (0.4, 0.6, 0.9)
 
 
 def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device,
@@ -1172,7 +1176,8 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
         one row per (rate, value): ``rate, value, best (its name), step, staleness (its mean,
         versions), cost (the step priced for staleness), flips`` (the best plan differs from the
         one at the calibrated rates). When the best plan offloads its optimizer and
-        ``variations`` is the default, ``host_adam_params_per_second`` is moved too.
+        ``variations`` is the default, ``host_adam_params_per_second`` is moved too, and with
+        speculative decoding ``draft_acceptance`` (:data:`DRAFT_ACCEPTANCE_RANGE`).
 
     Raises:
         ValueError: for an unknown rate or a value :class:`~rlm_course.cost.phases.Rates` refuses.
@@ -1198,11 +1203,16 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
         base = plan(spec, config, workload, device, gpus, rates=rates,
                     staleness_penalty=staleness_penalty, **options)
     base = base.best
-    if variations is SENSITIVITY and base.result and base.scenario.trainer_layout.offload:
+    default = variations is SENSITIVITY
+    if default and base.result and base.scenario.trainer_layout.offload:
         # an offloaded optimizer's CPU rate decides such a plan: the measured range and above
         rate = rates.host_adam_params_per_second
         variations = {**variations,
                       "host_adam_params_per_second": (HOST_ADAM_MEASURED[0], rate, 4 * rate)}
+    if default and rates.speculative_tokens:
+        # a drafted token's acceptance decides how much speculative decoding buys: lower than
+        # fitted, as fitted on NeMo-RL v0.7's DeepSeek-V3 runs, the DeepSeek-V3 report's
+        variations = {**variations, "draft_acceptance": DRAFT_ACCEPTANCE_RANGE}
     rows = []
     todo = [(name, value) for name, values in variations.items() for value in values]
     for name, value in tqdm(todo, desc="sensitivity: planning again", disable=not progress,

@@ -745,3 +745,29 @@ def test_a_plan_whose_optimizer_runs_on_the_cpu_says_so_and_moves_that_rate():
     small = plan(get_spec("qwen2.5-7b"), grpo, workload, H100, 8, length_buckets=32)
     assert host_optimizer_seconds(small.best.result) is None
     assert "Adam on the hosts' CPUs" not in format_plan(small, top=1)
+
+
+def test_with_speculative_decoding_the_sensitivity_table_moves_the_draft_acceptance():
+    # a drafted token's acceptance decides what speculative decoding buys: the table tries the
+    # range around the fitted value, and a higher acceptance plans a shorter step
+    from dataclasses import replace
+
+    from rlm_course.cluster.planner import DRAFT_ACCEPTANCE_RANGE
+    from rlm_course.cost.phases import Rates
+
+    spec, grpo = get_spec("qwen2.5-7b"), algorithm("grpo")
+    workload = Workload.long_tailed(32, 8, 512, 500, 0.8, 2048, seed=0)
+    drafted = replace(Rates(decode_step_latency=0.01), speculative_tokens=1)
+    result = plan(spec, grpo, workload, H100, 8, rates=drafted, length_buckets=32,
+                  placements=("colocated",))
+    rows = sensitivity(spec, grpo, workload, H100, 8, rates=drafted, base=result,
+                       length_buckets=32, placements=("colocated",))
+    accept = [r for r in rows if r["rate"] == "draft_acceptance"]
+    assert [r["value"] for r in accept] == list(DRAFT_ACCEPTANCE_RANGE)
+    assert accept[0]["step"] > accept[1]["step"] > accept[2]["step"]
+    # without a draft the acceptance decides nothing, and the table leaves it out
+    plain = plan(spec, grpo, workload, H100, 8, rates=Rates(decode_step_latency=0.01),
+                 length_buckets=32, placements=("colocated",))
+    assert not any(r["rate"] == "draft_acceptance" for r in sensitivity(
+        spec, grpo, workload, H100, 8, rates=Rates(decode_step_latency=0.01), base=plain,
+        length_buckets=32, placements=("colocated",)))
