@@ -116,6 +116,32 @@ plot_timelines({"Llama-3.1-70B, 256 H100s, colocated, synchronous": sync.events(
 # recomputation runs again, 4/3 of it (PaLM's appendix B draws this line): a reported
 # "MFU" that includes recomputation is an HFU.
 #
+# **What a drafted token buys.** That tail decodes one token per step per sequence, each step
+# reading the weights. Speculative decoding shortens it: a small draft (DeepSeek-V3's own
+# multi-token-prediction layer, or an EAGLE head of one layer) proposes `k` tokens, and one
+# forward of the model verifies all `1 + k`, keeping them up to the first it rejects:
+# `(1 - p^(k+1)) / (1 - p)` tokens a step at acceptance `p` (Leviathan et al. 2023, eq. 1). The
+# step costs a little more (the draft's layer and output head, the experts more tokens touch, the
+# all-reduces of `1 + k` tokens), so the gain is less than the yield. NeMo-RL v0.7 runs its
+# DeepSeek-V3 recipes with one drafted token; fitted on them, a token is accepted about 0.6 of the
+# time (sampling at temperature 1 accepts fewer than the DeepSeek-V3 report's 0.85-0.9).
+
+# %%
+from dataclasses import replace
+
+from rlm_course.cost.phases import speculative_yield
+
+drafted = {p: simulate(replace(colocated, rates=replace(rates, speculative_tokens=1,
+                                                        draft_acceptance=p)))
+           for p in (0.6, 0.85)}
+for p, r in drafted.items():
+    gain = sync.stages["generation"] / r.stages["generation"]
+    print(f"one drafted token accepted at {p}: {speculative_yield(1, p):.2f} tokens a step; "
+          f"generation {r.stages['generation']:,.0f} s against {sync.stages['generation']:,.0f} s "
+          f"({gain:.2f}x), step {r.step_seconds:,.0f} s against {sync.step_seconds:,.0f} s")
+    assert 1 < gain < speculative_yield(1, p)
+
+# %% [markdown]
 # ## 2. Execution modes: what asynchrony buys
 #
 # The same run on the same 256 devices, five ways. Each mode has one name, the one the planner, its
