@@ -2,6 +2,8 @@
 stages, an asynchronous one the longer of generation and training, stage fusion's saving, the
 staleness bound, and the scenarios refused."""
 
+import dataclasses
+
 import pytest
 
 from rlm_course.cost.anatomy import Workload, generation_costs
@@ -276,6 +278,16 @@ def test_an_engine_memory_share_is_of_the_memory_cuda_reports():
     assert H100.engine_memory_bytes == 84.94e9 and H100.memory_bytes == 80e9
     assert memory_plan(s)["slots"] == int((0.8 * 84.94e9 - weights) // per_sequence) == 32
     assert int((0.8 * 80e9 - weights) // per_sequence) == 18  # the datasheet's GB: two waves
+    # a speculative draft (one more layer of the model, the output head shared) sits beside the
+    # weights: a 94th of 235B less the embedding and head, over 8 ranks, 0.62 GB a device: two
+    # sequences' KV caches fewer
+    drafted = dataclasses.replace(s, rates=Rates(rollout_memory_fraction=0.8,
+                                                 speculative_tokens=1))
+    draft = (spec.params() - 2 * spec.vocab_size * spec.d_model) / 94 * 2 / 8
+    assert memory_plan(drafted)["rollout"]["draft weights"] == pytest.approx(draft)
+    assert memory_plan(drafted)["slots"] == int((0.8 * 84.94e9 - weights - draft)
+                                                // per_sequence) == 30
+    assert "draft weights" not in memory_plan(s)["rollout"]
     # a device without a reported total takes the datasheet's
     assert get_device("H200-SXM-141GB").engine_memory_bytes == 141e9
 
