@@ -477,9 +477,14 @@ def ulysses_comm(spec: TransformerSpec, sp: int, tokens: float, link: Link,
 
 
 def expert_parallel_comm(spec: TransformerSpec, ep: int, tokens: float, link: Link,
-                         backward: bool = True, act_bytes: int = BF16) -> CommCost:
+                         backward: bool = True, act_bytes: int = BF16,
+                         recompute: bool = False) -> CommCost:
     """Expert parallelism over ``ep`` devices, ``tokens`` tokens per device: per MoE layer a
-    dispatch and a combine all-to-all of ``tokens x k x d_model`` (two more backward).
+    dispatch and a combine all-to-all of ``tokens x k x d_model`` (two more backward, and two
+    more with full activation recomputation, which runs the layer's forward, its dispatch and
+    combine included, again: 6 per layer). Under tensor parallelism with sequence parallelism a
+    device dispatches its own ``1 / tp`` of a micro-batch's tokens (Megatron-Core's
+    ``MoEAlltoAllTokenDispatcher``: ``[S/TP, B, H]`` in, all-to-all over EP).
 
     Raises:
         ValueError: for an ``ep`` that does not divide the experts (or above 1 for a dense model)
@@ -491,7 +496,7 @@ def expert_parallel_comm(spec: TransformerSpec, ep: int, tokens: float, link: Li
         return NONE
     m = tokens * spec.experts_per_token * spec.d_model * act_bytes
     one = CommCost((ep - 1) / ep * m, all_to_all_seconds(m, ep, link), 1)
-    return one * (spec.n_layer * (4 if backward else 2))
+    return one * (spec.n_layer * ((6 if recompute else 4) if backward else 2))
 
 
 # ---------------------------------------------------------------------- the roofline

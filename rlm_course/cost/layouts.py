@@ -142,6 +142,11 @@ class Layout:
         if self.ep > 1 and (not spec.is_moe or spec.n_experts % self.ep):
             raise ValueError(f"ep={self.ep}: {spec.name} has {spec.n_experts} expert(s); expert "
                              "parallelism needs an MoE model and a degree dividing its experts.")
+        if self.ep > 1 and self.tp > 1 and not self.sequence_parallel:
+            raise ValueError(f"ep={self.ep} with tp={self.tp} and sequence_parallel=False: "
+                             "Megatron-Core requires sequence parallelism when expert and tensor "
+                             "parallelism are combined (each rank dispatches its 1/tp of the "
+                             "tokens); set sequence_parallel=True or tp=1.")
 
     def describe(self) -> str:
         parts = [f"dp{self.dp}"] + [f"{a}{getattr(self, a)}" for a in ("tp", "pp", "cp", "ep")

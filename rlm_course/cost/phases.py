@@ -761,8 +761,12 @@ class TrainerCost:
                     spec, lay.tp, mb_tokens, self.links["tp"], backward, layers=1,
                     recompute=lay.recompute).seconds * layers
             if lay.ep > 1:
-                per_layer = comm.expert_parallel_comm(spec, lay.ep, mb_tokens, self.links["ep"],
-                                                      backward).seconds / spec.n_layer
+                # each rank dispatches its sequence-parallel shard, 1 / tp of the micro-batch's
+                # tokens (Megatron-Core's all-to-all dispatcher: [S/TP, B, H] in, all-to-all
+                # over EP, then an all-gather over the expert-TP group, 1 by default in NeMo-RL)
+                per_layer = comm.expert_parallel_comm(
+                    spec, lay.ep, mb_tokens / lay.tp, self.links["ep"], backward,
+                    recompute=lay.recompute).seconds / spec.n_layer
                 total += micro * per_layer * layers
             if lay.pp > 1:
                 hop = comm.pipeline_comm(spec, mb_tokens, self.links["pp"], backward).seconds

@@ -94,6 +94,12 @@ def test_strategy_bytes_follow_the_textbook():
     assert decode.collectives == 2 * 32
     ep = comm.expert_parallel_comm(get_spec("mixtral-8x7b"), 8, 1000, link)
     assert ep.bytes == pytest.approx(4 * 32 * 7 / 8 * 1000 * 2 * 4096 * 2)
+    # full recomputation runs each layer's forward again, its dispatch and combine included:
+    # 6 all-to-alls a layer; a forward alone (scoring) 2
+    again = comm.expert_parallel_comm(get_spec("mixtral-8x7b"), 8, 1000, link, recompute=True)
+    assert again.bytes == pytest.approx(6 / 4 * ep.bytes) and again.collectives == 6 * 32
+    assert comm.expert_parallel_comm(get_spec("mixtral-8x7b"), 8, 1000, link,
+                                     backward=False).collectives == 2 * 32
     u = comm.ulysses_comm(spec, 8, 8192, link, backward=False)
     assert u.bytes == pytest.approx(32 * 7 / 8 * 8192 / 8 * 128 * 2 * (32 + 8 + 8 + 32))
     with pytest.raises(ValueError, match="does not divide llama-3-8b's 8 key/value heads"):

@@ -141,6 +141,33 @@ def test_trainer_pipeline_bubble_is_the_1f1b_bubble():
     assert slow == pytest.approx(seconds + 8 * 0.01 + 0.5, rel=1e-9)
 
 
+def test_expert_parallel_all_to_alls_carry_a_ranks_sequence_parallel_shard(monkeypatch):
+    """Under TP with sequence parallelism a rank dispatches its 1/tp of a micro-batch's tokens
+    (Megatron-Core's all-to-all dispatcher takes [S/TP, B, H]); with full recomputation the
+    update runs the dispatch and combine of each layer's forward again."""
+    spec = get_spec("qwen3-235b-a22b")
+    calls = []
+    real = comm.expert_parallel_comm
+
+    def spy(spec, ep, tokens, link, backward=True, act_bytes=2, recompute=False):
+        calls.append((ep, tokens, backward, recompute))
+        return real(spec, ep, tokens, link, backward, act_bytes, recompute)
+
+    monkeypatch.setattr(comm, "expert_parallel_comm", spy)
+    config = preset("grpo", minibatches=1)
+    for tp in (1, 4):
+        calls.clear()
+        lay = Layout(dp=16 // tp, tp=tp, pp=8, ep=16, zero=1, recompute=True,
+                     micro_batch_tokens=8192)
+        TrainerCost(spec, config, lay, H100, Rates(), comm.Fabric.of(H100), 110).seconds(
+            [8082] * 64)
+        # one 8,192-token micro-batch holds one 8,192-token sequence; a rank of the TP group
+        # dispatches 8,192 / tp of its tokens, in the update and in the scoring pass
+        assert sorted(calls) == [(16, 8192 / tp, False, True), (16, 8192 / tp, True, True)]
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        Layout(dp=4, tp=4, pp=8, ep=16, sequence_parallel=False).check(spec)
+
+
 def test_zero2_reduce_scatters_every_micro_batch_and_gathers_once_per_step():
     """ZeRO-2 keeps only a shard of the accumulated gradient, so each micro-batch's backward
     reduce-scatters (DeepSpeed's stage 2); ZeRO-1 reduces the accumulated gradient once."""
