@@ -301,6 +301,22 @@ class CommCost:
 NONE = CommCost(0.0, 0.0, 0)
 
 
+def _check_options(owner: str, link, flags: dict | None = None, **sizes) -> None:
+    """A ValueError naming what a strategy's cost was given in place of a :class:`Link`, a flag
+    (``backward``, ``recompute``, ``in_node``: True or False, not a truthy string) or a size in
+    bytes per element (``act_bytes``, ``kv_bytes``: a positive integer)."""
+    if not isinstance(link, Link):
+        raise ValueError(f"{owner}: link={link!r} must be a Link(alpha, beta), e.g. "
+                         "Fabric.of(device).link(size, stride).")
+    for name, value in (flags or {}).items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{owner}: {name}={value!r} must be True or False.")
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{owner}: {name}={value!r} must be a positive integer number of "
+                             "bytes per element (2 for bf16, 1 for fp8, 4 for fp32).")
+
+
 def data_parallel_comm(params: float, dp: int, link: Link, zero_stage: int = 0,
                        grad_bytes: int = BF16, param_bytes: int = BF16,
                        micro_batches: int = 1) -> CommCost:
@@ -348,7 +364,8 @@ def tensor_parallel_comm(spec: TransformerSpec, tp: int, tokens: float, link: Li
     Raises:
         ValueError: for a ``tp`` that does not fit the model
             (:meth:`~rlm_course.cost.architectures.TransformerSpec.check_degree`), a negative or
-            non-finite token count, or ``layers`` outside 1..``n_layer``.
+            non-finite token count, ``layers`` outside 1..``n_layer``, or a link, flag or
+            element size of the wrong kind.
     """
     spec.check_degree("tp", tp)
     check_amount("tokens", tokens)
@@ -358,6 +375,8 @@ def tensor_parallel_comm(spec: TransformerSpec, tp: int, tokens: float, link: Li
                          f"{spec.n_layer} layers (None: all).")
     if tp == 1:
         return NONE
+    _check_options("tensor_parallel_comm", link, dict(backward=backward, recompute=recompute),
+                   act_bytes=act_bytes)
     layers = spec.n_layer if layers is None else layers
     m = tokens * spec.d_model * act_bytes
     count = layers * ((6 if recompute else 4) if backward else 2)
@@ -408,12 +427,14 @@ def decode_tp_comm(spec: TransformerSpec, tp: int, sequences: int, link: Link,
     (small messages, so latency-bound).
 
     Raises:
-        ValueError: for a ``tp`` that does not fit the model or a negative sequence count.
+        ValueError: for a ``tp`` that does not fit the model, a negative sequence count, or a
+            link, flag or element size of the wrong kind.
     """
     spec.check_degree("tp", tp)
     check_amount("sequences", sequences)
     if tp == 1:
         return NONE
+    _check_options("decode_tp_comm", link, dict(in_node=in_node), act_bytes=act_bytes)
     m = sequences * spec.d_model * act_bytes
     if in_node:
         seconds = engine_all_reduce_seconds(m, tp, link)
@@ -428,7 +449,13 @@ def decode_tp_comm(spec: TransformerSpec, tp: int, sequences: int, link: Link,
 def pipeline_comm(spec: TransformerSpec, tokens: float, link: Link, backward: bool = True,
                   act_bytes: int = BF16) -> CommCost:
     """One stage boundary for ``tokens`` tokens: the activations forward (and their gradient
-    back)."""
+    back).
+
+    Raises:
+        ValueError: for a bad token count, link, flag or element size.
+    """
+    check_amount("tokens", tokens)
+    _check_options("pipeline_comm", link, dict(backward=backward), act_bytes=act_bytes)
     m = tokens * spec.d_model * act_bytes
     one = CommCost(m, p2p_seconds(m, link), 1)
     return one * (2 if backward else 1)
@@ -442,12 +469,14 @@ def context_parallel_comm(spec: TransformerSpec, cp: int, tokens: float, link: L
     and their gradients again (2x).
 
     Raises:
-        ValueError: for a ``cp`` that is not a positive integer or a bad token count.
+        ValueError: for a ``cp`` that is not a positive integer, a bad token count, or a link,
+            flag or element size of the wrong kind.
     """
     spec.check_degree("cp", cp)
     check_amount("tokens", tokens)
     if cp == 1:
         return NONE
+    _check_options("context_parallel_comm", link, dict(backward=backward), kv_bytes=kv_bytes)
     shard = 2 * tokens / cp * spec.kv_heads * spec.head_dim * kv_bytes
     steps = (cp - 1) * spec.n_layer * (3 if backward else 1)
     return CommCost(shard * steps, p2p_seconds(shard, link) * steps, steps)
@@ -460,7 +489,8 @@ def ulysses_comm(spec: TransformerSpec, sp: int, tokens: float, link: Link,
     ``heads x d_head`` (or ``kv_heads x d_head``) values, twice as many with the backward.
 
     Raises:
-        ValueError: if ``sp`` does not divide the key/value heads.
+        ValueError: if ``sp`` does not divide the key/value heads; for a bad token count, or a
+            link, flag or element size of the wrong kind.
     """
     if isinstance(sp, int) and not isinstance(sp, bool) and sp >= 1 and spec.kv_heads % sp:
         raise ValueError(f"Ulysses degree {sp} does not divide {spec.name}'s {spec.kv_heads} "
@@ -469,6 +499,7 @@ def ulysses_comm(spec: TransformerSpec, sp: int, tokens: float, link: Link,
     check_amount("tokens", tokens)
     if sp == 1:
         return NONE
+    _check_options("ulysses_comm", link, dict(backward=backward), act_bytes=act_bytes)
     local = tokens / sp * spec.head_dim * act_bytes
     parts = [spec.n_head, spec.kv_heads, spec.kv_heads, spec.n_head]  # q, k, v, output
     one = sum((CommCost((sp - 1) / sp * local * h, all_to_all_seconds(local * h, sp, link), 1)
@@ -487,13 +518,15 @@ def expert_parallel_comm(spec: TransformerSpec, ep: int, tokens: float, link: Li
     ``MoEAlltoAllTokenDispatcher``: ``[S/TP, B, H]`` in, all-to-all over EP).
 
     Raises:
-        ValueError: for an ``ep`` that does not divide the experts (or above 1 for a dense model)
-            or a bad token count.
+        ValueError: for an ``ep`` that does not divide the experts (or above 1 for a dense model),
+            a bad token count, or a link, flag or element size of the wrong kind.
     """
     spec.check_degree("ep", ep)
     check_amount("tokens", tokens)
     if ep == 1:
         return NONE
+    _check_options("expert_parallel_comm", link, dict(backward=backward, recompute=recompute),
+                   act_bytes=act_bytes)
     m = tokens * spec.experts_per_token * spec.d_model * act_bytes
     one = CommCost((ep - 1) / ep * m, all_to_all_seconds(m, ep, link), 1)
     return one * (spec.n_layer * ((6 if recompute else 4) if backward else 2))
