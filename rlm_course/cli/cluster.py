@@ -272,8 +272,8 @@ def _plan(args) -> int:
 
 
 def _validate(args) -> int:
-    from rlm_course.cluster.calibration import (COMMAND, calibrate_all, describe, stale_families,
-                                                stale_loans)
+    from rlm_course.cluster.calibration import (COMMAND, calibrate_all, describe,
+                                                load_calibration, stale_families, stale_loans)
     from rlm_course.cluster.validation import format_validation, summary, validation_table
 
     if args.calibrate:
@@ -292,10 +292,12 @@ def _validate(args) -> int:
     rows = validation_table()
     print(format_validation(rows))
     result = summary(rows)
+    points = sum(entry["data_points"] for entry in load_calibration()["families"].values())
     print(f"out of sample: {result['out_of_sample_hits']} of {result['out_of_sample_total']} "
           f"within tolerance (the null model: {result['null_hits']} of {result['null_total']}); "
           f"{result['direction_errors']} direction errors; {result['free_parameters']} free "
-          f"parameters fitted on {result['in_sample_total']} calibration figures")
+          f"parameters fitted on {points} published values of {result['in_sample_total']} "
+          "calibration figures (a figure can publish several: a step and its stages)")
     print(json.dumps(result))
     return 0
 

@@ -346,6 +346,12 @@ def test_the_validate_command_ends_with_its_counts_as_json(capsys, monkeypatch):
     assert result["out_of_sample_total"] == 1 and result["in_sample_total"] == 1
     assert any(line.startswith("verl:") for line in lines)  # the families' fitted rates
     assert any("null model" in line for line in lines)
+    # the free parameters beside the published values they are fitted on (a figure can publish
+    # a step and its stages): 22 parameters on 21 figures read as more parameters than data
+    points = sum(e["data_points"] for e in calibration.load_calibration()["families"].values())
+    assert points > calibration.free_parameter_count()
+    assert (f"{calibration.free_parameter_count()} free parameters fitted on {points} published "
+            "values of 1 calibration figures") in lines[-2]
 
 
 def test_implied_update_hfu_is_the_update_flops_over_what_the_devices_could_do():
