@@ -244,7 +244,9 @@ print(f"for scale: the matmuls of that 128k sequence take {flops / (0.5 * h100.p
 # >   gives full attention up to rounding; a causal mask needs a zigzag layout to balance the
 # >   work (max / mean work in the table).
 # > * Expert parallelism: two all-to-alls per MoE layer forward (dispatch and combine), two
-# >   backward; the busiest rank sets their time.
+# >   backward, two more when full recomputation runs the forward again; the busiest rank sets
+# >   their time. Beside tensor parallelism (which then needs sequence parallelism), each rank
+# >   dispatches only its `1/tp` slice of the sequence (Megatron-Core's all-to-all dispatcher).
 # > * A lower capacity factor drops more (token, expert) pairs (the plot: monotone, asserted).
 # > * Ulysses: two all-to-alls per attention (four tensors), one device's result; its bytes per
 # >   rank stay flat when sequence and degree grow together, ring attention's grow; it stops at
