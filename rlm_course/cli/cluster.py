@@ -297,7 +297,8 @@ def _validate(args) -> int:
           f"within tolerance (the null model: {result['null_hits']} of {result['null_total']}); "
           f"{result['direction_errors']} direction errors; {result['free_parameters']} free "
           f"parameters fitted on {points} published values of {result['in_sample_total']} "
-          "calibration figures (a figure can publish several: a step and its stages)")
+          f"calibration figure{'' if result['in_sample_total'] == 1 else 's'} (a figure can "
+          "publish several: a step and its stages)")
     print(json.dumps(result))
     return 0
 

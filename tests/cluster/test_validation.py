@@ -351,7 +351,7 @@ def test_the_validate_command_ends_with_its_counts_as_json(capsys, monkeypatch):
     points = sum(e["data_points"] for e in calibration.load_calibration()["families"].values())
     assert points > calibration.free_parameter_count()
     assert (f"{calibration.free_parameter_count()} free parameters fitted on {points} published "
-            "values of 1 calibration figures") in lines[-2]
+            "values of 1 calibration figure (a figure") in lines[-2]
 
 
 def test_implied_update_hfu_is_the_update_flops_over_what_the_devices_could_do():
