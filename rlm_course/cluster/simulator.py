@@ -430,9 +430,11 @@ def memory_plan(s: Scenario) -> dict:
     # multi-token-prediction module, an EAGLE head), its output head shared
     draft = (spec.params() - spec.vocab_size * spec.d_model * (1 if spec.tied_embeddings else 2)
              ) / spec.n_layer * w.weight_bytes / s.generation_tp if r.speculative_tokens else 0.0
+    # and its own KV cache, one more layer's (one draft module, run k times)
+    draft_layers = 1 if r.speculative_tokens else 0
     slots = kv_slots(spec, s.generation_tp, dev, per_sequence, fraction, resident + draft,
-                     r.max_batch, w.weight_bytes, w.kv_bytes)
-    gen = generation_memory(spec, s.generation_tp, w.weight_bytes, w.kv_bytes)
+                     r.max_batch, w.weight_bytes, w.kv_bytes, draft_layers)
+    gen = generation_memory(spec, s.generation_tp, w.weight_bytes, w.kv_bytes, draft_layers)
     rollout = {"weights": gen["weights"], "kv cache": slots * per_sequence * gen["kv_per_token"]}
     if draft:
         rollout["draft weights"] = draft

@@ -295,26 +295,32 @@ def training_memory(spec: TransformerSpec, layout: Layout, seq_len: int,
 
 
 def generation_memory(spec: TransformerSpec, tp: int, weight_bytes: int = 2,
-                      kv_bytes: int = 2) -> dict[str, float]:
+                      kv_bytes: int = 2, draft_layers: int = 0) -> dict[str, float]:
     """Per device of a generation replica of ``tp`` devices: ``weights`` (all parameters at
     ``weight_bytes``, 1 for an fp8 rollout, split ``tp`` ways) and ``kv_per_token``, the KV-cache
     bytes of one token on one device at ``kv_bytes`` per element, split over
     :meth:`~rlm_course.cost.architectures.TransformerSpec.kv_shards` devices (``min(tp,
-    kv_heads)``: past the KV heads TP replicates them; a latent cache, whole on every rank).
+    kv_heads)``: past the KV heads TP replicates them; a latent cache, whole on every rank), and
+    ``draft_layers`` more layers' worth of it for a speculative draft's own cache (DeepSeek-V3's
+    multi-token-prediction module: 1).
 
     Raises:
-        ValueError: if ``tp`` does not divide the heads, or for a byte width that is not a
-            positive number.
+        ValueError: if ``tp`` does not divide the heads, for a byte width that is not a
+            positive number, or a ``draft_layers`` that is not an integer >= 0.
     """
     _kinds("generation_memory", spec=spec)
     _bytes_per_element("generation_memory", "weight_bytes", weight_bytes)
     _bytes_per_element("generation_memory", "kv_bytes", kv_bytes)
+    if isinstance(draft_layers, bool) or not isinstance(draft_layers, int) or draft_layers < 0:
+        raise ValueError(f"generation_memory: draft_layers={draft_layers!r} must be an integer "
+                         ">= 0 (the layers of a speculative draft's own KV cache; 0 without one).")
     if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 and spec.n_head % tp:
         raise ValueError(f"generation tp={tp} does not divide {spec.name}'s {spec.n_head} heads; "
                          "choose a divisor.")
     spec.check_degree("tp", tp)
     return {"weights": spec.params() * weight_bytes / tp,
-            "kv_per_token": spec.kv_cache_bytes_per_token(kv_bytes) / spec.kv_shards(tp)}
+            "kv_per_token": spec.kv_cache_bytes_per_token(kv_bytes) / spec.kv_shards(tp)
+            * (spec.n_layer + draft_layers) / spec.n_layer}
 
 
 def usable(device: Device, memory_fraction: float) -> float:
@@ -333,11 +339,11 @@ def usable(device: Device, memory_fraction: float) -> float:
 
 def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence: float,
              memory_fraction: float = 0.9, resident: float = 0.0, max_batch: int = 1024,
-             weight_bytes: int = 2, kv_bytes: int = 2) -> int:
+             weight_bytes: int = 2, kv_bytes: int = 2, draft_layers: int = 0) -> int:
     """Sequences one generation replica of ``tp`` devices can decode at once: the KV caches of
     ``tokens_per_sequence`` tokens each that fit beside the weights (:func:`generation_memory`
-    at ``weight_bytes`` and ``kv_bytes``) and ``resident`` bytes of other state per device (e.g.
-    a colocated trainer's), at most ``max_batch``.
+    at ``weight_bytes``, ``kv_bytes`` and ``draft_layers``) and ``resident`` bytes of other state
+    per device (e.g. a colocated trainer's), at most ``max_batch``.
 
     Raises:
         DoesNotFit: if not even one sequence fits.
@@ -356,7 +362,7 @@ def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence
         raise ValueError(f"resident={resident!r} must be a finite number of bytes >= 0.")
     if isinstance(max_batch, bool) or not (isinstance(max_batch, int) and max_batch >= 1):
         raise ValueError(f"max_batch={max_batch!r} must be a positive integer.")
-    mem = generation_memory(spec, tp, weight_bytes, kv_bytes)
+    mem = generation_memory(spec, tp, weight_bytes, kv_bytes, draft_layers)
     room = usable(device, memory_fraction) - mem["weights"] - resident
     per_sequence = mem["kv_per_token"] * tokens_per_sequence
     if room < per_sequence:

@@ -279,14 +279,15 @@ def test_an_engine_memory_share_is_of_the_memory_cuda_reports():
     assert memory_plan(s)["slots"] == int((0.8 * 84.94e9 - weights) // per_sequence) == 32
     assert int((0.8 * 80e9 - weights) // per_sequence) == 18  # the datasheet's GB: two waves
     # a speculative draft (one more layer of the model, the output head shared) sits beside the
-    # weights: a 94th of 235B less the embedding and head, over 8 ranks, 0.62 GB a device: two
-    # sequences' KV caches fewer
+    # weights: a 94th of 235B less the embedding and head, over 8 ranks, 0.62 GB a device; and
+    # its layer keeps a KV cache of its own, a 95th layer's a token: two sequences' caches fewer
     drafted = dataclasses.replace(s, rates=Rates(rollout_memory_fraction=0.8,
                                                  speculative_tokens=1))
     draft = (spec.params() - 2 * spec.vocab_size * spec.d_model) / 94 * 2 / 8
     assert memory_plan(drafted)["rollout"]["draft weights"] == pytest.approx(draft)
     assert memory_plan(drafted)["slots"] == int((0.8 * 84.94e9 - weights - draft)
-                                                // per_sequence) == 30
+                                                // (per_sequence * 95 / 94)) == 30
+    assert memory_plan(drafted)["rollout"]["kv cache"] == pytest.approx(30 * per_sequence * 95 / 94)
     assert "draft weights" not in memory_plan(s)["rollout"]
     # a device without a reported total takes the datasheet's
     assert get_device("H200-SXM-141GB").engine_memory_bytes == 141e9

@@ -8,7 +8,7 @@ from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost import comm
 from rlm_course.cost.layouts import (DoesNotFit, Layout, check_training, choose_generation_tp,
-                                        kv_slots, training_memory)
+                                        generation_memory, kv_slots, training_memory)
 
 H100 = get_device("H100-SXM-80GB")
 SPEC = get_spec("qwen2.5-7b")
@@ -159,3 +159,16 @@ def test_the_memory_model_refuses_bad_input_with_a_value_error():
             call()
     # no parameters, no bytes (an MoE's expert part on a dense model)
     assert model_states(0, 8, 1, False) == {"weights": 0.0, "gradients": 0.0, "optimizer": 0.0}
+
+
+def test_a_speculative_drafts_layer_keeps_a_kv_cache_of_its_own():
+    """DeepSeek-V3's multi-token-prediction module is a transformer block: its cache is one more
+    layer's a token (61 + 1 of MLA's 576-value latent, whole on every rank)."""
+    spec = get_spec("deepseek-v3")
+    base = generation_memory(spec, 8)["kv_per_token"]
+    assert base == spec.kv_cache_bytes_per_token(2)  # the latent is not split over TP ranks
+    assert generation_memory(spec, 8, draft_layers=1)["kv_per_token"] == pytest.approx(
+        base * 62 / 61)
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match=f"draft_layers={bad!r} must be an integer >= 0"):
+            generation_memory(spec, 8, draft_layers=bad)

@@ -325,7 +325,8 @@ def test_speculative_decoding_prices_a_verify_step_over_the_tokens_it_yields():
     # one drafted token accepted half the time: a step yields (1 - 0.5^2) / (1 - 0.5) = 1.5
     # tokens a sequence (Leviathan et al. 2023, eq. 1); it computes 2 tokens a sequence, reads
     # the weights 4 tokens touch (2 a sequence) and, for its draft pass, one more layer's and the
-    # output head, reads the KV cache once and writes 2 entries a sequence
+    # output head, reads the KV cache once and writes 2 entries a sequence; the draft pass
+    # computes one layer and the head a sequence and reads and extends its layer's own cache
     fabric = comm.Fabric.of(H100)
     plain = DecodeCost(SPEC, H100, 2, Rates(decode_step_latency=1e-3), fabric)
     spec = DecodeCost(SPEC, H100, 2, Rates(decode_step_latency=1e-3, speculative_tokens=1,
@@ -335,8 +336,13 @@ def test_speculative_decoding_prices_a_verify_step_over_the_tokens_it_yields():
     a, context = 2, 2 * 600
     head = SPEC.vocab_size * SPEC.d_model * 2
     weights = (weight_bytes(SPEC, w, 4) + weight_bytes(SPEC, w, 2) / SPEC.n_layer + head) / 2
-    memory = (weights + spec.kv * (context + 4)) / spec.byte_rate
-    compute = 2 * (a * spec.per_token + spec.attention * context) / spec.flop_rate
+    layers = SPEC.n_layer
+    memory = (weights + spec.kv * (context + 4) + spec.kv / layers * (context + 2)
+              ) / spec.byte_rate
+    head_flops = 2 * SPEC.d_model * SPEC.vocab_size
+    draft_flops = (spec.per_token - head_flops) / layers + head_flops
+    compute = (2 * (a * spec.per_token + spec.attention * context)
+               + a * draft_flops + spec.attention / layers * context) / spec.flop_rate
     fixed = 1e-3 + comm.decode_tp_comm(SPEC, 2, 4, fabric.intra, in_node=True).seconds
     assert spec.seconds(1, a, context) == pytest.approx((max(memory, compute) + fixed) / 1.5)
     # memory-bound, so a token costs about 1 / 1.5 of an ordinary step (a little more: the
