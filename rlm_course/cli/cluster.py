@@ -35,19 +35,6 @@ def _plan_flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def _fits_rate(family: str, rate: str, calibrated: dict) -> str | None:
-    """The family that fitted ``rate`` for ``family``: itself, or the base it inherits it from
-    (a rates-file entry lists its own ``free`` rates and names its ``base``); None if none did."""
-    seen = set()
-    while family in calibrated and family not in seen:
-        seen.add(family)
-        entry = calibrated[family]
-        if rate in entry.get("free", []) or rate in entry.get("tied", {}):
-            return family
-        family = entry.get("base")
-    return None
-
-
 def _note_rates_device(chosen: str, device: str, declared: dict) -> None:
     """Say so when the rates were fitted for another device than the plan's (a family the
     figures file declares for a device, or one built on it), or when a family declared for the
@@ -70,7 +57,7 @@ def _note_rates_device(chosen: str, device: str, declared: dict) -> None:
 
 def _plan(args) -> int:
     from rlm_course.cluster.calibration import (calibrated_rates, device_family,
-                                                load_calibration)
+                                                fitting_family, load_calibration)
     from rlm_course.cluster.published import load_document
     from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_group, check_settings,
                                           fewer_devices, format_plan, half_the_devices,
@@ -108,7 +95,8 @@ def _plan(args) -> int:
         raise ValueError(f"--staleness-penalty {args.staleness_penalty:g}: give a number from 0 "
                          f"to {MAX_STALENESS_PENALTY:,.0f} (extra steps per version of staleness; "
                          "0 prices staleness at nothing, 1,000 rules out any).")
-    calibrated = load_calibration()["families"]
+    calibration = load_calibration()
+    calibrated = calibration["families"]
     if args.rates is None:  # the family declared for the device (NeMo-RL on GB200), else nemo-rl
         args.rates = device_family(device)
     elif args.rates not in calibrated:
@@ -128,7 +116,7 @@ def _plan(args) -> int:
         print("note: --draft-acceptance with --speculative-tokens 0: no token is drafted, so it "
               "changes nothing.", file=sys.stderr)
     # where the acceptance comes from: the flag, the family's fit, or the stated default
-    fitted = _fits_rate(args.rates, "draft_acceptance", calibrated)
+    fitted = fitting_family(args.rates, "draft_acceptance", calibration)
     source = ("--draft-acceptance" if args.draft_acceptance is not None else
               f"fitted for {fitted}" if fitted else
               "assumed: the DeepSeek-V3 report's, not fitted for this family")

@@ -453,6 +453,21 @@ def _fits(entry: dict, rate: str) -> bool:
     return rate in entry.get("free", []) or rate in entry.get("tied", {})
 
 
+def fitting_family(family: str, rate: str, calibration: dict | None = None) -> str | None:
+    """The family that fitted ``rate`` for ``family`` in the rates file: itself, or the base it
+    inherits the rate from (an entry lists its own ``free`` and ``tied`` rates and names its
+    ``base``); None if none did (the rate is :class:`~rlm_course.cost.phases.Rates`'s default
+    or borrowed)."""
+    families = (load_calibration() if calibration is None else calibration)["families"]
+    seen = set()
+    while family in families and family not in seen:
+        seen.add(family)
+        if _fits(families[family], rate):
+            return family
+        family = families[family].get("base")
+    return None
+
+
 def _own_rates(spec: dict) -> set[str]:
     """The rates a family's figures-file entry fits, ties or fixes itself."""
     tied = spec.get("tied", {})

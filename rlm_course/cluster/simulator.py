@@ -426,18 +426,15 @@ def memory_plan(s: Scenario) -> dict:
         fraction = r.rollout_memory_fraction * dev.engine_memory_bytes / dev.memory_bytes
         resident = 0.0
     per_sequence = w.prompt_len + w.mean_response_len
-    # a speculative draft's own weights beside the model's: one more layer (DeepSeek-V3's
-    # multi-token-prediction module, an EAGLE head), its output head shared
-    draft = (spec.params() - spec.vocab_size * spec.d_model * (1 if spec.tied_embeddings else 2)
-             ) / spec.n_layer * w.weight_bytes / s.generation_tp if r.speculative_tokens else 0.0
-    # and its own KV cache, one more layer's (one draft module, run k times)
+    # a speculative draft beside the model: one more layer, its weights and its KV cache
+    # (DeepSeek-V3's multi-token-prediction module, an EAGLE head; one module run k times)
     draft_layers = 1 if r.speculative_tokens else 0
-    slots = kv_slots(spec, s.generation_tp, dev, per_sequence, fraction, resident + draft,
+    slots = kv_slots(spec, s.generation_tp, dev, per_sequence, fraction, resident,
                      r.max_batch, w.weight_bytes, w.kv_bytes, draft_layers)
     gen = generation_memory(spec, s.generation_tp, w.weight_bytes, w.kv_bytes, draft_layers)
     rollout = {"weights": gen["weights"], "kv cache": slots * per_sequence * gen["kv_per_token"]}
-    if draft:
-        rollout["draft weights"] = draft
+    if draft_layers:
+        rollout["draft weights"] = gen["draft_weights"]
     if resident:
         rollout["resident trainer state"] = resident
     return {"trainer": trainer, "rollout": rollout, "slots": slots,

@@ -302,7 +302,9 @@ def generation_memory(spec: TransformerSpec, tp: int, weight_bytes: int = 2,
     :meth:`~rlm_course.cost.architectures.TransformerSpec.kv_shards` devices (``min(tp,
     kv_heads)``: past the KV heads TP replicates them; a latent cache, whole on every rank), and
     ``draft_layers`` more layers' worth of it for a speculative draft's own cache (DeepSeek-V3's
-    multi-token-prediction module: 1).
+    multi-token-prediction module: 1); ``draft_weights``, that draft's own layers (a layer's
+    share of the parameters without the embedding and output head, which it shares with the
+    model), split ``tp`` ways.
 
     Raises:
         ValueError: if ``tp`` does not divide the heads, for a byte width that is not a
@@ -318,9 +320,11 @@ def generation_memory(spec: TransformerSpec, tp: int, weight_bytes: int = 2,
         raise ValueError(f"generation tp={tp} does not divide {spec.name}'s {spec.n_head} heads; "
                          "choose a divisor.")
     spec.check_degree("tp", tp)
+    body = spec.params() - spec.vocab_size * spec.d_model * (1 if spec.tied_embeddings else 2)
     return {"weights": spec.params() * weight_bytes / tp,
             "kv_per_token": spec.kv_cache_bytes_per_token(kv_bytes) / spec.kv_shards(tp)
-            * (spec.n_layer + draft_layers) / spec.n_layer}
+            * (spec.n_layer + draft_layers) / spec.n_layer,
+            "draft_weights": draft_layers * body / spec.n_layer * weight_bytes / tp}
 
 
 def usable(device: Device, memory_fraction: float) -> float:
@@ -342,8 +346,9 @@ def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence
              weight_bytes: int = 2, kv_bytes: int = 2, draft_layers: int = 0) -> int:
     """Sequences one generation replica of ``tp`` devices can decode at once: the KV caches of
     ``tokens_per_sequence`` tokens each that fit beside the weights (:func:`generation_memory`
-    at ``weight_bytes``, ``kv_bytes`` and ``draft_layers``) and ``resident`` bytes of other state
-    per device (e.g. a colocated trainer's), at most ``max_batch``.
+    at ``weight_bytes``, ``kv_bytes`` and ``draft_layers``: a draft's weights and cache too) and
+    ``resident`` bytes of other state per device (e.g. a colocated trainer's), at most
+    ``max_batch``.
 
     Raises:
         DoesNotFit: if not even one sequence fits.
@@ -363,7 +368,7 @@ def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence
     if isinstance(max_batch, bool) or not (isinstance(max_batch, int) and max_batch >= 1):
         raise ValueError(f"max_batch={max_batch!r} must be a positive integer.")
     mem = generation_memory(spec, tp, weight_bytes, kv_bytes, draft_layers)
-    room = usable(device, memory_fraction) - mem["weights"] - resident
+    room = usable(device, memory_fraction) - mem["weights"] - mem["draft_weights"] - resident
     per_sequence = mem["kv_per_token"] * tokens_per_sequence
     if room < per_sequence:
         raise DoesNotFit(

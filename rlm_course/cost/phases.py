@@ -459,9 +459,14 @@ class DecodeCost:
         # of them on average; everything below is priced per yielded token
         self.verified = 1 + r.speculative_tokens
         self.tokens_per_step = speculative_yield(r.speculative_tokens, r.draft_acceptance)
-        # a draft pass's matmul FLOPs a token: one layer's share of the body and the output head
-        head = 2 * s.d_model * s.vocab_size
-        self.draft_per_token = (self.per_token - head) / s.n_layer + head
+        # the k draft passes of a step, each one more layer and the output head for a token a
+        # sequence, attending over the context with the draft layer's own KV cache (one layer's
+        # share of the model's: DeepSeek-V3's MTP module is a transformer block): their matmul
+        # FLOPs a sequence, and their attention FLOPs and KV bytes per token of context
+        k, head = r.speculative_tokens, 2 * s.d_model * s.vocab_size
+        self.draft_flops = k * ((self.per_token - head) / s.n_layer + head)
+        self.draft_attention = k * self.attention / s.n_layer
+        self.draft_kv = k * self.kv / s.n_layer
         self._fixed: dict[int, float] = {}
         self._weights: dict[int, float] = {}
 
@@ -509,17 +514,12 @@ class DecodeCost:
         layer and the output head a sequence and read and extend the draft layer's KV cache;
         it yields :attr:`tokens_per_step` tokens a sequence: its seconds are spread over them."""
         a, v, n = active, self.verified, self.tokens_per_step
-        # each of the k draft passes runs one more layer and the output head for a token a
-        # sequence, attending over the context with the draft layer's own KV cache (one layer's
-        # share of the model's: DeepSeek-V3's MTP module is a transformer block)
-        k, layers = v - 1, self.spec.n_layer
         f0 = (v * (a * self.per_token + self.attention * context_sum)
-              + k * (a * self.draft_per_token + self.attention / layers * context_sum)
-              ) / self.flop_rate / n
-        f1 = (v + k / layers) * self.attention * a / self.flop_rate / n
+              + a * self.draft_flops + self.draft_attention * context_sum) / self.flop_rate / n
+        f1 = (v * self.attention + self.draft_attention) * a / self.flop_rate / n
         b0 = (self._weight_bytes(a) + self.kv * (context_sum + v * a)
-              + k * self.kv / layers * (context_sum + a)) / self.byte_rate / n
-        b1 = (1 + k / layers) * self.kv * a / self.byte_rate / n
+              + self.draft_kv * (context_sum + a)) / self.byte_rate / n
+        b1 = (self.kv + self.draft_kv) * a / self.byte_rate / n
         return f0, f1, b0, b1
 
     def seconds(self, steps: int, active: int, context_sum: float, count: bool = False) -> float:
