@@ -1049,10 +1049,17 @@ def where_time_goes(result: SimResult) -> str:
     return ", ".join(f"{k} {v / result.step_seconds:.0%}" for k, v in parts if v > 0.005 * result.step_seconds)
 
 
+#: The share of a step a disaggregated plan's trainer must wait for samples for :func:`why` to
+#: call the plan generation-bound (the rollout pool sets its step), not held back by its own stages.
+WAIT_SHARE = 0.02
+
+
 def why(candidate: Candidate, best: Candidate) -> str:
     """Why a candidate loses to ``best``: refused for memory, or slower, and by what: the stage
     that takes longest beyond the best's same stage (its largest if none does), with both
-    seconds."""
+    seconds; on separate pools, waiting for generation whenever the trainer waits more than
+    :data:`WAIT_SHARE` of its step (the rollout pool then sets the step, whatever the trainer's
+    stages), else the trainer's own stage."""
     if candidate.refused:
         return f"does not fit: {candidate.refused}"
     r = candidate.result
@@ -1068,6 +1075,19 @@ def why(candidate: Candidate, best: Candidate) -> str:
     top = max(excess, key=lambda k: (excess[k], stages[k]))
     if excess[top] <= 0:  # no stage longer than the best's: its largest
         top = max(stages, key=stages.get)
+    if candidate.scenario.placement == "disaggregated":
+        # separate pools: "generation" is the trainer's wait for samples, the rest its own work;
+        # a trainer that waits is held back by the rollout pool however long its stages are
+        # (two trainers of different speeds behind one rollout pool take the same step)
+        wait = stages.get("generation", 0.0)
+        if wait > WAIT_SHARE * r.step_seconds:
+            where = (f"generation-bound (its {candidate.scenario.rollout_pool} rollout GPUs set "
+                     f"the {seconds_text(r.step_seconds, 0)} step: the trainer waits "
+                     f"{seconds_text(wait, 0)} of it, {wait / r.step_seconds:.0%}, for samples)")
+            return _loses(candidate, best, slower, where)
+        if top == "generation":
+            top = max((k for k in stages if k != "generation"),
+                      key=lambda k: (excess[k], stages[k]))
     seconds = stages[top]
     reason = {"generation": "waits for generation", "policy update": "training-bound",
               "critic update": "training-bound", "scoring": "scoring-bound",
@@ -1080,6 +1100,12 @@ def why(candidate: Candidate, best: Candidate) -> str:
         against = "where the best spends none"
     where = (f"{reason} ({top} {seconds_text(seconds, 0)}, {seconds / r.step_seconds:.0%} of its "
              f"step, {against})")
+    return _loses(candidate, best, slower, where)
+
+
+def _loses(candidate: Candidate, best: Candidate, slower: float, where: str) -> str:
+    """``why``'s line: how much dearer ``candidate`` is than ``best``, then ``where``."""
+    r = candidate.result
     # the two pay different prices for staleness: the cost ratio is not the steps' ratio
     if abs(candidate.cost / candidate.step - best.cost / best.step) > 0.005:
         return (f"{slower:.2f}x the cost ({seconds_text(r.step_seconds, 0)} per step, "

@@ -72,11 +72,12 @@ def test_why_a_plan_loses_names_the_stage_it_loses_by_not_the_one_it_shares():
 
     from rlm_course.cluster.planner import why
 
-    def candidate(generation, step):
-        stages = {"policy update": 173.0, "generation": generation, "scoring": 86.0}
+    def candidate(generation, step, placement="colocated", update=173.0):
+        stages = {"policy update": update, "generation": generation, "scoring": 86.0}
         result = SimpleNamespace(stages=stages, step_seconds=step, staleness=1.0)
+        scenario = SimpleNamespace(placement=placement, rollout_pool=16)
         return SimpleNamespace(refused=None, result=result, cost=step * 1.1, step=step,
-                               staleness_penalty=0.1)
+                               staleness_penalty=0.1, scenario=scenario)
 
     said = why(candidate(120.0, 379.0), candidate(95.0, 353.0))
     assert said == ("1.07x slower (379 s): waits for generation (generation 120 s, 32% of its "
@@ -90,6 +91,16 @@ def test_why_a_plan_loses_names_the_stage_it_loses_by_not_the_one_it_shares():
     assert said.endswith("waits for generation (generation 120 s, 32% of its step, where the "
                          "best's trainer does not wait: it trains while the rollout generates)"), \
         said
+    # on separate pools "generation" is the trainer's wait: a trainer that waits is held back by
+    # the rollout pool, however much longer its update is than the best's (a slower trainer
+    # behind the same rollout pool takes the same step)
+    said = why(candidate(120.0, 379.0, "disaggregated", update=250.0), candidate(0.0, 353.0))
+    assert said == ("1.07x slower (379 s): generation-bound (its 16 rollout GPUs set the 379 s "
+                    "step: the trainer waits 120 s of it, 32%, for samples)"), said
+    # a trainer that barely waits (2% of the step or less) is held back by its own stages
+    said = why(candidate(5.0, 379.0, "disaggregated", update=250.0), candidate(0.0, 353.0))
+    assert said.endswith("training-bound (policy update 250 s, 66% of its step, against 173 s in "
+                         "the best)"), said
 
 
 def test_layouts_that_do_not_fit_are_refused_with_their_reason():
