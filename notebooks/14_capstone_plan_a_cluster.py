@@ -395,7 +395,10 @@ assert hfu["verl-fa-7b-fullyasync-16-16"] > 1.5 * hfu["verl-fa-7b-colocate-32"]
 # by default: vLLM and Megatron-Core) and prices **staleness**: an asynchronous plan's step counts
 # `1 + penalty x staleness` times (by default 0.1 extra steps per version of staleness, an
 # assumption you can change; chapter 13 measured what staleness costs the toy). The same search
-# runs from a shell: `python -m rlm_course plan --model llama-3.1-70b --gpus 256 --prompts 512`.
+# runs from a shell: `python -m rlm_course plan --model llama-3.1-70b --gpus 256 --prompts 512
+# --length-buckets 32` (the cells here round the response lengths to 32 levels to plan faster; the
+# command's default, 64, is finer and can rank two plans within 1% of each other the other way:
+# such plans tie at the simulator's resolution, and the command says so).
 # The first table shows each plan's choices (a disaggregated plan's rollout + training GPUs;
 # every trainer layout recomputes activations, and those with tensor or pipeline parallelism keep
 # fp32 main gradients, so the table leaves both words out), the second its numbers.
@@ -466,8 +469,11 @@ rows_s = sensitivity(spec70, grpo, r1_workload, h100, 256, rates=rates, length_b
                      base=runs[("llama-3.1-70b", 256)], progress=True,
                      variations={"decode_step_latency": (0.0, 0.03), "train_hfu": (0.3,),
                                  "sync_fixed_seconds": (60.0,), "staleness_penalty": (0.5,)})
+base_name = runs[("llama-3.1-70b", 256)].best.name
 print(format_table([[r["rate"], f"{r['value']:g}", r["best"], f"{r['step']:,.0f}",
-                     f"{r['cost']:,.0f}", "yes" if r["flips"] else ""] for r in rows_s],
+                     f"{r['cost']:,.0f}",
+                     "" if r["best"] == base_name else
+                     f"{'yes' if r['flips'] else 'tie'} (+{r['behind']:.1%})"] for r in rows_s],
                    ["rate", "value", "best plan", "step s", "priced s", "flips"]))
 flips = sorted({r["rate"] for r in rows_s if r["flips"]})
 print("rates whose plausible range changes the best plan:", ", ".join(flips) or "none")
@@ -475,7 +481,10 @@ print("rates whose plausible range changes the best plan:", ", ".join(flips) or 
 # %% [markdown]
 # Where a row flips, the plan depends on that rate: measure it on your engine before you commit
 # devices (chapter 05 shows how to time a decode step; a short run gives the HFU). Where nothing
-# flips, the choice is robust to what you do not know.
+# flips, the choice is robust to what you do not know. A *tie* is a row whose best plan beats the
+# one above by 1% or less of the priced step (the `+` column: how much dearer the plan above is
+# there): within the simulator's resolution (its length buckets alone move a step by about that
+# much), so the rate does not decide between the two.
 #
 # ## 5. Which choice matters most as the cluster grows?
 #

@@ -59,8 +59,9 @@ def _plan(args) -> int:
     from rlm_course.cluster.calibration import (calibrated_rates, device_family,
                                                 fitting_family, load_calibration)
     from rlm_course.cluster.published import load_document
-    from rlm_course.cluster.planner import (MAX_STALENESS_PENALTY, check_group, check_settings,
-                                          fewer_devices, format_plan, half_the_devices,
+    from rlm_course.cluster.planner import (FEWER_MARGIN, MAX_STALENESS_PENALTY, check_group,
+                                          check_settings, fewer_devices, format_plan,
+                                          half_the_devices,
                                           linked_gpus, plan,
                                           runnable_modes)
     from rlm_course.cluster.simulator import algorithm
@@ -161,21 +162,30 @@ def _plan(args) -> int:
     config = algorithm(args.algorithm, minibatches=args.minibatches,
                        group_size=args.group_size)
     placements = ("colocated", "disaggregated") if args.placement == "any" else (args.placement,)
+    buckets = {"length_buckets": args.length_buckets}
     result = plan(spec, config, workload, device, args.gpus, rates=rates, placements=placements,
-                  modes=args.modes, staleness_penalty=args.staleness_penalty)
+                  modes=args.modes, staleness_penalty=args.staleness_penalty, **buckets)
     # a count with few divisors (17) can plan worse than the round count under it (16)
     fewer = fewer_devices(spec, config, workload, device, args.gpus, result, rates=rates,
                           placements=placements, modes=args.modes,
-                          staleness_penalty=args.staleness_penalty)
+                          staleness_penalty=args.staleness_penalty, **buckets)
     # a batch too small for the cluster: half the devices plan nearly the same step
     half = (half_the_devices(spec, config, workload, device, args.gpus, result, rates=rates,
                              placements=placements, modes=args.modes,
-                             staleness_penalty=args.staleness_penalty)
+                             staleness_penalty=args.staleness_penalty, **buckets)
             if fewer is None else None)
-    # the budget cuts the tail: the lengths simulated average less than the mean drawn
-    capped = workload.mean_response_len
-    mean = (f"mean {args.mean_response:,g}" if capped >= 0.99 * args.mean_response else
-            f"mean {args.mean_response:,g} before the cap, {capped:,.0f} after")
+    # the lengths simulated: their mean, and how many the budget cut (a small batch's mean is
+    # also off the drawn one by chance, which the cap did not cause)
+    drawn = workload.mean_response_len
+    cut = sum(n >= workload.response_len for n in workload.response_lengths or ())
+    if cut:
+        mean = (f"mean {args.mean_response:,g} before the cap, {drawn:,.0f} after "
+                f"({cut:,} of {responses:,} capped)")
+    elif abs(drawn - args.mean_response) > 0.01 * args.mean_response:
+        mean = (f"mean {args.mean_response:,g}, {drawn:,.0f} in the {responses:,} drawn, none "
+                "capped")
+    else:
+        mean = f"mean {args.mean_response:,g}"
     prompts = f"{args.prompts:,} prompt{'' if args.prompts == 1 else 's'}"
     tokens = f"{args.prompt_len:,} token{'' if args.prompt_len == 1 else 's'}"
     print(f"{spec.name}, {args.algorithm}, {args.gpus:,} x {device.name}: {prompts} x "
@@ -223,7 +233,7 @@ def _plan(args) -> int:
 
         rows = sensitivity(spec, config, workload, device, args.gpus, rates=rates, base=result,
                            staleness_penalty=args.staleness_penalty, placements=placements,
-                           modes=args.modes,
+                           modes=args.modes, **buckets,
                            progress=sys.stderr.isatty())  # a bar on a terminal, not in a log
         # each rate in its unit, and the value the plan above was made with
         units = {"decode_step_latency": (1e3, " ms"), "sync_fixed_seconds": (1.0, " s"),
@@ -243,9 +253,16 @@ def _plan(args) -> int:
                                else f"P{len(letters) + 1}")
         print("which rates decide the plan (planned again with one rate moved; the plan above "
               "used " + ", ".join(f"{rate} {shown(rate, v)}" for rate, v in now.items()) + "):")
+        def flipped(r: dict) -> str:  # how far the plan above falls behind the row's best
+            if r["best"] == result.best.name:
+                return ""
+            if r["behind"] == float("inf"):
+                return "yes (A does not fit)"
+            return f"{'yes' if r['flips'] else 'tie'} (A +{r['behind']:.1%})"
+
         print(format_table([[r["rate"], shown(r["rate"], r["value"]), letters[r["best"]],
                              seconds_text(r["step"]), f"{r['staleness']:.2f}",
-                             seconds_text(r["cost"]), "yes" if r["flips"] else ""]
+                             seconds_text(r["cost"]), flipped(r)]
                             for r in rows],
                            ["rate", "value", "best plan", "step", "staleness", "priced step",
                             "flips"]))
@@ -253,7 +270,9 @@ def _plan(args) -> int:
             print(textwrap.fill(f"{letter}: {name}" + (" (the plan above)" if letter == "A"
                                                        else ""), 100,
                                 initial_indent="  ", subsequent_indent="     "))
-        print("(plans are ranked by the priced step = step x (1 + penalty x staleness), the "
+        print(f"(a tie: another plan wins by {FEWER_MARGIN:.0%} or less of the priced step, within "
+              "the simulator's resolution, so the rate does not decide between them; plans are "
+              "ranked by the priced step = step x (1 + penalty x staleness), the "
               f"penalty {args.staleness_penalty:g} extra steps per version of mean staleness "
               "unless the row moves staleness_penalty; a plan with a shorter step can lose on it)")
     return 0
@@ -356,6 +375,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="execution modes to try (default: sync and fused colocated; sync, "
                         "one-step-off and async disaggregated; async-eta2 only when named)")
     p.add_argument("--top", type=int, default=5, help="plans to print in full (default %(default)s)")
+    p.add_argument("--length-buckets", type=int, default=64,
+                   help="the simulator rounds the response lengths to this many levels up to "
+                        "the longest drawn (default %(default)s; fewer plan faster and coarser: "
+                        "chapter 14's notebook plans with 32, which can rank two plans within "
+                        "about 1%% of each other the other way)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the response lengths (default %(default)s)")
     p.add_argument("--rates", default=None,

@@ -1104,8 +1104,12 @@ def why(candidate: Candidate, best: Candidate) -> str:
 
 
 def _loses(candidate: Candidate, best: Candidate, slower: float, where: str) -> str:
-    """``why``'s line: how much dearer ``candidate`` is than ``best``, then ``where``."""
+    """``why``'s line: how much dearer ``candidate`` is than ``best``, then ``where``, and that
+    the two tie when it is :data:`FEWER_MARGIN` dearer or less."""
     r = candidate.result
+    if slower <= 1 + FEWER_MARGIN:
+        where += (f"; within {FEWER_MARGIN:.0%} of the best, a tie at the simulator's resolution "
+                  "(its length levels alone move a step about that much)")
     # the two pay different prices for staleness: the cost ratio is not the steps' ratio
     if abs(candidate.cost / candidate.step - best.cost / best.step) > 0.005:
         return (f"{slower:.2f}x the cost ({seconds_text(r.step_seconds, 0)} per step, "
@@ -1203,13 +1207,16 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
 
     Returns:
         one row per (rate, value): ``rate, value, best (its name), step, staleness (its mean,
-        versions), cost (the step priced for staleness), flips`` (the best plan differs from the
-        one at the calibrated rates). When the best plan offloads its optimizer and
+        versions), cost (the step priced for staleness), behind`` (how much dearer the plan made
+        at ``rates`` is at this value than the best: 0 when it stays the best, ``inf`` when it
+        no longer fits) ``and flips`` (``behind`` above :data:`FEWER_MARGIN`: another plan wins
+        by more than the simulator's resolution; a closer winner is a tie). When the best plan offloads its optimizer and
         ``variations`` is the default, ``host_adam_params_per_second`` is moved too, and with
         speculative decoding ``draft_acceptance`` (:data:`DRAFT_ACCEPTANCE_RANGE`).
 
     Raises:
-        ValueError: for an unknown rate or a value :class:`~rlm_course.cost.phases.Rates` refuses.
+        ValueError: for an unknown rate or a value :class:`~rlm_course.cost.phases.Rates` refuses,
+            or a ``base`` that is not a Plan of the same model, device and GPU count.
     """
     from dataclasses import fields, replace
 
@@ -1231,6 +1238,17 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
     if base is None:
         base = plan(spec, config, workload, device, gpus, rates=rates,
                     staleness_penalty=staleness_penalty, **options)
+    elif not isinstance(base, Plan):
+        raise ValueError(f"sensitivity: base={base!r} must be the Plan that plan(...) returned "
+                         "for the same request, or None.")
+    else:
+        made = base.best.scenario
+        if (made.spec.name, made.cluster.device.name, made.cluster.gpus) != (
+                spec.name, device.name, gpus):
+            raise ValueError(
+                f"sensitivity: base is a plan of {made.spec.name} on {made.cluster.gpus} x "
+                f"{made.cluster.device.name}, not of this request ({spec.name} on {gpus} x "
+                f"{device.name}); pass the Plan made for it, or none.")
     base = base.best
     default = variations is SENSITIVITY
     if default and base.result and base.scenario.trainer_layout.offload:
@@ -1246,15 +1264,21 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
     todo = [(name, value) for name, values in variations.items() for value in values]
     for name, value in tqdm(todo, desc="sensitivity: planning again", disable=not progress,
                             unit="plan"):
-        if name == "staleness_penalty":
-            result = plan(spec, config, workload, device, gpus, rates=rates,
-                          staleness_penalty=value, **options)
-        else:
-            result = plan(spec, config, workload, device, gpus,
-                          rates=replace(rates, **{name: value}),
-                          staleness_penalty=staleness_penalty, **options)
+        moved = rates if name == "staleness_penalty" else replace(rates, **{name: value})
+        penalty = value if name == "staleness_penalty" else staleness_penalty
+        result = plan(spec, config, workload, device, gpus, rates=moved,
+                      staleness_penalty=penalty, **options)
         best = result.best
+        # the plan above, priced at the moved rate: a new best within FEWER_MARGIN of it is a
+        # tie at the simulator's resolution, not a flip (layouts behind one rollout pool tie);
+        # simulated here when the search pruned it
+        mine = next((c for c in result.candidates if c.name == base.name), None)
+        if mine is None:
+            s = replace(base.scenario, rates=moved)
+            mine = Candidate(base.name, s, simulate(
+                s, length_buckets=options.get("length_buckets", 64)), staleness_penalty=penalty)
+        behind = max(0.0, mine.cost / best.cost - 1) if mine.result is not None else math.inf
         rows.append({"rate": name, "value": value, "best": best.name, "step": best.step,
                      "staleness": best.result.staleness if best.result else math.nan,
-                     "cost": best.cost, "flips": best.name != base.name})
+                     "cost": best.cost, "behind": behind, "flips": behind > FEWER_MARGIN})
     return rows

@@ -10,8 +10,8 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost.layouts import DoesNotFit, Layout
-from rlm_course.cluster.planner import (OFFLOADED, fits_memory, format_plan, plan, sensitivity,
-                                      trainer_layouts)
+from rlm_course.cluster.planner import (FEWER_MARGIN, OFFLOADED, fits_memory, format_plan, plan,
+                                      sensitivity, trainer_layouts)
 from rlm_course.cluster.planner_widget import PlannerWidget
 from rlm_course.cluster.simulator import algorithm
 
@@ -145,7 +145,10 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--prompts", "32",
                  "--group-size", "8", "--mean-response", "500", "--placement", "colocated",
                  "--top", "1"]) == 0
-    assert "(mean 500, sigma 0.8, at most 7,680)" in capsys.readouterr().out
+    # the header gives the mean of the lengths drawn beside the one asked for, and how many the
+    # budget cut: none here, so a small batch's mean is off by chance, not by the cap
+    assert "(mean 500, 518 in the 256 drawn, none capped, sigma 0.8, at most 7,680)" in \
+        capsys.readouterr().out
     # a budget hint fits the window, and a mean the window cannot hold says so
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--max-response", "100"]) == 2
     assert "raise it (e.g. --max-response 7680)" in capsys.readouterr().err
@@ -164,11 +167,13 @@ def test_cli_plan_prints_plans_and_rejects_bad_input(capsys):
         capsys.readouterr().err)
     assert main(["plan", "--model", "llama-3.1-8b", "--gpus", "8", "--mean-response", "16384",
                  "--placement", "colocated", "--top", "1"]) == 0
-    # the budget cuts the tail, and the header says by how much (the drawn lengths' mean)
-    capped = Workload.long_tailed(512, 16, 512, 16384, 0.8, 16384, 0).mean_response_len
-    assert 0.6 * 16384 < capped < 0.75 * 16384
-    assert (f"(mean 16,384 before the cap, {capped:,.0f} after, sigma 0.8, at most 16,384)"
-            in capsys.readouterr().out)
+    # the budget cuts the tail, and the header says by how much (the drawn lengths' mean) and
+    # how many it cut
+    drawn = Workload.long_tailed(512, 16, 512, 16384, 0.8, 16384, 0)
+    capped, cut = drawn.mean_response_len, sum(n == 16384 for n in drawn.lengths)
+    assert 0.6 * 16384 < capped < 0.75 * 16384 and 0 < cut < 8192
+    assert (f"(mean 16,384 before the cap, {capped:,.0f} after ({cut:,} of 8,192 capped), "
+            "sigma 0.8, at most 16,384)" in capsys.readouterr().out)
     # a mean and a budget both past the window: one message names both, and following it plans
     assert main(["plan", "--model", "llama-3-8b", "--gpus", "8", "--mean-response", "10000",
                  "--max-response", "20000"]) == 2
@@ -352,10 +357,20 @@ def test_staleness_is_priced_in_the_ranking_and_the_sensitivity_table_says_what_
         ("decode_step_latency", 0.0), ("decode_step_latency", 0.05),
         ("staleness_penalty", 0.0), ("staleness_penalty", 5.0)]
     assert rows[3]["best"] == dear.best.name and rows[2]["best"] == free.best.name
+    base = plan(spec, grpo, WORKLOAD, H100, 16).best
     for r in rows:
         assert r["step"] > 0 and r["cost"] >= r["step"] and isinstance(r["flips"], bool)
+        # a flip is a new best that beats the plan above by more than the simulator's resolution
+        # (FEWER_MARGIN); the plan above still best is 0 behind, a closer winner a tie
+        assert r["flips"] == (r["behind"] > FEWER_MARGIN) and r["behind"] >= 0
+        if r["best"] == base.name:
+            assert r["behind"] == 0 and not r["flips"]
     with pytest.raises(ValueError, match="not a rate"):
         sensitivity(spec, grpo, WORKLOAD, H100, 16, variations={"luck": (1,)})
+    # a base planned for another request would make every row a flip: refused by name
+    with pytest.raises(ValueError, match=r"base is a plan of qwen2.5-7b on 16 x H100-SXM-80GB, "
+                                         r"not of this request \(qwen2.5-7b on 8 x"):
+        sensitivity(spec, grpo, WORKLOAD, H100, 8, base=free, variations={"train_hfu": (0.3,)})
 
 
 R1 = Workload.long_tailed(512, 16, 512, 4000, 0.8, 16384, seed=0)  # chapter 14's R1-style run
