@@ -438,6 +438,9 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
         packed, unpacked = sent, shard
         software = tensors * tensor_seconds  # point to point per shard: no tree
     copies = 2 * (packed + unpacked) / bandwidth
-    ideal = max(total / trainer_devices, shard) / wire.beta
+    # the bound is a device's bytes over its own link, whatever the transport: a broadcast's
+    # wire aggregates a node's cards, which no one device's shard can use alone
+    own = link or fabric.link(ranks)
+    ideal = max(total / trainer_devices, shard) / own.beta
     return SyncCost(placement, transport, total, sent, messages, tensors, gather, transfer, copies,
                     software, fixed_seconds, ideal)

@@ -188,6 +188,15 @@ def test_weight_sync_terms_and_the_ideal_bound():
     assert two.network_bytes == pytest.approx(copy / 2)  # 2 stripes, 2 of the 8 copies send
     for cost in (fast, slow, sharded):
         assert 0 < cost.ideal <= cost.seconds
+    # the lower bound is the busiest device's bytes over its own link, the same whatever the
+    # transport: a 70B model to 8 tp-8 engines, each device's 17.6 GB shard at one card's 50 GB/s
+    # (a broadcast's wire, a node's 8 cards together, is no device's own link)
+    spec70 = get_spec("llama-3-70b")
+    ideals = {t: sync_cost(spec70, H100, generation_tp=8, replicas=8,
+                           trainer=Layout(dp=4, tp=8, pp=2, zero=1), transport=t).ideal
+              for t in ("broadcast", "sharded")}
+    bound = 2 * spec70.params() / 8 / comm.Fabric.of(H100).link(128).beta
+    assert ideals["broadcast"] == pytest.approx(bound) and ideals["sharded"] == pytest.approx(bound)
     with pytest.raises(ValueError, match="transport"):
         sync_cost(moe, H100, transport="carrier pigeon")
 
