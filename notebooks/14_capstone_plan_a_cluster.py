@@ -610,10 +610,11 @@ assert fit == {16: True, 24: True, 28: False, 32: True, 34: False}
 # Model the workload, plan with the calibrated rates, then read the best plan: the next cell
 # prints it, about 150 s per step (about 170 s priced for its staleness) and so about 10,700
 # steps' worth of progress in three weeks (the cell checks these numbers). They leave out one
-# thing: the planner does not model DAPO's dynamic sampling, which generates more groups than it
-# keeps (about three prompts for every one kept when most groups are all right or all wrong), so
-# the rollout pool does up to three times the work priced here; planning the generated prompts
-# (`Workload.long_tailed(3 * 512, ...)`) bounds the step from above. What to change first if
+# thing: DAPO's dynamic sampling generates more groups than it keeps (about three prompts for
+# every one kept when most groups are all right or all wrong), so the rollout pool does up to
+# three times the work priced here; `plan(..., oversample=3)` (`plan --oversample 3` in a shell)
+# generates three prompts for each one trained and drops the extra groups, which bounds the step
+# from above. What to change first if
 # generation is twice as slow as planned: not the trainer, whose layout barely
 # matters; give the rollout a larger share of the devices or raise the staleness bound so that
 # the rollout runs further ahead (both are the planner's knobs: plan again with the measured

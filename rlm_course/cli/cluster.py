@@ -161,18 +161,24 @@ def _plan(args) -> int:
     # the group size too, so that the algorithm's own checks apply (a group baseline needs 2+)
     config = algorithm(args.algorithm, minibatches=args.minibatches,
                        group_size=args.group_size)
+    if config.dynamic_sampling and args.oversample is None:
+        print(f"note: {args.algorithm}'s dynamic sampling generates more groups than it keeps "
+              "(those whose answers are all right or all wrong are dropped; verl's recipes "
+              "generate 3x the batch): planned at --oversample 1, every group kept; give "
+              "--oversample 3 to price the extra generation.", file=sys.stderr)
     placements = ("colocated", "disaggregated") if args.placement == "any" else (args.placement,)
-    buckets = {"length_buckets": args.length_buckets}
+    search = {"length_buckets": args.length_buckets,
+               "oversample": 1.0 if args.oversample is None else args.oversample}
     result = plan(spec, config, workload, device, args.gpus, rates=rates, placements=placements,
-                  modes=args.modes, staleness_penalty=args.staleness_penalty, **buckets)
+                  modes=args.modes, staleness_penalty=args.staleness_penalty, **search)
     # a count with few divisors (17) can plan worse than the round count under it (16)
     fewer = fewer_devices(spec, config, workload, device, args.gpus, result, rates=rates,
                           placements=placements, modes=args.modes,
-                          staleness_penalty=args.staleness_penalty, **buckets)
+                          staleness_penalty=args.staleness_penalty, **search)
     # a batch too small for the cluster: half the devices plan nearly the same step
     half = (half_the_devices(spec, config, workload, device, args.gpus, result, rates=rates,
                              placements=placements, modes=args.modes,
-                             staleness_penalty=args.staleness_penalty, **buckets)
+                             staleness_penalty=args.staleness_penalty, **search)
             if fewer is None else None)
     # the lengths simulated: their mean, and how many the budget cut (a small batch's mean is
     # also off the drawn one by chance, which the cap did not cause)
@@ -201,7 +207,9 @@ def _plan(args) -> int:
              if drafted else "")
           + ("each group's samples on one replica" if rates.routing == "group" else
              "each sample to the next replica") + f" (--routing {rates.routing}); "
-          f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
+          + (f"{search['oversample']:g}x the prompts generated, the extra groups dropped "
+             "(--oversample); " if search["oversample"] > 1 else "")
+          + f"staleness priced at {args.staleness_penalty:g} extra steps per version; "
           f"{len(result.ranked)} plan{'s' if len(result.ranked) != 1 else ''} simulated, "
           f"{len(result.refused)} refused")
     print(format_plan(result, args.top))
@@ -233,7 +241,7 @@ def _plan(args) -> int:
 
         rows = sensitivity(spec, config, workload, device, args.gpus, rates=rates, base=result,
                            staleness_penalty=args.staleness_penalty, placements=placements,
-                           modes=args.modes, **buckets,
+                           modes=args.modes, **search,
                            progress=sys.stderr.isatty())  # a bar on a terminal, not in a log
         # each rate in its unit, and the value the plan above was made with
         units = {"decode_step_latency": (1e3, " ms"), "sync_fixed_seconds": (1.0, " s"),
@@ -375,6 +383,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="execution modes to try (default: sync and fused colocated; sync, "
                         "one-step-off and async disaggregated; async-eta2 only when named)")
     p.add_argument("--top", type=int, default=5, help="plans to print in full (default %(default)s)")
+    p.add_argument("--oversample", type=float, default=None,
+                   help="prompts generated per prompt trained, 1 to 64 (DAPO's dynamic sampling "
+                        "generates more groups than it keeps: verl's recipes 3; default 1)")
     p.add_argument("--length-buckets", type=int, default=64,
                    help="the simulator rounds the response lengths to this many levels up to "
                         "the longest drawn (default %(default)s; fewer plan faster and coarser: "

@@ -59,7 +59,8 @@ from rlm_course.algorithms import RLConfig
 from rlm_course.cost.layouts import DoesNotFit, Layout, check_training, kv_slots, training_memory
 from rlm_course.cost.phases import HOST_ADAM_MEASURED, Cluster, DecodeCost, Rates, TrainerCost
 from rlm_course.utils import check_kinds, is_real, seconds_text
-from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MODES, OFFLOADED, Scenario, SimResult,
+from rlm_course.cluster.simulator import (MAX_MINIBATCHES, MAX_OVERSAMPLE, MODES, OFFLOADED,
+                                          Scenario, SimResult,
                                           memory_plan, pool_label, sequences_per_step, simulate)
 
 GB = 1e9
@@ -756,11 +757,13 @@ def _check_types(spec, config, workload, device, rates) -> None:
 def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device, gpus: int,
          rates: Rates | None = None, placements=("colocated", "disaggregated"),
          modes=None, length_buckets: int = 64, keep: int = 2,
-         staleness_penalty: float = STALENESS_PENALTY) -> Plan:
+         staleness_penalty: float = STALENESS_PENALTY, oversample: float = 1.0) -> Plan:
     """Search placements x layouts x execution modes for ``gpus`` devices (see the module
     docstring), with ``rates`` (default: the rates calibrated on published runs for ``device``,
     :func:`rlm_course.cluster.calibration.calibrated_rates`), ranking by the step priced for
-    staleness (:attr:`Candidate.cost`, ``staleness_penalty`` per version).
+    staleness (:attr:`Candidate.cost`, ``staleness_penalty`` per version). ``oversample``:
+    prompts generated per prompt trained (:attr:`~rlm_course.cluster.simulator.Scenario.oversample`:
+    DAPO's dynamic sampling generates more groups than it keeps, verl's recipes 3x).
 
     Raises:
         NoLayoutFits: (a :class:`~rlm_course.cost.layouts.DoesNotFit`) if no candidate fits
@@ -770,7 +773,8 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         ValueError: for an argument of the wrong kind (e.g. a model's name for ``spec``: pass
             ``get_spec(name)``), a prompt and response budget longer than the model's context
             window (:meth:`~rlm_course.cost.architectures.TransformerSpec.check_context`), an
-            unknown placement or mode, ``gpus < 1``, more devices than the
+            unknown placement or mode, ``gpus < 1``, an ``oversample`` outside 1 to
+            :data:`~rlm_course.cluster.simulator.MAX_OVERSAMPLE`, more devices than the
             device's links can join (:func:`linked_gpus`), modes that none of the placements
             runs (fused needs colocated, streaming modes disaggregated), or a
             disaggregated-only search on one device, or a negative staleness penalty.
@@ -792,6 +796,10 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
                          "prices staleness at nothing, 1,000 rules out any).")
     if isinstance(gpus, bool) or not (isinstance(gpus, int) and gpus >= 1):
         raise ValueError(f"gpus={gpus!r} must be a positive integer.")
+    if not (is_real(oversample) and 1 <= oversample <= MAX_OVERSAMPLE):
+        raise ValueError(f"oversample={oversample!r} must be a number from 1 to "
+                         f"{MAX_OVERSAMPLE} (prompts generated per prompt trained: 3 for DAPO's "
+                         "usual 3x generation batch).")
     check_settings({"gpus": gpus, "prompts": workload.prompts, "group_size": workload.group_size})
     if gpus > linked_gpus(device, rates):
         raise ValueError(f"gpus={gpus}: {device.name} has no link between devices "
@@ -853,7 +861,7 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             s = Scenario(spec, config, workload, cluster,
                          placement="colocated" if rollout is None else "disaggregated",
                          rollout_gpus=rollout, generation_tp=tp, trainer=lay, mode=MODES[name],
-                         rates=rates, offload_trainer=offload)
+                         rates=rates, offload_trainer=offload, oversample=oversample)
             memory_plan(s)
         except DoesNotFit as err:
             if rollout is None and not offload:  # a hybrid engine can offload the trainer
@@ -916,7 +924,8 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         probe = "async" if "async" in names else names[-1]
         # rank the splits by the longer of the two pools' estimates (an overlapped step), then
         # simulate the two best in the probe mode, then every layout and mode at the better one
-        estimate = {r: max(layouts_for(r)[0][2], layouts_for(r)[1][2]) for r in splits}
+        estimate = {r: max(layouts_for(r)[0][2], oversample * layouts_for(r)[1][2])
+                    for r in splits}
         shortlist = sorted(splits, key=lambda r: estimate[r])[:2]
         tried = {r: min((c.step for c in search(r, [probe], first_only=True)), default=math.inf)
                  for r in shortlist}

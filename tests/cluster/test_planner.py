@@ -797,3 +797,36 @@ def test_with_speculative_decoding_the_sensitivity_table_moves_the_draft_accepta
     assert not any(r["rate"] == "draft_acceptance" for r in sensitivity(
         spec, grpo, workload, H100, 8, rates=Rates(decode_step_latency=0.01), base=plain,
         length_buckets=32, placements=("colocated",)))
+
+
+def test_dynamic_sampling_is_planned_with_the_prompts_it_generates(capsys):
+    """DAPO's dynamic sampling generates more groups than it trains on: plan(oversample=3)
+    generates three prompts for each one trained and drops the extra groups, so the same plan
+    generates longer and trains the same; the CLI says when a preset samples dynamically and
+    was planned without it, and refuses an oversample below 1."""
+    from rlm_course.cli import main
+
+    spec, dapo = get_spec("qwen2.5-7b"), algorithm("dapo", minibatches=4)
+    one, three = (plan(spec, dapo, WORKLOAD, H100, 8, placements=("colocated",), modes=["sync"],
+                       oversample=k) for k in (1, 3))
+    same = next(c for c in three.ranked if c.name == one.best.name)
+    assert same.scenario.oversample == 3 and one.best.scenario.oversample == 1
+    # three times the groups decode side by side: longer steps (more KV cache read each), the
+    # same longest response, so much less than three times the seconds (58.3 -> 63.6 s)
+    assert (one.best.result.stages["generation"] * 1.05 < same.result.stages["generation"]
+            < one.best.result.stages["generation"] * 1.5)
+    assert same.result.stages["policy update"] == pytest.approx(
+        one.best.result.stages["policy update"], rel=0.02)
+    with pytest.raises(ValueError, match=r"oversample=0.5 must be a number from 1 to 64"):
+        plan(spec, dapo, WORKLOAD, H100, 8, oversample=0.5)
+    args = ["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--prompts", "64", "--group-size",
+            "8", "--mean-response", "1000", "--max-response", "4096", "--placement", "colocated",
+            "--modes", "sync", "--top", "1", "--algorithm", "dapo"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert "dapo's dynamic sampling generates more groups than it keeps" in out.err
+    assert "give --oversample 3 to price the extra generation" in out.err
+    assert main(args + ["--oversample", "3"]) == 0
+    out = capsys.readouterr()
+    assert "dynamic sampling" not in out.err
+    assert "3x the prompts generated, the extra groups dropped (--oversample)" in out.out
