@@ -573,7 +573,11 @@ def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Wor
             if between not in misses and check(between):
                 found = between
                 break
-    below = max(c for c in misses if found is None or c < found)
+    # the nearest miss named: the largest count one would provision under the one that fits
+    # (the doubling search also tries counts nobody provisions: 7 -> 14)
+    under = [c for c in misses if found is None or c < found]
+    counts = set(_counts_to_try(device, gpus, max(under))) | {gpus}
+    below = max((c for c in under if c in counts), default=max(under))
     reason = misses[below]
     # a few counts just below the one asked: the largest that fits, if any
     below_counts = _counts_to_try(device, 0, gpus - 1)[::-1]

@@ -393,6 +393,10 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     assert search.miss_gb == pytest.approx(10.5) and "dp120 fsdp" in search.reason
     assert search.describe() == ("the smallest count that fits is 128 (on 120 the nearest "
                                  "layout misses by 10.5 GB)")
+    # the nearest miss named is a count one provisions: from 7, the doubling tries 14, which
+    # nobody provisions; the whole node under the 16 that fits is named
+    seven = smallest_fitting_gpus(get_spec("llama-3.1-70b"), grpo, R1, H100, 7, rates)
+    assert 14 in seven.checked and (seven.fits, seven.below) == (16, 8)
     with pytest.raises(NoLayoutFits) as caught:
         plan(spec, grpo, R1, H100, 16, rates=rates, length_buckets=16)
     message = str(caught.value)
