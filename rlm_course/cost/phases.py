@@ -590,8 +590,8 @@ class DecodeCost:
         TP's two all-reduces of ``tokens x d_model`` per layer, on the critical path as in a
         decode step (:func:`~rlm_course.cost.comm.decode_tp_comm`); ``count`` adds the FLOPs to
         :attr:`flops` (not for a context prefilled again: model FLOPs count each token once)."""
-        if not contexts:
-            return 0.0
+        if not any(c and n for c, n in contexts.items()):  # no sequence, or none of any length:
+            return 0.0  # nothing is read (a prefill of zero sequences was priced a weight read)
         flops = self._prefill_flops(contexts)
         tokens = sum(c * n for c, n in contexts.items())
         if count:

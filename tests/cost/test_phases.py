@@ -201,6 +201,10 @@ def test_a_prefill_reads_the_experts_its_tokens_touch_and_pays_tp_all_reduces():
                (weight_bytes(moe, w, 512) + cost.kv * 512) / cost.byte_rate)
     assert cost.prefill_seconds({512: 1}) == pytest.approx(want)
     assert cost.prefill_seconds({512: 1}) >= cost.prefill_seconds({8: 64}) * 0.99
+    # no sequence to prefill reads nothing (it was priced one read of the weights)
+    assert cost.prefill_seconds({512: 0}) == cost.prefill_seconds({}) == 0.0
+    with pytest.raises(ValueError, match="sequences=-1"):
+        cost.prefill_seconds({512: -1})
     # TP 8: two all-reduces of tokens x d_model a layer, as a decode step of that many tokens
     big, fabric = get_spec("llama-3.1-70b"), comm.Fabric.of(H100)
     tp8 = DecodeCost(big, H100, 8, rates, fabric)
