@@ -327,8 +327,7 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
             that are not finite numbers >= 0, an argument of the wrong kind (a name where a spec,
             device, Layout, Fabric or Link belongs), a trainer layout the model refuses
             (:meth:`Layout.check`), a colocated trainer whose devices are not the engines'
-            ``replicas x generation_tp``, or a colocated generation shard larger than a device's
-            memory.
+            ``replicas x generation_tp``, or a generation shard larger than a device's memory.
     """
     check_kinds([("spec", spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
                  ("device", device, Device, "get_device('H100-SXM-80GB')")], "sync_cost: ")
@@ -380,11 +379,12 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
     def tree(ranks: int) -> int:
         return max(1, math.ceil(math.log2(max(ranks, 2))))
 
+    if shard > device.memory_bytes:  # a rollout device receives its whole generation shard
+        raise ValueError(f"a {'colocated ' if placement == 'colocated' else ''}generation shard "
+                         f"of {spec.name} at tp={generation_tp} is {shard / 1e9:,.1f} GB, more "
+                         f"than a {device.name} holds ({device.memory_bytes / 1e9:,.0f} GB); "
+                         "raise the generation tp.")
     if placement == "colocated":
-        if shard > device.memory_bytes:
-            raise ValueError(f"a colocated generation shard of {spec.name} at tp={generation_tp} "
-                             f"is {shard / 1e9:,.1f} GB, more than a {device.name} holds "
-                             f"({device.memory_bytes / 1e9:,.0f} GB); raise the generation tp.")
         if trainer is None:  # one training shard: the generation group gathers its shards
             group = generation_tp
             received = shard * (group - 1) / group
