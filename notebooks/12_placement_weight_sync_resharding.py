@@ -275,7 +275,9 @@ assert all(r["delta_bytes"] < 0.25 * r["dense_bytes"] for r in delta_rows[1e-6])
 #
 # The software rates are measured on published runs (chapter 14 calibrates them once,
 # `data/published/rates.json`); with them at 0 the model is the wire and the copies, close to
-# the **ideal** no system beats (the busiest device's bytes over its own link).
+# the **ideal** no system beats: the bytes over the links alone, the busiest device's over its
+# own link and, across nodes, each rollout node's over all its network cards together (a node
+# takes in a replica once; NVLink copies it on to its other devices).
 
 # %%
 from rlm_course.cluster.calibration import calibrated_rates

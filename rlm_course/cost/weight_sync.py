@@ -45,7 +45,9 @@ adds five terms, each with its source:
 
 ``tensor_seconds`` and ``fixed_seconds`` are rates measured on published runs (chapter 14's
 calibration); with both at 0 the model is the wire plus the copies. :attr:`SyncCost.ideal` is the
-lower bound no system beats: the busiest device's bytes over its own link, nothing else.
+lower bound no system beats, the bytes over the links alone: the busiest device's over its own
+link, and across nodes each rollout node's over all its cards together (a node takes in a
+replica once; NVLink copies it on).
 
 The bucketed broadcast of one sender (``broadcast_seconds``) is the alpha-beta formula chapter 12
 fits and measures on real processes (Hockney's model; a binomial tree doubles the holders each
@@ -201,6 +203,25 @@ def _kept(train: int, gen: int) -> float:
     return 0.0
 
 
+def _ideal(fabric: Fabric, link: Link | None, ranks: int, total: float, shard: float,
+           trainer_devices: int, rollout_devices: int) -> float:
+    """The least seconds any disaggregated sync of ``total`` bytes takes, whatever its transport:
+    the model leaves the trainer's devices once (``total / trainer_devices`` each over its own
+    link); each rollout device ends up with its ``shard``; across nodes, a rollout node takes in
+    what its devices hold between them (the whole model once a node holds a replica: its own
+    NVLink copies it on) through all its cards together, and each device's shard arrives over
+    NVLink at least. Over one given ``link`` (or inside one node): the larger of a trainer
+    device's and a rollout device's bytes over it."""
+    wire = link or fabric.link(ranks)
+    if link is not None or wire is not fabric.inter or fabric.intra is None:
+        return max(total / trainer_devices, shard) / wire.beta
+    per_node = min(fabric.devices_per_node, rollout_devices)
+    node_bytes = min(total, per_node * shard)
+    ingress = min(per_node * wire.beta, fabric.intra.beta)  # a node's cards together
+    return max(total / trainer_devices / wire.beta, node_bytes / ingress,
+               shard / fabric.intra.beta)
+
+
 def reshard_received_bytes(spec: TransformerSpec, tp: int, pp: int, ep: int,
                            generation_tp: int, weight_bytes: int = 2,
                            fsdp: int = 1) -> tuple[float, int]:
@@ -267,7 +288,9 @@ class SyncCost:
         messages: buckets per sync (a sharded transfer's: the busiest device's).
         tensors: tensors in the state dict.
         gather, transfer, copies, software, fixed: the five terms.
-        ideal: the lower bound: the busiest device's bytes over its own link.
+        ideal: the lower bound no transport beats (:func:`_ideal`): colocated, the busiest
+            device's bytes over its link; disaggregated, the trainer's devices sending the model
+            once and each rollout node taking in its devices' shards through its cards.
     """
 
     placement: str
@@ -438,9 +461,6 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
         packed, unpacked = sent, shard
         software = tensors * tensor_seconds  # point to point per shard: no tree
     copies = 2 * (packed + unpacked) / bandwidth
-    # the bound is a device's bytes over its own link, whatever the transport: a broadcast's
-    # wire aggregates a node's cards, which no one device's shard can use alone
-    own = link or fabric.link(ranks)
-    ideal = max(total / trainer_devices, shard) / own.beta
+    ideal = _ideal(fabric, link, ranks, total, shard, trainer_devices, rollout_devices)
     return SyncCost(placement, transport, total, sent, messages, tensors, gather, transfer, copies,
                     software, fixed_seconds, ideal)

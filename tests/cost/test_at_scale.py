@@ -201,6 +201,13 @@ def test_weight_sync_terms_and_the_ideal_bound():
               for t in ("broadcast", "sharded")}
     bound = 2 * spec70.params() / 8 / comm.Fabric.of(H100).link(128).beta
     assert ideals["broadcast"] == pytest.approx(bound) and ideals["sharded"] == pytest.approx(bound)
+    # each of 8 tp-1 engines needs the whole 16 GB of Llama-3.1-8B, but their node takes it in
+    # once through its 8 cards (400 GB/s) and NVLink copies it on: 0.04 s, which the modelled
+    # broadcast (0.06 s) does not beat (one card's 0.32 s was no lower bound)
+    spec8 = get_spec("llama-3.1-8b")
+    eight = sync_cost(spec8, H100, generation_tp=1, replicas=8, trainer=Layout(dp=8))
+    assert eight.ideal == pytest.approx(2 * spec8.params() / (8 * 50e9))
+    assert eight.ideal <= eight.transfer + eight.copies <= eight.seconds
     with pytest.raises(ValueError, match="transport"):
         sync_cost(moe, H100, transport="carrier pigeon")
 
