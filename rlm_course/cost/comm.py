@@ -158,6 +158,31 @@ class Fabric:
                              "/ inter_link) or use a catalog accelerator.")
         return link
 
+    def ring_link(self, size: int, stride: int = 1) -> Link:
+        """The link a ring collective (all-reduce, all-gather, reduce-scatter, broadcast) of
+        ``size`` ranks, ``stride`` apart, runs at: inside a node, :meth:`link`'s; across nodes,
+        the network cards of the group's ranks on a node together. NCCL runs one ring per card
+        (a channel), each entering a node by one rank's card and leaving by another's after
+        crossing the node over NVLink, so a card carries ``1 / c`` of what crosses and the ring
+        moves at ``c x beta_inter`` up to the intra-node link's, ``c`` the fewest of the group's
+        ranks on any of its nodes (NCCL's maintainers, NVIDIA/nccl#412: "NCCL is able to
+        aggregate the bandwidth of multiple NICs, but that requires GPUs to be connected with
+        NVLink"; 2 nodes of 8 x 400 Gb/s reach about 470 GB/s of all-reduce bus bandwidth,
+        NVIDIA/nccl#2409). One rank a node (a data-parallel group strided by TP 8) has one card:
+        ``beta_inter``. An all-to-all or a point-to-point hop sends each rank's own bytes through
+        its own card: :meth:`link`.
+
+        Raises:
+            ValueError: as :meth:`link`.
+        """
+        wire = self.link(size, stride)
+        if wire is not self.inter or self.intra is None:
+            return wire
+        per_node = max(1, self.devices_per_node // stride)  # the group's ranks on a full node
+        last = size - (math.ceil(size / per_node) - 1) * per_node  # on its last node
+        cards = min(per_node, last)
+        return wire if cards == 1 else Link(wire.alpha, min(cards * wire.beta, self.intra.beta))
+
 
 # ---------------------------------------------------------------------- collectives
 def _check(nbytes: float, p: int) -> None:
@@ -543,8 +568,9 @@ def min_tokens_per_device(peak_flops: float, beta: float, dp: int, zero_stage: i
         B* = k (dp - 1) / dp x grad_bytes x mfu x peak_flops / (6 beta)
 
     The model size ``N`` cancels. Below ``B*`` the step is communication-bound; above it,
-    compute-bound. E.g. H100s across nodes (989 TFLOP/s, 50 GB/s), plain DP, many devices:
-    about 13,200 tokens per device.
+    compute-bound. E.g. H100s (989 TFLOP/s), plain DP, many devices: about 1,650 tokens per
+    device for a group filling nodes (its rings on a node's 8 cards, 400 GB/s:
+    :meth:`Fabric.ring_link`), about 13,200 for one rank a node (one card, 50 GB/s).
 
     Raises:
         ValueError: for non-positive rates, ``dp < 1`` or an unknown ZeRO stage.

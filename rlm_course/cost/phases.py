@@ -856,7 +856,7 @@ class TrainerCost:
         cost = comm.NONE
         for params, n, stride in groups:
             if n > 1:
-                cost = cost + comm.data_parallel_comm(params, n, self.fabric.link(n, stride),
+                cost = cost + comm.data_parallel_comm(params, n, self.fabric.ring_link(n, stride),
                                                       lay.zero, grad_bytes=lay.grad_bytes,
                                                       micro_batches=micro)
         if lay.zero == 3:

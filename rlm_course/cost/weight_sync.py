@@ -93,25 +93,16 @@ def tensor_count(spec: TransformerSpec) -> int:
 
 def broadcast_link(fabric: Fabric, ranks: int) -> Link:
     """The link a broadcast over a group of ``ranks`` ranks, filling nodes in rank order, runs
-    at: inside one node the intra-node link; across nodes NCCL runs several rings at once, each
-    entering a node by the network card of one of the group's GPUs there and leaving by another's
-    after crossing the node over NVLink, so the broadcast takes the bandwidth of ``c`` cards
-    together, ``c x beta_inter`` up to the intra-node link's, ``c`` the fewest of the group's GPUs
-    on any of its nodes (NCCL's maintainers, NVIDIA/nccl#412: "NCCL is able to aggregate the
-    bandwidth of multiple NICs, but that requires GPUs to be connected with NVLink"). verl's and
-    NeMo-RL's update groups hold all the trainer's ranks and all the rollout's, whole nodes: 8
-    cards on H100 nodes; a group of 9 (8 + 1) crosses by the last node's one card.
+    at: a ring collective's (:meth:`~rlm_course.cost.comm.Fabric.ring_link`), across nodes the
+    cards of the fewest of the group's GPUs on any node together. verl's and NeMo-RL's update
+    groups hold all the trainer's ranks and all the rollout's, whole nodes: 8 cards on H100
+    nodes; a group of 9 (8 + 1) crosses by the last node's one card.
 
     Raises:
         ValueError: for fewer than one rank, or if the fabric has no link for such a group.
     """
     _positive_int("broadcast_link", "ranks", ranks)
-    wire = fabric.link(ranks)
-    if wire is not fabric.inter or fabric.intra is None:
-        return wire
-    per_node = fabric.devices_per_node
-    cards = min(per_node, ranks - (math.ceil(ranks / per_node) - 1) * per_node)
-    return Link(wire.alpha, min(cards * wire.beta, fabric.intra.beta))
+    return fabric.ring_link(ranks)
 
 
 def broadcast_seconds(total_bytes: float, messages: int, link: Link, receivers: int = 1,
@@ -417,7 +408,7 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
                                                      weight_bytes, dp if zero3 else 1)
             near = None
             if received:
-                near = (fabric.link(dp, tp * trainer.cp) if zero3 and tp * pp == 1
+                near = (fabric.ring_link(dp, tp * trainer.cp) if zero3 and tp * pp == 1
                         else fabric.link(max(tp * pp * (dp if zero3 else 1), group,
                                              generation_tp)))
         gather = (group - 1) * near.alpha + received / near.beta if received else 0.0
@@ -435,7 +426,7 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
     split = ep if ep > 1 else tp
     if transport == "broadcast":
         if zero3:
-            gather = all_gather_seconds(total, dp, fabric.link(dp, tp * trainer.cp))
+            gather = all_gather_seconds(total, dp, fabric.ring_link(dp, tp * trainer.cp))
         else:  # Megatron's TP gathers (the experts' over EP instead), per pipeline stage
             gather = (all_gather_seconds((total - experts) / pp, tp, fabric.link(tp))
                       if tp > 1 else 0.0)

@@ -48,6 +48,25 @@ def test_fabric_uses_nvlink_inside_a_node_and_the_network_across():
         comm.Fabric(None, None, 8).link(2)
 
 
+def test_a_ring_across_nodes_runs_on_all_the_cards_of_its_ranks_on_a_node():
+    """NCCL runs one ring per network card, so a ring collective across nodes moves at the
+    cards of the group's ranks on a node together (up to NVLink's), the fewest on any node: a
+    data-parallel group of 64 H100s, 8 a node, at 8 x 50 GB/s; strided by TP 8, one a node, at
+    one card's; 8 + 1 ranks at the last node's one card. An all-to-all or a hop stays on one."""
+    fabric = comm.Fabric.of(H100)
+    assert fabric.ring_link(64).beta == 400e9 and fabric.ring_link(64).alpha == fabric.inter.alpha
+    assert fabric.ring_link(64, stride=8) is fabric.inter and fabric.ring_link(9) is fabric.inter
+    assert fabric.ring_link(16, stride=4).beta == 100e9  # 2 ranks a node
+    assert fabric.ring_link(8) is fabric.intra and fabric.ring_link(2, stride=4) is fabric.intra
+    assert fabric.link(64) is fabric.inter  # what an all-to-all or a point-to-point hop uses
+    # Llama-3-8B's 16 GB of bf16 gradients all-reduced over 64 H100s: 2 x 63/64 x 16 GB at
+    # 400 GB/s plus 126 hops' latency, 0.08 s (one card's 50 GB/s made it 0.63 s)
+    grads = 2 * get_spec("llama-3-8b").params()
+    step = comm.data_parallel_comm(get_spec("llama-3-8b").params(), 64, fabric.ring_link(64), 0)
+    assert step.seconds == pytest.approx(2 * 63 * (fabric.inter.alpha + grads / 64 / 400e9))
+    assert 0.078 < step.seconds < 0.082
+
+
 def test_zero3_sends_one_and_a_half_times_dp():
     link = Link(1e-5, 50e9)
     dp = comm.data_parallel_comm(7e9, 64, link, 0)
