@@ -27,8 +27,9 @@ def min_tokens_per_device(peak_flops: float, beta: float, dp: int, zero_stage: i
         B* = k (dp - 1) / dp x grad_bytes x mfu x peak_flops / (6 beta)
 
     The model size ``N`` cancels. Below ``B*`` the step is communication-bound; above it,
-    compute-bound. E.g. H100s across nodes (989 TFLOP/s, 50 GB/s), plain DP, many devices:
-    about 13,200 tokens per device.
+    compute-bound. E.g. H100s (989 TFLOP/s), plain DP, many devices: about 1,650 tokens per
+    device for a group filling nodes (its rings on a node's 8 cards, 400 GB/s:
+    :meth:`Fabric.ring_link`), about 13,200 for one rank a node (one card, 50 GB/s).
 
     Raises:
         ValueError: for non-positive rates, ``dp < 1`` or an unknown ZeRO stage.

@@ -194,8 +194,14 @@ plot_rank_timeline([e for e in worlds["ZeRO-3"].events if e.end <= worlds["ZeRO-
 # own 400 Gb/s NIC, 50 GB/s, with NCCL's latencies of 3.4 and 9.6 us per ring step
 # (`rlm_course.cost.comm.Fabric`; 9.6 us is an older NCCL's network figure: current releases'
 # `src/graph/tuning.cc` has 14 us per network ring step plus a base latency of about 8 us per
-# collective, which matters for small messages only). A data-parallel group that fits in a node uses the first;
-# any larger group is paced by the second.
+# collective, which matters for small messages only). A data-parallel group that fits in a node
+# uses the first. A larger group crosses the network, and a ring collective (all-reduce,
+# reduce-scatter, all-gather) then runs on **all its ranks' cards on a node together**: NCCL runs
+# one ring per card, each entering a node by one rank's card and leaving by another's after
+# crossing the node over NVLink, so a full node of H100s moves 8 x 50 = 400 GB/s
+# (`Fabric.ring_link`; NCCL's maintainers expect about 470 GB/s of all-reduce bus bandwidth from
+# two nodes of 8 x 400 Gb/s, NVIDIA/nccl#2409). A group with one rank a node (data parallelism
+# strided by TP 8, chapter 08) has one card: 50 GB/s.
 #
 # **Which RL stage uses data parallelism.** The updates (policy, critic) and the scoring forwards
 # of an RL iteration run in a *training* layout: DP with ZeRO/FSDP, or DP on top of tensor and
@@ -214,23 +220,28 @@ h100 = get_device("H100-SXM-80GB")
 fabric = comm.Fabric.of(h100)
 spec = get_spec("llama-3-8b")
 rows = []
-for dp in (8, 64, 1024):
-    link = fabric.link(dp)
+for dp, stride in ((8, 1), (64, 1), (1024, 1), (64, 8)):
+    link = fabric.ring_link(dp, stride)
+    cards = round(link.beta / fabric.inter.beta)
+    where = "NVLink" if link is fabric.intra else f"network, {cards} card{'s' * (cards > 1)} a node"
     for stage in (0, 3):
         step = comm.data_parallel_comm(spec.params(), dp, link, stage)
-        rows.append([spec.name, dp, "NVLink" if link is fabric.intra else "network",
+        rows.append([spec.name, dp, "1" if stride == 1 else f"{stride} (one rank a node)", where,
                      "DP" if stage == 0 else "ZeRO-3", f"{step.bytes / 1e9:.1f}",
                      f"{step.seconds:.3f}"])
-print(format_table(rows, ["model", "devices", "link", "strategy", "GB sent / device / step",
-                          "seconds / step"]))
-dp64 = comm.data_parallel_comm(spec.params(), 64, fabric.link(64), 0)
-zero3_64 = comm.data_parallel_comm(spec.params(), 64, fabric.link(64), 3)
+print(format_table(rows, ["model", "devices", "stride", "link", "strategy",
+                          "GB sent / device / step", "seconds / step"]))
+dp64 = comm.data_parallel_comm(spec.params(), 64, fabric.ring_link(64), 0)
+zero3_64 = comm.data_parallel_comm(spec.params(), 64, fabric.ring_link(64), 3)
+strided = comm.data_parallel_comm(spec.params(), 64, fabric.ring_link(64, 8), 0)
 assert zero3_64.bytes == 1.5 * dp64.bytes
-assert 0.6 < dp64.seconds < 0.66 and 0.9 < zero3_64.seconds < 1.0  # the numbers the text quotes
+assert 0.078 < dp64.seconds < 0.082 and 0.117 < zero3_64.seconds < 0.123  # the text's numbers
+assert 0.6 < strided.seconds < 0.66
 
 # %% [markdown]
-# Sixteen gigabytes of bf16 gradients take about 0.63 s to all-reduce across nodes (0.95 s with
-# ZeRO-3: the table, 64 devices), on every optimizer step, whatever the batch. The compute of
+# Sixteen gigabytes of bf16 gradients take about 0.08 s to all-reduce over 64 H100s, eight to a
+# node (0.12 s with ZeRO-3: the table), and 0.63 s when each node holds one rank of the group and
+# its one card carries it all, on every optimizer step, whatever the batch. The compute of
 # the step grows with the batch: `6 N` FLOPs per token. **The communication roofline** is where
 # the two meet. With `B` tokens per
 # device, `k (p-1)/p x b N` bytes to move (`k = 2` for DP and ZeRO-1/2, 3 for ZeRO-3; `b = 2`
@@ -238,8 +249,11 @@ assert 0.6 < dp64.seconds < 0.66 and 0.9 < zero3_64.seconds < 1.0  # the numbers
 #
 #     6 N B / peak = k (p-1)/p x b N / beta    =>    B* = k (p-1)/p x b x peak / (6 beta)
 #
-# The model size cancels: `B* ~ 13,200` tokens per device for H100s across nodes, whatever the
-# model (the ratio `peak / beta`, about 19,800 FLOP per byte of network, does all the work).
+# The model size cancels: `B* ~ 1,650` tokens per device for a group filling H100 nodes (`beta`
+# the 400 GB/s of a node's 8 cards), whatever the model: the ratio `peak / beta`, about 2,470 FLOP
+# per byte of network, does all the work. A group with one rank a node has one card, `B* ~
+# 13,200` tokens per rank; with TP 8 inside the node (chapter 08) a rank is eight GPUs, each
+# sending an eighth of the gradients over its own card: 1,650 tokens per GPU again.
 # Below `B*` a step is communication-bound. Above it, the communication *can* hide behind the
 # compute, if the compute it overlaps is long enough: DDP all-reduces gradient *buckets* as soon
 # as their layers' backward is done, so it can hide only behind the backward, `4N` of the `6N`
@@ -250,7 +264,7 @@ assert 0.6 < dp64.seconds < 0.66 and 0.9 < zero3_64.seconds < 1.0  # the numbers
 # %%
 import matplotlib.pyplot as plt
 
-net = fabric.link(64)
+net = fabric.ring_link(64)
 b_star = comm.min_tokens_per_device(h100.peak_flops, net.beta, 64)
 tokens = np.logspace(2.5, 5.5, 40)
 steps = {overlap: [comm.data_parallel_step(spec, h100, 64, b, net, overlap=overlap)
@@ -262,14 +276,15 @@ plt.loglog(tokens, [s["step"] for s in steps[False]], label="step, no overlap")
 plt.loglog(tokens, [s["step"] for s in steps[True]], label="step, buckets overlapped")
 plt.axvline(b_star * spec.params() / spec.matmul_params(), color="grey", lw=0.8)
 plt.xlabel("tokens per device per step"); plt.ylabel("seconds")
-plt.title(f"{spec.name}, DP over 64 H100s across nodes"); plt.legend(fontsize=7);
-print(f"B* = {b_star:,.0f} tokens per device (plain DP, 64 devices, 50 GB/s)")
+plt.title(f"{spec.name}, DP over 64 H100s, 8 a node"); plt.legend(fontsize=7);
+print(f"B* = {b_star:,.0f} tokens per device (plain DP, 64 devices, {net.beta / 1e9:.0f} GB/s)")
 at = comm.data_parallel_step(spec, h100, 64, b_star * spec.params() / spec.matmul_params(), net,
                              overlap=False)
-# the ridge: compute = communication, up to the latency term 2 (p - 1) alpha (1.2 ms here) that
-# the bandwidth formula leaves out
-assert abs(at["compute"] / at["comm"] - 1) < 0.01
-assert round(comm.min_tokens_per_device(h100.peak_flops, net.beta, 10**6)) == 13192
+# the ridge: compute = communication, up to the latency term 2 (p - 1) alpha (1.2 ms here, 1.6%
+# of it) that the bandwidth formula leaves out
+assert abs(at["compute"] / at["comm"] - 1) < 0.02
+assert round(comm.min_tokens_per_device(h100.peak_flops, net.beta, 10**6)) == 1649
+assert round(comm.min_tokens_per_device(h100.peak_flops, fabric.inter.beta, 10**6)) == 13192
 ridge = b_star * spec.params() / spec.matmul_params()
 rows = []
 for factor in (1.0, 1.2, 1.5, 2.0):
@@ -287,9 +302,9 @@ assert at_1_5["exposed"] / at_1_5["step"] < 0.05  # at 1.5 B*, only the last buc
 # the 8.0B parameters, embeddings included, while the `6N` compute counts only the matmul
 # weights.) An RL update of 512 prompts x 16 responses of 4,000 tokens has 33M tokens, 512,000 per
 # device on 64 GPUs, a sixteenth of it in each of 16 mini-batches: ~32,000 tokens per device
-# per optimizer step, above `1.5 B*`, so the gradient traffic of an RL update hides, if the
-# framework overlaps it. Cut the batch into 64 mini-batches or spread it over 256 GPUs and it no
-# longer does.
+# per optimizer step, far above `1.5 B*` (about 2,500), so the gradient traffic of an RL update
+# hides, if the framework overlaps it. Cut the batch into 64 mini-batches and spread it over 1,024
+# GPUs (500 tokens per device a step) and it no longer does.
 
 # %% [markdown]
 # ## Questions
@@ -299,8 +314,8 @@ assert at_1_5["exposed"] / at_1_5["step"] < 0.05  # at 1.5 B*, only the last buc
 #   31.4, 16.6 and 1.9.)
 # * Why does the ring all-reduce's time per rank stop growing with `p` for large messages, while
 #   the tree's keeps growing?
-# * A 70B model is trained with ZeRO-3 over 512 H100s across nodes, 16 optimizer steps per RL
-#   iteration of 8,192 responses of 2,000 tokens. Is each step compute-bound? What if the
+# * A 70B model is trained with ZeRO-3 over 512 H100s, eight to a node, 16 optimizer steps per
+#   RL iteration of 8,192 responses of 2,000 tokens. Is each step compute-bound? What if the
 #   same batch were spread over 4,096 GPUs?
 #
 # <details><summary>Answers</summary>
@@ -315,20 +330,22 @@ assert at_1_5["exposed"] / at_1_5["step"] < 0.05  # at 1.5 B*, only the last buc
 #   whole message `2 log2 p` times in a row: `2 log2 p (alpha + M/beta)`, growing with `log p` in
 #   both parts. For large messages the ring wins; for small ones (latency-bound) trees or
 #   hierarchical algorithms do.
-# * Tokens per device per step: `8,192 x 2,000 / 16 / 512 = 2,000`. ZeRO-3's roofline is
-#   `B* = 3 x (511/512) x 2 x 989.4e12 / (6 x 50e9) ~ 19,700` tokens (the next cell): the steps
-#   are communication-bound by a factor of ten, whatever the overlap. On 4,096 GPUs it is 250
-#   tokens per device, eighty times too few. The fixes: fewer, larger optimizer steps (fewer
-#   mini-batches), ZeRO-1/2 or tensor/pipeline parallelism inside nodes (chapters 08-09), which
-#   shrink the data-parallel group and put model parallelism on NVLink.
+# * Tokens per device per step: `8,192 x 2,000 / 16 / 512 = 2,000`. ZeRO-3's roofline on a
+#   node's 8 cards is `B* = 3 x (511/512) x 2 x 989.4e12 / (6 x 400e9) ~ 2,500` tokens (the next
+#   cell): the steps are communication-bound, by a quarter, whatever the overlap. On 4,096 GPUs
+#   it is 250 tokens per device, ten times too few. The fixes: fewer, larger optimizer steps
+#   (fewer mini-batches), ZeRO-1/2 or tensor/pipeline parallelism inside nodes (chapters
+#   08-09), which shrink the data-parallel group and put model parallelism on NVLink.
 #
 # </details>
 
 # %%
 per_device = 8192 * 2000 / 16 / 512
-roofline = comm.min_tokens_per_device(h100.peak_flops, 50e9, 512, zero_stage=3)
+roofline = comm.min_tokens_per_device(h100.peak_flops, fabric.ring_link(512).beta, 512,
+                                      zero_stage=3)
 print(f"{per_device:,.0f} tokens per device per step; ZeRO-3 roofline {roofline:,.0f}")
-assert round(roofline, -2) == 19700 and per_device < roofline / 9
+assert round(roofline, -2) == 2500 and roofline / 1.3 < per_device < roofline
+assert roofline / (8192 * 2000 / 16 / 4096) > 9.5  # on 4,096 GPUs: ten times too few
 
 # %%
 from rlm_course.cost.anatomy import zero_model_state_bytes
@@ -349,8 +366,10 @@ assert [round(x, 1) for x in gb] == [120.0, 31.4, 16.6, 1.9]
 # > * Distributed and single-device results agree up to rounding: exactly the same function in
 # >   float64 (1e-13 here), machine-dependent differences in float32.
 # > * The communication roofline: data parallelism stays compute-bound above
-# >   `B* = k (p-1)/p x b x peak / (6 beta)` tokens per device and optimizer step, about 13,200
-# >   for H100s across nodes (19,800 with ZeRO-3), independent of the model. Overlap hides the
+# >   `B* = k (p-1)/p x b x peak / (6 beta)` tokens per device and optimizer step, about 1,650
+# >   for a group filling H100 nodes (a ring collective runs on a node's 8 cards together: 400
+# >   GB/s; 2,500 with ZeRO-3), independent of the model; 13,200 per rank with one rank a node
+# >   (one card). Overlap hides the
 # >   communication only behind the compute it overlaps: DDP's buckets overlap the backward
 # >   (4N of 6N), so they need about 1.5 B* (at B* a quarter of the step is still exposed);
 # >   below B* nothing can.

@@ -168,9 +168,9 @@ h100 = get_device("H100-SXM-80GB")
 fabric = comm.Fabric.of(h100)
 spec70 = get_spec("llama-3-70b")
 rows = []
-for tp, where, link in ((8, "one node: NVLink", fabric.link(8)),
-                        (8, "8 nodes: network", fabric.link(8, stride=8)),
-                        (16, "2 nodes: network", fabric.link(16))):
+for tp, where, link in ((8, "one node: NVLink", fabric.ring_link(8)),
+                        (8, "8 nodes: network, 1 card each", fabric.ring_link(8, stride=8)),
+                        (16, "2 nodes: network, 8 cards each", fabric.ring_link(16))):
     layer = comm.tensor_parallel_layer(spec70, h100, tp, 8192, link, mfu=0.5)
     rows.append([tp, where, f"{layer['compute'] * 1e3:.2f}", f"{layer['comm'] * 1e3:.2f}",
                  f"{layer['comm'] / layer['step']:.0%}"])
@@ -184,7 +184,11 @@ assert comm.min_ffn_per_shard(h100.peak_flops, 450e9, 8) < spec70.d_ff / 8 < \
 
 # %% [markdown]
 # (One layer's forward and backward on 8,192 tokens at half of peak; the table's "8 nodes" row
-# puts each of the 8 TP ranks on its own node, as a mesh with TP as its slowest axis would.)
+# puts each of the 8 TP ranks on its own node, as a mesh with TP as its slowest axis would, and
+# its rings cross on one card a node. The "2 nodes" row holds 8 ranks on each node, whose rings
+# run on the node's 8 cards together (chapter 07's `ring_link`): bandwidth near NVLink's, but
+# each of an all-reduce's 30 ring steps pays the network's latency, and each rank has half a
+# TP-8 rank's matmuls: 41% of the layer in collectives, against 18% inside one node.)
 #
 # **TP in generation.** An RL rollout splits the model into *replicas* of `tp` devices each.
 # Every decode step of a replica reads its whole share of the weights (chapter 05) and, under
