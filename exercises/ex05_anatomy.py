@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.cost.anatomy import Workload, decode_step_flops, weight_bytes
+from rlm_course.cost.architectures import check_amount
+from rlm_course.cost.anatomy import TransformerSpec, Workload, check_amount, check_kinds, decode_step_flops, weight_bytes
 
 __all__ = ['kv_cache_bytes', 'decode_intensity']
 
@@ -25,11 +26,14 @@ def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, tokens: int,
     E.g. Llama-3-8B (32 layers, 8 KV heads of 128, bf16): 128 KiB per token.
 
     Raises:
-        ValueError: for a negative size.
+        ValueError: for a size that is not a finite number >= 0 (a count of layers, heads or
+            elements that is not a whole number).
     """
-    if min(n_layer, n_kv_head, d_head, tokens, bytes_per_element) < 0:
-        raise ValueError("kv_cache_bytes: sizes must be >= 0, got "
-                         f"{(n_layer, n_kv_head, d_head, tokens, bytes_per_element)}.")
+    for name, value in (("n_layer", n_layer), ("n_kv_head", n_kv_head), ("d_head", d_head),
+                        ("tokens", tokens), ("bytes_per_element", bytes_per_element)):
+        check_amount(f"kv_cache_bytes: {name}", value)
+        if name != "tokens" and value != int(value):
+            raise ValueError(f"kv_cache_bytes: {name}={value!r} must be a whole number.")
     # TODO: two tensors (K and V) per layer, each n_kv_head x d_head elements per token
     raise NotImplementedError('not implemented yet: two tensors (K and V) per layer, each n_kv_head x d_head elements per token')
 
@@ -42,8 +46,11 @@ def decode_intensity(spec: TransformerSpec, batch: int, context: int,
     FLOPs: :func:`decode_step_flops`; bytes: the weights (:func:`weight_bytes`) plus every
     sequence's ``context`` cached tokens (``spec.kv_cache_bytes_per_token``).
     """
-    if batch < 1 or context < 0:
-        raise ValueError(f"decode_intensity: batch={batch} must be >= 1 and context={context} >= 0.")
+    check_kinds([("spec", spec, TransformerSpec, "get_spec('llama-3.1-8b')")],
+                "decode_intensity: ")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"decode_intensity: batch={batch!r} must be a positive integer.")
+    check_amount("decode_intensity: context", context)
     w = workload or Workload(1, 1, 1, 1)
     # TODO: FLOPs of the step over the bytes it reads: the weights once for the whole batch, plus each sequence's KV cache
     raise NotImplementedError("not implemented yet: FLOPs of the step over the bytes it reads: the weights once for the whole batch, plus each sequence's KV cache")

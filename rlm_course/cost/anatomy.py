@@ -510,16 +510,19 @@ def decode_step_seconds(spec: TransformerSpec, device: Device, tp: int = 1, sequ
     arXiv:2211.05102).
 
     Raises:
-        ValueError: for ``tp < 1`` or one that does not divide the heads, ``sequences < 1``,
-            ``context < 0`` or a negative latency.
+        ValueError: for a spec or device of the wrong kind, ``tp < 1`` or one that does not
+            divide the heads, ``sequences < 1``, a context that is not a finite number >= 0, or a
+            negative latency.
     """
+    check_kinds([("spec", spec, TransformerSpec, "get_spec('llama-3.1-8b')"),
+                 ("device", device, Device, "get_device('H100-SXM-80GB')")],
+                "decode_step_seconds: ")
     if not (isinstance(tp, int) and tp >= 1 and isinstance(sequences, int) and sequences >= 1):
         raise ValueError(f"decode_step_seconds: tp={tp!r} and sequences={sequences!r} must be "
                          "positive integers.")
     spec.check_degree("tp", tp)
-    if context < 0 or not step_latency >= 0:
-        raise ValueError(f"decode_step_seconds: context={context} and step_latency={step_latency} "
-                         "must be >= 0.")
+    check_amount("decode_step_seconds: context", context)
+    check_amount("decode_step_seconds: step_latency", step_latency)
     w = workload or Workload(1, 1, 1, 1)
     kv = spec.kv_cache_bytes_per_token(w.kv_bytes) / spec.kv_shards(tp)
     flops = decode_step_flops(spec, context, sequences)
@@ -606,8 +609,11 @@ def decode_intensity(spec: TransformerSpec, batch: int, context: int,
     FLOPs: :func:`decode_step_flops`; bytes: the weights (:func:`weight_bytes`) plus every
     sequence's ``context`` cached tokens (``spec.kv_cache_bytes_per_token``).
     """
-    if batch < 1 or context < 0:
-        raise ValueError(f"decode_intensity: batch={batch} must be >= 1 and context={context} >= 0.")
+    check_kinds([("spec", spec, TransformerSpec, "get_spec('llama-3.1-8b')")],
+                "decode_intensity: ")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"decode_intensity: batch={batch!r} must be a positive integer.")
+    check_amount("decode_intensity: context", context)
     w = workload or Workload(1, 1, 1, 1)
     # BEGIN SOLUTION: FLOPs of the step over the bytes it reads: the weights once for the whole batch, plus each sequence's KV cache
     kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
@@ -619,7 +625,16 @@ def decode_intensity(spec: TransformerSpec, batch: int, context: int,
 def prefill_intensity(spec: TransformerSpec, batch: int, seq_len: int,
                       workload: Workload | None = None) -> float:
     """FLOP per byte of a prefill of ``batch`` sequences of ``seq_len`` tokens (weights read once,
-    the prompt's keys and values written)."""
+    the prompt's keys and values written).
+
+    Raises:
+        ValueError: for a spec that is not a TransformerSpec, or a batch or length that is not a
+            positive integer."""
+    check_kinds([("spec", spec, TransformerSpec, "get_spec('llama-3.1-8b')")],
+                "prefill_intensity: ")
+    for name, value in (("batch", batch), ("seq_len", seq_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"prefill_intensity: {name}={value!r} must be a positive integer.")
     w = workload or Workload(1, 1, 1, 1)
     kv = spec.kv_cache_bytes_per_token(w.kv_bytes)
     return (teacher_forced_flops(spec, seq_len, batch)

@@ -34,11 +34,14 @@ def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, tokens: int,
     E.g. Llama-3-8B (32 layers, 8 KV heads of 128, bf16): 128 KiB per token.
 
     Raises:
-        ValueError: for a negative size.
+        ValueError: for a size that is not a finite number >= 0 (a count of layers, heads or
+            elements that is not a whole number).
     """
-    if min(n_layer, n_kv_head, d_head, tokens, bytes_per_element) < 0:
-        raise ValueError("kv_cache_bytes: sizes must be >= 0, got "
-                         f"{(n_layer, n_kv_head, d_head, tokens, bytes_per_element)}.")
+    for name, value in (("n_layer", n_layer), ("n_kv_head", n_kv_head), ("d_head", d_head),
+                        ("tokens", tokens), ("bytes_per_element", bytes_per_element)):
+        check_amount(f"kv_cache_bytes: {name}", value)
+        if name != "tokens" and value != int(value):
+            raise ValueError(f"kv_cache_bytes: {name}={value!r} must be a whole number.")
     # BEGIN SOLUTION: two tensors (K and V) per layer, each n_kv_head x d_head elements per token
     return 2 * n_layer * n_kv_head * d_head * tokens * bytes_per_element
     # END SOLUTION
@@ -299,9 +302,11 @@ class TransformerSpec:
 
     def forward_flops_per_token(self, context: int) -> int:
         """Forward FLOPs of one token attending over ``context`` positions:
-        ``2 x matmul params (active) + 4 x n_layer x n_head x d_head x context``."""
-        if context < 0:
-            raise ValueError(f"context={context} must be >= 0.")
+        ``2 x matmul params (active) + 4 x n_layer x n_head x d_head x context``.
+
+        Raises:
+            ValueError: for a context that is not a finite number >= 0."""
+        check_amount("forward_flops_per_token: context", context)
         per_token, per_key = self.flop_terms
         return per_token + per_key * context
 

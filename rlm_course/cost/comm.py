@@ -185,11 +185,17 @@ class Fabric:
 
 
 # ---------------------------------------------------------------------- collectives
-def _check(nbytes: float, p: int) -> None:
+_NO_LINK = object()  # _check's default: a caller that passes no link to check
+
+
+def _check(nbytes: float, p: int, link=_NO_LINK) -> None:
     if (not is_real(nbytes) or not nbytes >= 0 or not math.isfinite(nbytes) or isinstance(p, bool)
-            or not (isinstance(p, int) and p >= 1)):
+            or not (isinstance(p, numbers.Integral) and p >= 1)):
         raise ValueError(f"collective of {nbytes} bytes over p={p!r} ranks: need a finite number "
                          "of bytes >= 0 and a positive integer number of ranks.")
+    if link is not _NO_LINK and not isinstance(link, Link):
+        raise ValueError(f"link={link!r} must be a Link; pass e.g. "
+                         "Fabric.of(get_device('H100-SXM-80GB')).ring_link(p).")
 
 
 def _check_mfu(mfu) -> None:
@@ -199,13 +205,13 @@ def _check_mfu(mfu) -> None:
 
 def ring_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
     """``2 (p - 1) (alpha + M / (p beta))``; 0 for one rank."""
-    _check(nbytes, p)
+    _check(nbytes, p, link)
     return 2 * (p - 1) * link.seconds(nbytes / p) if p > 1 else 0.0
 
 
 def tree_all_reduce_seconds(nbytes: float, p: int, link: Link) -> float:
     """``2 ceil(log2 p) (alpha + M / beta)``; 0 for one rank."""
-    _check(nbytes, p)
+    _check(nbytes, p, link)
     return 2 * math.ceil(math.log2(p)) * link.seconds(nbytes) if p > 1 else 0.0
 
 
@@ -272,7 +278,7 @@ def node_tree_all_reduce_seconds(nbytes: float, p: int, fabric: "Fabric") -> flo
 
 def reduce_scatter_seconds(nbytes: float, p: int, link: Link) -> float:
     """Ring reduce-scatter of an ``nbytes`` tensor: ``(p - 1) (alpha + M / (p beta))``."""
-    _check(nbytes, p)
+    _check(nbytes, p, link)
     return (p - 1) * link.seconds(nbytes / p) if p > 1 else 0.0
 
 
@@ -285,7 +291,7 @@ def all_gather_seconds(nbytes: float, p: int, link: Link) -> float:
 def all_to_all_seconds(nbytes: float, p: int, link: Link) -> float:
     """All-to-all where each rank holds ``nbytes`` and keeps ``1/p`` of it:
     ``(p - 1) alpha + (p - 1) / p x M / beta``."""
-    _check(nbytes, p)
+    _check(nbytes, p, link)
     return (p - 1) * link.alpha + (p - 1) / p * nbytes / link.beta if p > 1 else 0.0
 
 
@@ -301,7 +307,7 @@ def broadcast_seconds(nbytes: float, p: int, link: Link, pipelined: bool = False
 
 def p2p_seconds(nbytes: float, link: Link) -> float:
     """One message: ``alpha + M / beta``."""
-    _check(nbytes, 1)
+    _check(nbytes, 1, link)
     return link.seconds(nbytes)
 
 

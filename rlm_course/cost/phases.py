@@ -673,6 +673,10 @@ class TrainerCost:
         _check_parts("TrainerCost", spec=self.spec, config=self.config, layout=self.layout,
                      device=self.device, rates=self.rates, fabric=self.fabric)
         self.layout.check(self.spec)
+        if (isinstance(self.prompt_len, bool) or not isinstance(self.prompt_len, numbers.Integral)
+                or self.prompt_len < 0):
+            raise ValueError(f"TrainerCost: prompt_len={self.prompt_len!r} must be a whole number "
+                             "of tokens >= 0.")
         if self.layout.devices > 1 and self.fabric is None:
             raise ValueError("a trainer on several devices needs the cluster's fabric.")
         strides = axis_strides(self.layout)

@@ -317,3 +317,48 @@ def test_sizes_that_no_run_has_are_refused(call, message):
     """Negative or NaN lengths, batches and bytes gave negative or NaN bytes, FLOPs and seconds."""
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_lower_level_costs_refuse_bad_input_by_name():
+    """The building blocks a learner calls directly refuse what the constructors refuse: NaN,
+    infinity, text or a wrong kind where a size, a spec, a device or a link belongs (they
+    returned nan, inf or an AttributeError from deep inside)."""
+    from rlm_course.cost.anatomy import decode_intensity, decode_step_seconds, prefill_intensity
+    from rlm_course.cost.architectures import kv_cache_bytes
+    from rlm_course.cost.phases import Rates, TrainerCost
+    from rlm_course.rl.algorithms import preset
+
+    spec = get_spec("llama-3.1-8b")
+    assert kv_cache_bytes(32, 8, 128, 1) == 131072  # Llama-3-8B's 128 KiB a token
+    for bad in (float("nan"), float("inf"), "5", -1):
+        with pytest.raises(ValueError, match="kv_cache_bytes: tokens="):
+            kv_cache_bytes(32, 8, 128, bad)
+        with pytest.raises(ValueError, match="forward_flops_per_token: context="):
+            spec.forward_flops_per_token(bad)
+        with pytest.raises(ValueError, match="decode_step_seconds: context="):
+            decode_step_seconds(spec, H100, 1, 1, context=bad)
+    with pytest.raises(ValueError, match="kv_cache_bytes: n_layer=32.5 must be a whole number"):
+        kv_cache_bytes(32.5, 8, 128, 1)
+    with pytest.raises(ValueError, match=r"decode_step_seconds: device='H100-SXM-80GB' must be "
+                                         r"a Device"):
+        decode_step_seconds(spec, "H100-SXM-80GB")
+    with pytest.raises(ValueError, match=r"decode_intensity: spec='llama-3.1-8b' must be a "
+                                         r"TransformerSpec"):
+        decode_intensity("llama-3.1-8b", 1, 10)
+    for bad in (0, 2.5, float("nan")):
+        with pytest.raises(ValueError, match="batch="):
+            decode_intensity(spec, bad, 10)
+        with pytest.raises(ValueError, match="prefill_intensity: batch="):
+            prefill_intensity(spec, bad, 10)
+    for bad in ("nvlink", None):
+        with pytest.raises(ValueError, match=r"link=.* must be a Link"):
+            comm.ring_all_reduce_seconds(1e9, 8, bad)
+        with pytest.raises(ValueError, match=r"link=.* must be a Link"):
+            comm.p2p_seconds(1e9, bad)
+    import numpy as np
+
+    link = comm.Fabric.of(H100).ring_link(8)
+    assert comm.ring_all_reduce_seconds(1e9, np.int64(8), link) == \
+        comm.ring_all_reduce_seconds(1e9, 8, link)  # numpy's integers, as Fabric takes them
+    with pytest.raises(ValueError, match="TrainerCost: prompt_len=-1 must be a whole number"):
+        TrainerCost(spec, preset("grpo"), Layout(), H100, Rates(), None, -1)
