@@ -62,14 +62,17 @@ def _hardware(args) -> int:
             print(f"Note: the machine was busy when measured (load average {load:.1f} on {cores()} "
                   "cores): other jobs took part of its cores and memory bandwidth, so these "
                   "figures are low; measure again when it is idle.")
+    catalog = load_catalog()
     rows = [[d.name, f"{d.peak_flops / 1e12:,.2f}", f"{d.memory_bytes / 1e9:,.0f}",
              f"{d.memory_bandwidth / 1e12:.3f}", f"{d.ridge_point:,.0f}",
              f"{d.intra_node_bandwidth / 1e9:,.0f}", f"{d.inter_node_bandwidth / 1e9:,.0f}"]
-            for d in load_catalog().values()]
+            for d in catalog.values()]
     print(format_table(rows, ["device", "dense peak TFLOP/s*", "memory GB", "bandwidth TB/s",
                               "ridge FLOP/B", "intra-node GB/s**", "inter-node GB/s**"]))
     print("* bf16 for accelerators, fp32 for this machine; ** per direction (half a datasheet's "
           "bidirectional NVLink figure); sources in data/hardware/")
+    if "this-machine" in catalog:  # whose machine the row is: the course's until measured here
+        print(f"this-machine: {catalog['this-machine'].source}")
     return 0
 
 

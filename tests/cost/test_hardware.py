@@ -124,3 +124,15 @@ def test_a_measurement_on_a_busy_machine_says_its_figures_are_low(monkeypatch, c
     monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))
     assert main(["hardware", "--measure"]) == 0
     assert "busy" not in capsys.readouterr().out
+
+
+def test_the_hardware_table_says_whose_machine_this_machine_is(capsys):
+    """The catalog's this-machine row is the course's reference machine until a learner
+    measures their own: the table says so, from the entry's source, under it."""
+    from rlm_course.cli import main
+    from rlm_course.cost.hardware import load_catalog
+
+    assert main(["hardware"]) == 0
+    out = capsys.readouterr().out
+    source = load_catalog()["this-machine"].source
+    assert f"\nthis-machine: {source}\n" in out
