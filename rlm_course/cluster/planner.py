@@ -89,6 +89,9 @@ def runnable_modes(modes=None) -> dict[str, list[str]]:
 #: default price of asynchrony (an assumption; chapter 13 measures the toy's cost, published runs
 #: at staleness <= 1 report accuracy close to synchronous; ``plan(staleness_penalty=...)``).
 STALENESS_PENALTY = 0.1
+#: Levels the simulator rounds the response lengths to, up to the longest drawn, when planning
+#: (:func:`plan`, ``plan --length-buckets``): fewer plan faster and coarser.
+LENGTH_BUCKETS = 64
 #: The largest price the planner takes: at 1,000 extra steps per version any staleness loses, and
 #: a larger one only overflows the cost (1e308 printed 'infx the cost').
 MAX_STALENESS_PENALTY = 1000.0
@@ -760,7 +763,7 @@ def _check_types(spec, config, workload, device, rates) -> None:
 
 def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device, gpus: int,
          rates: Rates | None = None, placements=("colocated", "disaggregated"),
-         modes=None, length_buckets: int = 64, keep: int = 2,
+         modes=None, length_buckets: int = LENGTH_BUCKETS, keep: int = 2,
          staleness_penalty: float = STALENESS_PENALTY, oversample: float = 1.0) -> Plan:
     """Search placements x layouts x execution modes for ``gpus`` devices (see the module
     docstring), with ``rates`` (default: the rates calibrated on published runs for ``device``,
@@ -1081,26 +1084,25 @@ def why(candidate: Candidate, best: Candidate) -> str:
         return (f"{slower:.2f}x the cost: {seconds_text(r.step_seconds, 0)} per step at a mean "
                 f"staleness of {r.staleness:.2f} versions (priced at {candidate.staleness_penalty:g} extra "
                 "steps per version)")
-    # what it loses by: the stage that takes longest beyond the best's same stage (the largest
-    # stage of a loser can be one it shares with the best: the same trainer in both)
     stages, theirs = r.stages, best.result.stages
-    excess = {k: v - theirs.get(k, 0.0) for k, v in stages.items()}
-    top = max(excess, key=lambda k: (excess[k], stages[k]))
+    # separate pools: "generation" is the trainer's wait for samples, the rest its own work; a
+    # trainer that waits is held back by the rollout pool however long its stages are (two
+    # trainers of different speeds behind one rollout pool take the same step)
+    separate = candidate.scenario.placement == "disaggregated"
+    wait = stages.get("generation", 0.0)
+    if separate and wait > WAIT_SHARE * r.step_seconds:
+        where = (f"generation-bound (its {candidate.scenario.rollout_pool} rollout GPUs set "
+                 f"the {seconds_text(r.step_seconds, 0)} step: the trainer waits "
+                 f"{seconds_text(wait, 0)} of it, {wait / r.step_seconds:.0%}, for samples)")
+        return _loses(candidate, best, slower, where)
+    # what it loses by: the stage that takes longest beyond the best's same stage (the largest
+    # stage of a loser can be one it shares with the best: the same trainer in both); on
+    # separate pools one of the trainer's own
+    own = [k for k in stages if not (separate and k == "generation")]
+    excess = {k: stages[k] - theirs.get(k, 0.0) for k in own}
+    top = max(own, key=lambda k: (excess[k], stages[k]))
     if excess[top] <= 0:  # no stage longer than the best's: its largest
-        top = max(stages, key=stages.get)
-    if candidate.scenario.placement == "disaggregated":
-        # separate pools: "generation" is the trainer's wait for samples, the rest its own work;
-        # a trainer that waits is held back by the rollout pool however long its stages are
-        # (two trainers of different speeds behind one rollout pool take the same step)
-        wait = stages.get("generation", 0.0)
-        if wait > WAIT_SHARE * r.step_seconds:
-            where = (f"generation-bound (its {candidate.scenario.rollout_pool} rollout GPUs set "
-                     f"the {seconds_text(r.step_seconds, 0)} step: the trainer waits "
-                     f"{seconds_text(wait, 0)} of it, {wait / r.step_seconds:.0%}, for samples)")
-            return _loses(candidate, best, slower, where)
-        if top == "generation":
-            top = max((k for k in stages if k != "generation"),
-                      key=lambda k: (excess[k], stages[k]))
+        top = max(own, key=stages.get)
     seconds = stages[top]
     reason = {"generation": "waits for generation", "policy update": "training-bound",
               "critic update": "training-bound", "scoring": "scoring-bound",
@@ -1223,8 +1225,8 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
         versions), cost (the step priced for staleness), behind`` (how much dearer the plan made
         at ``rates`` is at this value than the best: 0 when it stays the best, ``inf`` when it
         no longer fits) ``and flips`` (``behind`` above :data:`FEWER_MARGIN`: another plan wins
-        by more than the simulator's resolution; a closer winner is a tie). When the best plan offloads its optimizer and
-        ``variations`` is the default, ``host_adam_params_per_second`` is moved too, and with
+        by more than the simulator's resolution; a closer winner is a tie). When the best plan
+        offloads its optimizer and ``variations`` is the default, ``host_adam_params_per_second`` is moved too, and with
         speculative decoding ``draft_acceptance`` (:data:`DRAFT_ACCEPTANCE_RANGE`).
 
     Raises:
@@ -1289,7 +1291,8 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
         if mine is None:
             s = replace(base.scenario, rates=moved)
             mine = Candidate(base.name, s, simulate(
-                s, length_buckets=options.get("length_buckets", 64)), staleness_penalty=penalty)
+                s, length_buckets=options.get("length_buckets", LENGTH_BUCKETS)),
+                staleness_penalty=penalty)
         behind = max(0.0, mine.cost / best.cost - 1) if mine.result is not None else math.inf
         rows.append({"rate": name, "value": value, "best": best.name, "step": best.step,
                      "staleness": best.result.staleness if best.result else math.nan,

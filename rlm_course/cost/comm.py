@@ -180,8 +180,15 @@ class Fabric:
             return wire
         per_node = max(1, self.devices_per_node // stride)  # the group's ranks on a full node
         last = size - (math.ceil(size / per_node) - 1) * per_node  # on its last node
-        cards = min(per_node, last)
-        return wire if cards == 1 else Link(wire.alpha, min(cards * wire.beta, self.intra.beta))
+        return self.cards_link(min(per_node, last))
+
+    def cards_link(self, cards: int) -> Link:
+        """The network as ``cards`` of a node's cards carry it together: ``cards x beta_inter``,
+        up to the intra-node link's (a node's traffic crosses NVLink to reach them); one card is
+        :attr:`inter` itself."""
+        if cards == 1 or self.intra is None:
+            return self.inter
+        return Link(self.inter.alpha, min(cards * self.inter.beta, self.intra.beta))
 
 
 # ---------------------------------------------------------------------- collectives

@@ -682,6 +682,16 @@ class TrainerCost:
         strides = axis_strides(self.layout)
         self.links = {axis: (self.fabric.link(size, stride) if size > 1 else None)
                       for axis, (size, stride) in strides.items()}
+        # the data-parallel groups, computed once: the dense part's, and the experts' over their
+        # expert-data-parallel group: (parameters a device holds, ranks, the ring's link)
+        lay = self.layout
+        dense, experts = params_per_device(self.spec, lay)
+        groups = [(dense, lay.dp * lay.cp, lay.tp)]
+        if experts:
+            edp, stride = strides["edp"] if lay.ep > 1 else (lay.dp * lay.cp, lay.tp)
+            groups.append((experts, edp, stride))
+        self.dp_groups = [(params, n, self.fabric.ring_link(n, stride))
+                          for params, n, stride in groups if n > 1]
         passes = predict_passes(self.config)
         shape = tuple((stage, model, c["forward"], c["backward"])
                       for stage, models in passes.items() for model, c in models.items())
@@ -851,18 +861,10 @@ class TrainerCost:
         gathers the weights for every micro-batch (and reduce-scatters its gradients), hidden
         behind all of it. The experts sync over their expert-data-parallel group."""
         lay, spec = self.layout, self.spec
-        dense, experts = params_per_device(spec, lay)
-        strides = axis_strides(lay)
-        groups = [(dense, lay.dp * lay.cp, lay.tp)]
-        if experts:
-            edp, stride = strides["edp"] if lay.ep > 1 else (lay.dp * lay.cp, lay.tp)
-            groups.append((experts, edp, stride))
         cost = comm.NONE
-        for params, n, stride in groups:
-            if n > 1:
-                cost = cost + comm.data_parallel_comm(params, n, self.fabric.ring_link(n, stride),
-                                                      lay.zero, grad_bytes=lay.grad_bytes,
-                                                      micro_batches=micro)
+        for params, n, link in self.dp_groups:
+            cost = cost + comm.data_parallel_comm(params, n, link, lay.zero,
+                                                  grad_bytes=lay.grad_bytes, micro_batches=micro)
         if lay.zero == 3:
             per_micro = cost if backward else cost * (1 / 3)  # a forward gathers the weights once
             total = per_micro.seconds * micro * opt_steps

@@ -207,9 +207,8 @@ def _ideal(fabric: Fabric, link: Link | None, ranks: int, total: float, shard: f
     if link is not None or wire is not fabric.inter or fabric.intra is None:
         return max(total / trainer_devices, shard) / wire.beta
     per_node = min(fabric.devices_per_node, rollout_devices)
-    node_bytes = min(total, per_node * shard)
-    ingress = min(per_node * wire.beta, fabric.intra.beta)  # a node's cards together
-    return max(total / trainer_devices / wire.beta, node_bytes / ingress,
+    ingress = fabric.cards_link(per_node)  # a rollout node's cards together
+    return max(total / trainer_devices / wire.beta, min(total, per_node * shard) / ingress.beta,
                shard / fabric.intra.beta)
 
 
