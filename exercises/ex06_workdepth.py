@@ -12,18 +12,23 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.cost.workdepth import _check_processors, _positive, as_spec, attention, elementwise, layer_norm, matmul, mlp, moe, seq
+from rlm_course.cost.workdepth import _check_processors, _deepseek_layer, _positive, as_spec, attention, elementwise, layer_norm, matmul, mlp, moe, seq
 
 __all__ = ['layer', 'brent_bound']
 
 
-def layer(model: Model, batch: int, seq_len: int, context: int | None = None) -> Computation:
+def layer(model: Model, batch: int, seq_len: int, context: int | None = None,
+          dense: bool = False) -> Computation:
     """One pre-norm transformer block on ``batch x seq_len`` new tokens attending over
     ``context`` positions (default ``seq_len``); queries in ``n_head`` heads, keys and values in
-    ``n_kv_head`` (GQA), fused into one projection."""
+    ``n_kv_head`` (GQA), fused into one projection (under MLA, :func:`mla_attention`).
+    ``dense``: one of an MoE model's first ``n_dense_layers`` layers, with a dense MLP of
+    ``dense_d_ff``."""
     spec = as_spec(model)
     ctx = seq_len if context is None else context
     _positive(batch=batch, seq_len=seq_len, context=ctx)
+    if spec.kv_latent or dense:  # DeepSeek's layers: latent attention, a dense MLP first
+        return _deepseek_layer(spec, batch, seq_len, ctx, dense)
     d, rows, dh = spec.d_model, batch * seq_len, spec.head_dim
     qkv_width = (spec.n_head + 2 * spec.kv_heads) * dh
     # TODO: in order: norm, fused qkv matmul, attention over the heads, output projection, residual add, norm, the MLP (or MoE), residual add

@@ -195,10 +195,10 @@ print(f"for scale: the matmuls of that 128k sequence take {flops / (0.5 * h100.p
 # (half that with Ulysses), next to 1.5 s of matmuls and more of attention: it hides behind the
 # compute it splits. Expert parallelism's all-to-alls, by contrast, sit between the router and
 # the experts of every MoE layer, and across nodes they slow to the network's 50 GB/s, ten times
-# the in-node time here. (An upper estimate: the model counts all 61 layers of DeepSeek-V3 as
-# MoE, of which 58 are, and puts all of the ep-64 traffic on the network, where DeepSeek-V3
-# sends each token to at most 4 nodes and forwards within a node over NVLink, its report's
-# section 3.2.2.) That is why MoE systems keep EP inside a node
+# the in-node time here. (An upper estimate: the model sends the all-to-alls of DeepSeek-V3's 58
+# MoE layers, its first 3 being dense, and puts all of the ep-64 traffic on the network, where
+# DeepSeek-V3 sends each token to at most 4 nodes and forwards within a node over NVLink, its
+# report's section 3.2.2.) That is why MoE systems keep EP inside a node
 # (or a fast domain) where they can, and why RL frameworks for MoE models lean on fast all-to-all
 # kernels (DeepEP in slime).
 

@@ -438,7 +438,7 @@ assert max(len(line) for line in text.splitlines()) <= 100  # wrapped at spaces,
 # **Against published configurations.** NeMo-RL runs DeepSeek-V3 on 256-512 H100s with
 # generation TP 32 and training EP 16 x PP 16 (its performance summary); verl on 96 H20s with
 # generation TP 32 and training TP 8 x PP 12 x EP 8. Compare the planner's choices printed above:
-# the generation TP it picks for the 671B model (its 1.4 TB of bf16 weights need many 80 GB
+# the generation TP it picks for the 671B model (its 1.3 TB of bf16 weights need many 80 GB
 # devices per replica, and its latent KV cache is held whole by every TP rank, so wide TP buys no
 # KV room), and the trainer layouts with pipeline depth and expert parallelism. For the 70B model
 # compare its trainer with the Megatron TP 8 layouts NeMo-RL and verl use: where the planner
@@ -452,7 +452,7 @@ best_70b = runs[("llama-3.1-70b", 256)].best.scenario
 print(f"DeepSeek-V3 on 1,024 H100s: generation TP {best_dsv3.generation_tp}, trainer "
       f"{best_dsv3.trainer_layout.describe()}\nLlama-3.1-70B on 256: generation TP "
       f"{best_70b.generation_tp}, trainer {best_70b.trainer_layout.describe()}")
-assert best_dsv3.generation_tp >= 16  # 1.4 TB of bf16 weights: many devices per replica
+assert best_dsv3.generation_tp >= 16  # 1.3 TB of bf16 weights: many devices per replica
 assert best_dsv3.trainer_layout.pp * best_dsv3.trainer_layout.ep > 1
 
 # %% [markdown]

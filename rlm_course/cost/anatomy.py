@@ -366,8 +366,11 @@ class StageCost:
 
 
 def decode_step_flops(spec: TransformerSpec, context: int, sequences: int) -> float:
-    """One decode step of ``sequences`` sequences at ``context`` keys each."""
-    return sequences * spec.forward_flops_per_token(context)
+    """One decode step of ``sequences`` sequences at ``context`` keys each: the matmuls of a
+    token and, per key, the decode kernel's attention FLOPs
+    (:attr:`~rlm_course.cost.architectures.TransformerSpec.decode_flops_per_key`: MLA's absorbed
+    kernel)."""
+    return sequences * (spec.flop_terms[0] + spec.decode_flops_per_key * context)
 
 
 def weight_bytes(spec: TransformerSpec, workload: Workload, tokens: int) -> float:
@@ -380,7 +383,7 @@ def weight_bytes(spec: TransformerSpec, workload: Workload, tokens: int) -> floa
     if spec.is_moe:
         e, k = spec.n_experts, spec.experts_per_token
         touched = e * (1 - (1 - k / e) ** tokens)
-        total = spec.params() - (spec.n_experts - touched) * spec.n_layer * spec.mlp_params()
+        total = spec.params() - (spec.n_experts - touched) * spec.moe_layers * spec.mlp_params()
     else:
         total = spec.params()
     return total * workload.weight_bytes

@@ -6,14 +6,24 @@ A :class:`TransformerSpec` describes a decoder-only transformer with grouped-que
 ``n_kv_head = n_head``; Ainslie et al. 2023, arXiv:2305.13245), a GELU MLP (2 matrices) or a gated
 SwiGLU MLP (3 matrices; Shazeer 2020, arXiv:2002.05202), and optionally a mixture of experts
 (``n_experts`` MLPs per layer, ``experts_per_token`` of them active per token, plus
-``n_shared_experts`` always active; a linear router; Fedus et al. 2021, arXiv:2101.03961).
+``n_shared_experts`` always active; a linear router; Fedus et al. 2021, arXiv:2101.03961), whose
+first ``n_dense_layers`` layers may keep a dense MLP (DeepSeek-V3's first three). Multi-head
+latent attention (MLA; DeepSeek-V2, arXiv:2405.04434, section 2.1) replaces the key/value
+projections by a down-projection to a ``kv_lora_rank`` latent (plus a ``qk_rope_head_dim`` key
+shared by every head, the decoupled RoPE) and up-projections to ``n_head`` keys of
+``d_head + qk_rope_head_dim`` and values of ``v_head_dim``; the cache holds the latent only.
 
 Conventions: a forward pass costs 2 FLOPs per parameter that takes part in a matmul for each
 token (Kaplan et al. 2020, arXiv:2001.08361, section 2.1), plus attention
 ``4 x n_layer x n_head x d_head x context`` per token (``q k^T`` and ``softmax v`` over the full
 score matrix: the forward third of PaLM's ``12 L H Q T``, Chowdhery et al. 2022, arXiv:2204.02311,
-appendix B; causal kernels such as FlashAttention skip the masked half); embeddings are look-ups
-(no FLOPs) but the output head is a matmul, tied or not.
+appendix B; causal kernels such as FlashAttention skip the masked half; under MLA
+``2 x n_layer x n_head x (qk + v dims)``); embeddings are look-ups (no FLOPs) but the output head
+is a matmul, tied or not. A decode step of MLA runs "absorbed" (DeepSeek-V2, appendix C; vLLM's
+and SGLang's MLA decode kernels): the up-projections fold into the query and the output, and each
+head scores and sums the cached latents themselves, ``2 x n_layer x n_head x (2 kv_lora_rank +
+qk_rope_head_dim)`` FLOPs per key (:attr:`TransformerSpec.decode_flops_per_key`), 3.4x the
+training kernel's for DeepSeek-V3.
 """
 
 from __future__ import annotations
@@ -62,10 +72,19 @@ class TransformerSpec:
         norm_params_per_layer: parameters of the norms of one layer (RMSNorm: ``2 d``;
             LayerNorm: ``4 d``); the final norm adds ``norm_params_per_layer // 2``.
         n_experts, experts_per_token, n_shared_experts: MoE layout (1, 1, 0 for a dense model).
-        kv_latent: the KV cache is one compressed latent per token and layer shared by every
-            head (multi-head latent attention, DeepSeek-V2/V3, arXiv:2405.04434 section 2.1), given
-            as ``n_kv_head x d_head`` values of the same bytes; tensor parallelism cannot split it,
-            so every TP rank holds and reads it whole (:meth:`kv_shards`).
+        n_dense_layers, dense_d_ff: an MoE model's first ``n_dense_layers`` layers have one dense
+            MLP of width ``dense_d_ff`` instead of experts (DeepSeek-V3's
+            ``first_k_dense_replace: 3``, ``intermediate_size: 18432``).
+        kv_lora_rank, q_lora_rank, qk_rope_head_dim, v_head_dim: multi-head latent attention
+            (DeepSeek-V2/V3, arXiv:2405.04434 section 2.1; the names of their config.json), used
+            when ``kv_lora_rank`` is given: keys and values come from a ``kv_lora_rank`` latent
+            (and a ``qk_rope_head_dim`` RoPE key shared by every head) that is all the KV cache
+            holds; queries from a ``q_lora_rank`` latent (``None``: straight from the input); a
+            head's key is ``d_head + qk_rope_head_dim`` wide (``d_head`` is
+            ``qk_nope_head_dim``), its value ``v_head_dim`` (default ``d_head``). Tensor
+            parallelism cannot split the latent, so every TP rank holds and reads it whole
+            (:attr:`kv_latent`, :meth:`kv_shards`); training's attention kernel runs on the
+            up-projected heads (``n_kv_head`` must be ``n_head`` or left out).
         max_context: the released model's context window, tokens (``max_position_embeddings``
             of its config.json): the longest prompt plus response it runs; ``None``: no limit
             (:meth:`check_context`).
@@ -94,7 +113,12 @@ class TransformerSpec:
     n_experts: int = 1
     experts_per_token: int = 1
     n_shared_experts: int = 0
-    kv_latent: bool = False
+    n_dense_layers: int = 0
+    dense_d_ff: int | None = None
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_rope_head_dim: int = 0
+    v_head_dim: int | None = None
     max_context: int | None = None
     source: str = ""
 
@@ -104,11 +128,13 @@ class TransformerSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{self.name}: {name}={value!r} must be a positive integer.")
-        for name in ("n_shared_experts", "learned_positions"):
+        for name in ("n_shared_experts", "learned_positions", "n_dense_layers",
+                     "qk_rope_head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{self.name}: {name}={value!r} must be an integer >= 0.")
-        for name in ("n_kv_head", "d_head", "max_context"):
+        for name in ("n_kv_head", "d_head", "max_context", "dense_d_ff", "kv_lora_rank",
+                     "q_lora_rank", "v_head_dim"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value <= 0):
@@ -127,12 +153,26 @@ class TransformerSpec:
         if self.experts_per_token > self.n_experts:
             raise ValueError(f"{self.name}: experts_per_token={self.experts_per_token} exceeds "
                              f"n_experts={self.n_experts}.")
+        if self.n_dense_layers and (not self.is_moe or self.n_dense_layers >= self.n_layer
+                                    or self.dense_d_ff is None):
+            raise ValueError(f"{self.name}: n_dense_layers={self.n_dense_layers} needs an MoE "
+                             f"model, fewer than its {self.n_layer} layers, and dense_d_ff (the "
+                             "dense MLP's width).")
+        if self.kv_lora_rank is None and (self.q_lora_rank is not None or self.qk_rope_head_dim
+                                          or self.v_head_dim is not None):
+            raise ValueError(f"{self.name}: q_lora_rank, qk_rope_head_dim and v_head_dim describe "
+                             "multi-head latent attention; give kv_lora_rank too (DeepSeek-V3: "
+                             "512), or leave them out.")
+        if self.kv_latent and self.kv_heads != self.n_head:
+            raise ValueError(f"{self.name}: n_kv_head={self.n_kv_head}: under multi-head latent "
+                             f"attention every one of the {self.n_head} heads has its own key "
+                             "and value (up-projected from the latent); leave n_kv_head out.")
 
     def check_degree(self, axis: str, degree) -> None:
         """Check a parallel degree against this model: a positive integer (not a bool) for every
         ``axis``; ``tp`` must divide the query heads and divide, or be a multiple of, the
         key/value heads (of a model without a latent KV cache), ``pp`` be at most the layers, ``sp``
-        (Ulysses) divide the key/value heads, ``ep`` divide the experts of an MoE model (1 for a
+        (Ulysses) divide the key/value heads (an MLA model's: every head), ``ep`` divide the experts of an MoE model (1 for a
         dense one); ``dp`` and ``cp`` any positive count.
 
         Raises:
@@ -216,11 +256,50 @@ class TransformerSpec:
     def is_moe(self) -> bool:
         return self.n_experts > 1
 
+    @property
+    def kv_latent(self) -> bool:
+        """Multi-head latent attention: the KV cache is one compressed latent per token and layer
+        shared by every head, held whole by every TP rank (:meth:`kv_shards`)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """A head's query and key width: ``d_head``, plus MLA's decoupled RoPE part."""
+        return self.head_dim + self.qk_rope_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """A head's value width: ``v_head_dim`` under MLA if given, else ``d_head``."""
+        return self.v_head_dim if self.v_head_dim is not None else self.head_dim
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with experts: all but the first ``n_dense_layers`` of an MoE model; 0 for a
+        dense model."""
+        return self.n_layer - self.n_dense_layers if self.is_moe else 0
+
+    def kv_values_per_token(self) -> int:
+        """Values one token adds to the attention kernel's keys and values in one layer, what
+        ring attention passes around (training runs MLA on its up-projected heads):
+        ``kv_heads x (qk_head_dim + v_dim)``; ``2 x kv_heads x d_head`` without MLA."""
+        return self.kv_heads * (self.qk_head_dim + self.v_dim)
+
     # ---------------------------------------------------------------- parameters
     def attention_params(self, weights_only: bool = False) -> int:
         """Per layer: q and output projections (``d x H d_h``), k and v (``d x H_kv d_h``), and
-        their biases unless ``weights_only``."""
-        d, q, kv = self.d_model, self.n_head * self.head_dim, self.kv_heads * self.head_dim
+        their biases unless ``weights_only``. Under MLA: the query's down- and up-projections
+        (``d x r_q + r_q x H (d_h + d_rope)``), the latent's down-projection with the RoPE key
+        (``d x (r_kv + d_rope)``), its up-projection to keys and values (``r_kv x H (d_h +
+        d_v)``), the output (``H d_v x d``), and the two latents' norms unless ``weights_only``
+        (DeepSeek-V3: 187.1M a layer)."""
+        d = self.d_model
+        if self.kv_latent:
+            h, qk, rope, r = self.n_head, self.qk_head_dim, self.qk_rope_head_dim, self.kv_lora_rank
+            rq = self.q_lora_rank
+            query = d * h * qk if rq is None else d * rq + rq * h * qk
+            params = query + d * (r + rope) + r * h * (self.head_dim + self.v_dim) + h * self.v_dim * d
+            return params if weights_only else params + r + (rq or 0)
+        q, kv = self.n_head * self.head_dim, self.kv_heads * self.head_dim
         params = d * q + 2 * d * kv + q * d
         if weights_only:
             return params
@@ -238,19 +317,39 @@ class TransformerSpec:
             params += (matrices - 1) * self.d_ff + self.d_model
         return params
 
+    def dense_mlp_params(self, weights_only: bool = False) -> int:
+        """The MLP of one of an MoE model's first ``n_dense_layers`` layers (width
+        ``dense_d_ff``); 0 without them."""
+        if not self.n_dense_layers:
+            return 0
+        matrices = 3 if self.glu else 2
+        params = matrices * self.d_model * self.dense_d_ff
+        if self.mlp_bias and not weights_only:
+            params += (matrices - 1) * self.dense_d_ff + self.d_model
+        return params
+
     def expert_params(self) -> int:
         """The routed experts' parameters, all layers (the part expert parallelism shards); 0 for
         a dense model."""
-        return self.n_layer * self.n_experts * self.mlp_params() if self.is_moe else 0
+        return self.moe_layers * self.n_experts * self.mlp_params() if self.is_moe else 0
 
     def _norms(self) -> int:
         return 2 * self.d_model if self.norm_params_per_layer is None else self.norm_params_per_layer
 
     def layer_params(self, active: bool = False) -> int:
-        """One layer: attention, MLP(s) (all experts, or only the active ones), router, norms."""
+        """One layer: attention, MLP(s) (all experts, or only the active ones), router, norms;
+        of an MoE model, a layer with experts (the largest)."""
         experts = (self.experts_per_token if active else self.n_experts) + self.n_shared_experts
         router = self.d_model * self.n_experts if self.is_moe else 0
         return self.attention_params() + experts * self.mlp_params() + router + self._norms()
+
+    def _dense_layers_params(self, active: bool, weights_only: bool = False) -> int:
+        """What the first ``n_dense_layers`` layers hold less than layers with experts would."""
+        if not self.n_dense_layers:
+            return 0
+        experts = (self.experts_per_token if active else self.n_experts) + self.n_shared_experts
+        moe = experts * self.mlp_params(weights_only) + self.d_model * self.n_experts
+        return self.n_dense_layers * (self.dense_mlp_params(weights_only) - moe)
 
     def embedding_params(self) -> int:
         """Input embedding (plus learned positions) and, when untied, the output head."""
@@ -261,7 +360,8 @@ class TransformerSpec:
         """Total parameters, or those that process one token (``active``: MoE's routed experts
         count only ``experts_per_token`` times)."""
         final_norm = self._norms() // 2
-        return self.n_layer * self.layer_params(active) + self.embedding_params() + final_norm
+        return (self.n_layer * self.layer_params(active) + self._dense_layers_params(active)
+                + self.embedding_params() + final_norm)
 
     def matmul_params(self, active: bool = True) -> int:
         """Weights that take part in a matmul for one token (embedding look-ups, norms and biases
@@ -270,12 +370,19 @@ class TransformerSpec:
         router = self.d_model * self.n_experts if self.is_moe else 0
         per_layer = (self.attention_params(weights_only=True)
                      + experts * self.mlp_params(weights_only=True) + router)
-        return self.n_layer * per_layer + self.vocab_size * self.d_model
+        return (self.n_layer * per_layer + self._dense_layers_params(active, weights_only=True)
+                + self.vocab_size * self.d_model)
 
     # ---------------------------------------------------------------- per token
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
         """Keys and values of one token in every layer:
-        ``2 x n_layer x n_kv_head x d_head x bytes`` (:func:`kv_cache_bytes`)."""
+        ``2 x n_layer x n_kv_head x d_head x bytes`` (:func:`kv_cache_bytes`); under MLA the
+        latent and the RoPE key, ``n_layer x (kv_lora_rank + qk_rope_head_dim) x bytes``
+        (DeepSeek-V3: 61 x 576 x 2 = 70,272 bytes)."""
+        if self.kv_latent:
+            check_amount("kv_cache_bytes_per_token: bytes_per_element", bytes_per_element)
+            return (self.n_layer * (self.kv_lora_rank + self.qk_rope_head_dim)
+                    * bytes_per_element)
         return kv_cache_bytes(self.n_layer, self.kv_heads, self.head_dim, 1, bytes_per_element)
 
     def kv_shards(self, tp: int) -> int:
@@ -295,14 +402,30 @@ class TransformerSpec:
 
     @cached_property
     def flop_terms(self) -> tuple[int, int]:
-        """``(2 x matmul params (active), 4 x n_layer x n_head x d_head)``: a token's forward FLOPs
-        are ``first + second x keys`` (:meth:`forward_flops_per_token`); computed once per spec,
-        as cost models call it for every sequence length."""
-        return 2 * self.matmul_params(), 4 * self.n_layer * self.n_head * self.head_dim
+        """``(2 x matmul params (active), 2 x n_layer x n_head x (qk_head_dim + v_dim))``: a
+        token's forward FLOPs are ``first + second x keys`` (:meth:`forward_flops_per_token`;
+        the second is ``4 x n_layer x n_head x d_head`` without MLA); computed once per spec, as
+        cost models call it for every sequence length."""
+        return (2 * self.matmul_params(),
+                2 * self.n_layer * self.n_head * (self.qk_head_dim + self.v_dim))
+
+    @cached_property
+    def decode_flops_per_key(self) -> int:
+        """Attention FLOPs of a decode step per sequence and cached key: the forward's (the second
+        of :attr:`flop_terms`), or under MLA the absorbed kernel's, each head scoring and summing
+        the cached latents themselves, ``2 x n_layer x n_head x (2 kv_lora_rank +
+        qk_rope_head_dim)`` (DeepSeek-V2, arXiv:2405.04434, appendix C; FlashMLA): 278,528 a
+        layer for DeepSeek-V3, 3.4x its training kernel's 81,920."""
+        if self.kv_latent:
+            return (2 * self.n_layer * self.n_head
+                    * (2 * self.kv_lora_rank + self.qk_rope_head_dim))
+        return self.flop_terms[1]
 
     def forward_flops_per_token(self, context: int) -> int:
         """Forward FLOPs of one token attending over ``context`` positions:
-        ``2 x matmul params (active) + 4 x n_layer x n_head x d_head x context``.
+        ``2 x matmul params (active) + 4 x n_layer x n_head x d_head x context`` (under MLA
+        ``2 x n_layer x n_head x (qk_head_dim + v_dim)`` per key: the up-projected heads a
+        teacher-forced pass runs; a decode step's absorbed kernel: :attr:`decode_flops_per_key`).
 
         Raises:
             ValueError: for a context that is not a finite number >= 0."""
@@ -408,16 +531,17 @@ SPECS: dict[str, TransformerSpec] = {
         source="config.json of Qwen/Qwen3-235B-A22B (94 layers, 128 experts of 1536, 8 active, "
                "QK-norm): 235B parameters, 22B active"),
     "deepseek-v3": TransformerSpec(
-        "deepseek-v3", n_layer=61, d_model=7168, n_head=128, n_kv_head=2, d_head=144, d_ff=2048,
-        vocab_size=129280, n_experts=256, experts_per_token=8, n_shared_experts=1, kv_latent=True,
-        max_context=163840,
+        "deepseek-v3", n_layer=61, d_model=7168, n_head=128, d_head=128, d_ff=2048,
+        vocab_size=129280, n_experts=256, experts_per_token=8, n_shared_experts=1,
+        n_dense_layers=3, dense_d_ff=18432, kv_lora_rank=512, q_lora_rank=1536,
+        qk_rope_head_dim=64, v_head_dim=128, max_context=163840,
         source="DeepSeek-V3 technical report, arXiv:2412.19437, and config.json of "
-               "deepseek-ai/DeepSeek-V3 (61 layers, width 7168, 256 routed experts of 2048 + 1 "
-               "shared, 8 active; 671B parameters, 37B active), as a uniform spec: every layer "
-               "MoE (the real first 3 are dense) and multi-head latent attention's compressed "
-               "cache (512 + 64 values per layer) as 2 KV heads of 144, the same bytes per "
-               "token, held whole by every TP rank (kv_latent); its low-rank projections are not expressible, so the spec counts 709B "
-               "parameters (+5.6%) and 42.5B active (+15%)"),
+               "deepseek-ai/DeepSeek-V3: 61 layers of width 7168, the first 3 with a dense MLP "
+               "of 18,432, the others 256 routed experts of 2,048 + 1 shared, 8 active; "
+               "multi-head latent attention over 128 heads (q_lora_rank 1,536, kv_lora_rank 512, "
+               "qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128): 671B parameters, "
+               "36.6B active with the output head (the multi-token-prediction module's 11.5B "
+               "not counted)"),
 }
 
 

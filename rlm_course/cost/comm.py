@@ -503,8 +503,10 @@ def context_parallel_comm(spec: TransformerSpec, cp: int, tokens: float, link: L
                           backward: bool = True, kv_bytes: int = BF16) -> CommCost:
     """Ring attention over ``cp`` devices for a sequence (or packed batch) of ``tokens`` tokens,
     every layer: ``cp - 1`` ring steps, each passing a ``tokens / cp`` shard of keys and values
-    (``2 x kv_heads x d_head`` values per token); the backward pass sends the keys and values
-    and their gradients again (2x).
+    (``2 x kv_heads x d_head`` values per token; under MLA the up-projected heads' keys and values,
+    ``n_head x (qk_head_dim + v_head_dim)``, as Megatron-Core's ring attention runs it:
+    :meth:`~rlm_course.cost.architectures.TransformerSpec.kv_values_per_token`); the backward pass
+    sends the keys and values and their gradients again (2x).
 
     Raises:
         ValueError: for a ``cp`` that is not a positive integer, a bad token count, or a link,
@@ -515,7 +517,7 @@ def context_parallel_comm(spec: TransformerSpec, cp: int, tokens: float, link: L
     if cp == 1:
         return NONE
     _check_options("context_parallel_comm", link, dict(backward=backward), kv_bytes=kv_bytes)
-    shard = 2 * tokens / cp * spec.kv_heads * spec.head_dim * kv_bytes
+    shard = tokens / cp * spec.kv_values_per_token() * kv_bytes
     steps = (cp - 1) * spec.n_layer * (3 if backward else 1)
     return CommCost(shard * steps, p2p_seconds(shard, link) * steps, steps)
 
@@ -524,7 +526,9 @@ def ulysses_comm(spec: TransformerSpec, sp: int, tokens: float, link: Link,
                  backward: bool = True, act_bytes: int = BF16) -> CommCost:
     """DeepSpeed-Ulysses over ``sp`` devices on ``tokens`` tokens: per layer, all-to-alls of the
     queries, keys, values and output, each rank holding ``tokens / sp`` positions of
-    ``heads x d_head`` (or ``kv_heads x d_head``) values, twice as many with the backward.
+    ``heads x d_head`` (or ``kv_heads x d_head``) values (under MLA queries and keys of
+    ``qk_head_dim``, values and output of ``v_head_dim``, every head), twice as many with the
+    backward.
 
     Raises:
         ValueError: if ``sp`` does not divide the key/value heads; for a bad token count, or a
@@ -538,8 +542,9 @@ def ulysses_comm(spec: TransformerSpec, sp: int, tokens: float, link: Link,
     if sp == 1:
         return NONE
     _check_options("ulysses_comm", link, dict(backward=backward), act_bytes=act_bytes)
-    local = tokens / sp * spec.head_dim * act_bytes
-    parts = [spec.n_head, spec.kv_heads, spec.kv_heads, spec.n_head]  # q, k, v, output
+    local = tokens / sp * act_bytes
+    qk, v = spec.qk_head_dim, spec.v_dim
+    parts = [spec.n_head * qk, spec.kv_heads * qk, spec.kv_heads * v, spec.n_head * v]  # q k v o
     one = sum((CommCost((sp - 1) / sp * local * h, all_to_all_seconds(local * h, sp, link), 1)
                for h in parts), NONE)
     return one * (spec.n_layer * (2 if backward else 1))
@@ -548,7 +553,8 @@ def ulysses_comm(spec: TransformerSpec, sp: int, tokens: float, link: Link,
 def expert_parallel_comm(spec: TransformerSpec, ep: int, tokens: float, link: Link,
                          backward: bool = True, act_bytes: int = BF16,
                          recompute: bool = False) -> CommCost:
-    """Expert parallelism over ``ep`` devices, ``tokens`` tokens per device: per MoE layer a
+    """Expert parallelism over ``ep`` devices, ``tokens`` tokens per device: per MoE layer
+    (:attr:`~rlm_course.cost.architectures.TransformerSpec.moe_layers`) a
     dispatch and a combine all-to-all of ``tokens x k x d_model`` (two more backward, and two
     more with full activation recomputation, which runs the layer's forward, its dispatch and
     combine included, again: 6 per layer). Under tensor parallelism with sequence parallelism a
@@ -567,7 +573,7 @@ def expert_parallel_comm(spec: TransformerSpec, ep: int, tokens: float, link: Li
                    act_bytes=act_bytes)
     m = tokens * spec.experts_per_token * spec.d_model * act_bytes
     one = CommCost((ep - 1) / ep * m, all_to_all_seconds(m, ep, link), 1)
-    return one * (spec.n_layer * ((6 if recompute else 4) if backward else 2))
+    return one * (spec.moe_layers * ((6 if recompute else 4) if backward else 2))
 
 
 # ---------------------------------------------------------------------- the roofline

@@ -178,7 +178,7 @@ class Rates:
             It scales every byte of the step, the KV cache's and the attention's too: applied to
             the routed experts' bytes alone and refitted, NeMo-RL's GB200 families predict their
             Qwen3-30B-A3B rows (KV cache about half of a step's bytes) further from the
-            published ones (67 of 91 out of sample within tolerance instead of 68), so what the
+            published ones (one figure fewer out of sample within tolerance), so what the
             share measures on GB200 is more than the fused-MoE kernels.
         max_batch: most sequences a generation replica decodes at once; default 1024 (verl's
             rollout ``max_num_seqs``).
@@ -443,8 +443,9 @@ class DecodeCost:
                      workload=self.workload, fabric=self.fabric)
         s, r, tp = self.spec, self.rates, self.tp
         s.check_degree("tp", tp)
-        # FLOPs of one token's matmuls, and per key it attends over
-        self.per_token, self.attention = s.flop_terms
+        # FLOPs of one token's matmuls, and per key it attends over (MLA's absorbed kernel: the
+        # cached latents themselves; a prefill runs the up-projected heads, flop_terms)
+        self.per_token, self.attention = s.flop_terms[0], s.decode_flops_per_key
         # KV bytes of one token on one device: split over the ranks that hold distinct KV heads
         self.kv = s.kv_cache_bytes_per_token(self.workload.kv_bytes) / s.kv_shards(tp)
         self.flop_rate = tp * self.device.peak_flops * r.decode_mfu

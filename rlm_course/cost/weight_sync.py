@@ -75,20 +75,31 @@ BUCKET_BYTES = 512 * 2**20  # slime's and verl's bucket size
 
 def tensor_count(spec: TransformerSpec) -> int:
     """Tensors of a Hugging Face state dict of ``spec``: per layer the q, k, v and output
-    projections (and their biases), two norms (four tensors with LayerNorm biases or QK-norms), the MLP's two or three matrices (and biases) per expert, the shared experts and
-    the router; the embedding, the output head unless tied, the final norm.
+    projections (and their biases; under MLA the query's two projections and the latent's, with
+    their two norms, and the output: 7), two norms (four tensors with LayerNorm biases or
+    QK-norms), the MLP's two or three matrices (and biases) per expert, the shared experts and
+    the router (and DeepSeek-V3's routing bias, ``e_score_correction_bias``), the first
+    ``n_dense_layers`` layers' one MLP instead; the embedding, the output head unless tied, the
+    final norm. DeepSeek-V3: 45,395 (58 layers of 782, 3 of 12).
 
     Raises:
         ValueError: if ``spec`` is not a TransformerSpec.
     """
     check_kinds([("spec", spec, TransformerSpec, "get_spec('qwen2.5-7b')")], "tensor_count: ")
-    per_layer = 4 + (3 if spec.qkv_bias else 0) + (1 if spec.out_bias else 0)
+    if spec.kv_latent:  # q_a (and its norm) and q_b, or q; kv_a, its norm, kv_b; o
+        per_layer = (3 if spec.q_lora_rank else 1) + 3 + 1
+    else:
+        per_layer = 4 + (3 if spec.qkv_bias else 0) + (1 if spec.out_bias else 0)
     norm_params = spec.norm_params_per_layer or 2 * spec.d_model
     per_layer += 4 if norm_params > 2 * spec.d_model else 2  # LayerNorm biases, or QK-norms
     mlp = (3 if spec.glu else 2) * (2 if spec.mlp_bias else 1)
-    per_layer += (spec.n_experts + spec.n_shared_experts) * mlp if spec.is_moe else mlp
-    per_layer += 1 if spec.is_moe else 0  # the router
-    return spec.n_layer * per_layer + 2 + (0 if spec.tied_embeddings else 1)
+    dense = spec.n_layer * (per_layer + mlp)
+    if not spec.is_moe:
+        return dense + 2 + (0 if spec.tied_embeddings else 1)
+    # the router, and MLA models' routing bias (DeepSeek-V3's auxiliary-loss-free balancing)
+    moe = per_layer + (spec.n_experts + spec.n_shared_experts) * mlp + (2 if spec.kv_latent else 1)
+    return (spec.moe_layers * moe + spec.n_dense_layers * (per_layer + mlp)
+            + 2 + (0 if spec.tied_embeddings else 1))
 
 
 def broadcast_link(fabric: Fabric, ranks: int) -> Link:

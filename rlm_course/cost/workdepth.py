@@ -201,20 +201,25 @@ def layer_norm(rows: int, d: int, name: str = "layer norm") -> Computation:
                elementwise(rows * d, 3, "rsqrt-scale, gain, bias"))
 
 
-def attention(batch: int, n_head: int, seq_len: int, context: int, d_head: int) -> Computation:
+def attention(batch: int, n_head: int, seq_len: int, context: int, d_head: int,
+              d_v: int | None = None) -> Computation:
     """Scaled dot-product attention of ``seq_len`` queries over ``context`` keys in every head:
-    ``softmax(q k^T / sqrt(d)) v``; the ``batch x n_head`` heads are independent."""
+    ``softmax(q k^T / sqrt(d)) v``; the ``batch x n_head`` heads are independent. ``d_v``: the
+    values' width when it differs from the keys' (MLA's 128 against 192)."""
     one_head = seq("one head", matmul(seq_len, d_head, context, "q k^T"),
                    elementwise(seq_len * context, 1, "scale + mask"),
-                   softmax(seq_len, context), matmul(seq_len, context, d_head, "p v"))
+                   softmax(seq_len, context),
+                   matmul(seq_len, context, d_head if d_v is None else d_v, "p v"))
     return repeat(one_head, batch * n_head, parallel=True, name="attention")
 
 
-def mlp(spec: TransformerSpec, rows: int, name: str = "mlp") -> Computation:
+def mlp(spec: TransformerSpec, rows: int, name: str = "mlp",
+        d_ff: int | None = None) -> Computation:
     """One MLP on ``rows`` tokens: up-projection, nonlinearity, down-projection. A gated (SwiGLU)
     MLP projects to ``2 d_ff`` (gate and up, fused) and spends 2 operations per hidden value
-    (SiLU, multiply); a GELU MLP projects to ``d_ff`` and spends 1."""
-    d, hidden = spec.d_model, spec.d_ff
+    (SiLU, multiply); a GELU MLP projects to ``d_ff`` and spends 1. ``d_ff``: a width other
+    than the spec's (an MoE model's dense layers)."""
+    d, hidden = spec.d_model, spec.d_ff if d_ff is None else d_ff
     if spec.glu:
         return seq(name, matmul(rows, d, 2 * hidden, "gate + up"),
                    elementwise(rows * hidden, 2, "silu * up"), matmul(rows, hidden, d, "down"))
@@ -236,13 +241,54 @@ def moe(spec: TransformerSpec, rows: int) -> Computation:
                                                      "weighted sum"))
 
 
-def layer(model: Model, batch: int, seq_len: int, context: int | None = None) -> Computation:
+def mla_attention(spec: TransformerSpec, batch: int, seq_len: int, context: int) -> Computation:
+    """Multi-head latent attention as a teacher-forced pass runs it (DeepSeek-V2,
+    arXiv:2405.04434, section 2.1): the query's down- and up-projections (or one projection
+    without ``q_lora_rank``), the latent's down-projection with the shared RoPE key, its norm and
+    up-projection to every head's key and value, attention with keys of ``qk_head_dim`` and values
+    of ``v_dim``, the output projection. The latents' norms are RMSNorms, drawn as
+    :func:`layer_norm` like the block's."""
+    d, rows, h = spec.d_model, batch * seq_len, spec.n_head
+    rq, r, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_rope_head_dim
+    query = (seq("query", matmul(rows, d, rq, "q down"), layer_norm(rows, rq, "q norm"),
+                 matmul(rows, rq, h * spec.qk_head_dim, "q up")) if rq
+             else matmul(rows, d, h * spec.qk_head_dim, "q"))
+    latent = seq("latent", matmul(rows, d, r + rope, "kv down + rope key"),
+                 layer_norm(rows, r, "kv norm"),
+                 matmul(rows, r, h * (spec.head_dim + spec.v_dim), "kv up"))
+    return seq("mla", par("projections", query, latent),
+               attention(batch, h, seq_len, context, spec.qk_head_dim, spec.v_dim),
+               matmul(rows, h * spec.v_dim, d, "out proj"))
+
+
+def _deepseek_layer(spec: TransformerSpec, batch: int, seq_len: int, context: int,
+                    dense: bool) -> Computation:
+    """:func:`layer` of an MLA model (:func:`mla_attention`) or of an MoE model's first dense
+    layers (its MLP ``dense_d_ff`` wide): the same pre-norm block around other parts."""
+    rows, d = batch * seq_len, spec.d_model
+    ffn = (mlp(spec, rows, d_ff=spec.dense_d_ff) if dense
+           else moe(spec, rows) if spec.is_moe else mlp(spec, rows))
+    attn = (mla_attention(spec, batch, seq_len, context) if spec.kv_latent else seq(
+        "attention block", matmul(rows, d, (spec.n_head + 2 * spec.kv_heads) * spec.head_dim,
+                                  "qkv"),
+        attention(batch, spec.n_head, seq_len, context, spec.head_dim),
+        matmul(rows, spec.n_head * spec.head_dim, d, "out proj")))
+    return seq("layer", layer_norm(rows, d, "norm 1"), attn, elementwise(rows * d, 1, "residual"),
+               layer_norm(rows, d, "norm 2"), ffn, elementwise(rows * d, 1, "residual"))
+
+
+def layer(model: Model, batch: int, seq_len: int, context: int | None = None,
+          dense: bool = False) -> Computation:
     """One pre-norm transformer block on ``batch x seq_len`` new tokens attending over
     ``context`` positions (default ``seq_len``); queries in ``n_head`` heads, keys and values in
-    ``n_kv_head`` (GQA), fused into one projection."""
+    ``n_kv_head`` (GQA), fused into one projection (under MLA, :func:`mla_attention`).
+    ``dense``: one of an MoE model's first ``n_dense_layers`` layers, with a dense MLP of
+    ``dense_d_ff``."""
     spec = as_spec(model)
     ctx = seq_len if context is None else context
     _positive(batch=batch, seq_len=seq_len, context=ctx)
+    if spec.kv_latent or dense:  # DeepSeek's layers: latent attention, a dense MLP first
+        return _deepseek_layer(spec, batch, seq_len, ctx, dense)
     d, rows, dh = spec.d_model, batch * seq_len, spec.head_dim
     qkv_width = (spec.n_head + 2 * spec.kv_heads) * dh
     # BEGIN SOLUTION: in order: norm, fused qkv matmul, attention over the heads, output projection, residual add, norm, the MLP (or MoE), residual add
@@ -266,9 +312,13 @@ def forward(model: Model, batch: int, seq_len: int, context: int | None = None,
     rows = batch * seq_len
     head = (matmul(rows, spec.d_model, spec.vocab_size, "lm head") if value_positions is None
             else matmul(batch * value_positions, spec.d_model, 1, "value head"))
-    return seq("forward", elementwise(rows * spec.d_model, 1, "embed + position"),
-               repeat(layer(spec, batch, seq_len, context), spec.n_layer, parallel=False,
-                      name=f"{spec.n_layer} layers"),
+    blocks = repeat(layer(spec, batch, seq_len, context), spec.moe_layers or spec.n_layer,
+                    parallel=False, name=f"{spec.moe_layers or spec.n_layer} layers")
+    if spec.n_dense_layers:  # an MoE model's first layers, with a dense MLP
+        blocks = seq(f"{spec.n_layer} layers",
+                     repeat(layer(spec, batch, seq_len, context, dense=True), spec.n_dense_layers,
+                            parallel=False, name=f"{spec.n_dense_layers} dense layers"), blocks)
+    return seq("forward", elementwise(rows * spec.d_model, 1, "embed + position"), blocks,
                layer_norm(rows, spec.d_model, "final norm"), head)
 
 
@@ -349,7 +399,7 @@ def decode(config: Model, batch: int, prompt_len: int, response_len: int,
     steps = [seq("prefill", forward(spec, batch, prompt_len), sample)]
     # per extra key, one query in every head of every layer costs q.k (2 d_h), scale and mask (1),
     # softmax (5) and p.v (2 d_h)
-    slope = batch * spec.n_head * spec.n_layer * (4 * spec.head_dim + 6)
+    slope = batch * spec.n_head * spec.n_layer * (2 * (spec.qk_head_dim + spec.v_dim) + 6)
     t = 1
     while t < response_len:
         ctx = prompt_len + t
@@ -384,7 +434,7 @@ def _decode_lengths(spec: TransformerSpec, batch: int, prompt_len: int, response
     sample = softmax(batch, spec.vocab_size, "sample")
     steps = [seq("prefill", forward(spec, batch, prompt_len), sample)]
     one_sample = softmax(1, spec.vocab_size, "sample")
-    slope = spec.n_head * spec.n_layer * (4 * spec.head_dim + 6)  # per extra key, one sequence
+    slope = spec.n_head * spec.n_layer * (2 * (spec.qk_head_dim + spec.v_dim) + 6)  # a key more
     # active[t]: sequences longer than t tokens, i.e. still decoding at step t
     active, i = [0] * longest, 0
     for t in range(1, longest):

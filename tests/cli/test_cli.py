@@ -238,7 +238,7 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
     # no layout fits: the answer says how many GPUs would (doubling, then whole nodes between)
     (["--model", "deepseek-v3", "--gpus", "16"],
      "no layout of deepseek-v3 fits 16 x H100-SXM-80GB for this workload; the smallest count "
-     "that fits is 128 (on 120 the nearest layout misses by 10.5 GB)"),
+     "that fits is 128 (on 120 the nearest layout misses by 8.6 GB)"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "this-machine"],
      "--gpus 8 with --device this-machine: this-machine has no link between devices, so a plan "
      "holds at most 1; give --gpus 1"),

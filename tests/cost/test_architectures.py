@@ -159,7 +159,7 @@ def test_a_generation_tp_too_small_names_the_degree_that_holds_the_weights():
     from rlm_course.cost.hardware import get_device
 
     h100, w = get_device("H100-SXM-80GB"), Workload(8, 4, 512, 1024)
-    spec = get_spec("deepseek-v3")  # 1,418 GB of bf16 weights: 18 H100s' worth, so TP 32 of 64
+    spec = get_spec("deepseek-v3")  # 1,342 GB of bf16 weights: 17 H100s' worth, so TP 32 of 64
     for tp in (2, 16):
         with pytest.raises(ValueError, match=r"do not fit in tp=\d+ x 80 GB .*; raise the "
                                              r"generation TP degree to 32 \(the smallest that "

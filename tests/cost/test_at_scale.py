@@ -20,6 +20,7 @@ from rlm_course.cost.weight_sync import BUCKET_BYTES, predict_transition, sync_c
 
 H100 = get_device("H100-SXM-80GB")
 DSV3, LLAMA70 = get_spec("deepseek-v3"), get_spec("llama-3-70b")
+H100_LINK = comm.Fabric.of(H100).link(8)
 
 
 def test_mla_and_gqa_kv_caches_are_replicated_past_their_heads():
@@ -42,6 +43,63 @@ def test_mla_and_gqa_kv_caches_are_replicated_past_their_heads():
     _, _, b0, _ = cost._terms(256, 256 * 8192)
     weights = cost._weight_bytes(256)
     assert b0 * H100.memory_bandwidth == pytest.approx(weights + 256 * 8193 * 576 * 61 * 2)
+
+
+def test_deepseek_v3_is_its_real_architecture_multi_head_latent_attention_and_dense_layers():
+    """DeepSeek-V3 by hand from its config.json: 671B parameters, 36.6B active with the head."""
+    d, h, layers = 7168, 128, 61
+    # MLA a layer: q 7168 -> 1536 -> 128 x 192; kv 7168 -> 512 + 64, 512 -> 128 x (128 + 128);
+    # out 128 x 128 -> 7168; the two latents' norms
+    attention = (d * 1536 + 1536 * h * 192 + d * 576 + 512 * h * 256 + h * 128 * d
+                 + 512 + 1536)
+    assert DSV3.attention_params() == attention == 187_107_328
+    expert, router, norms = 3 * d * 2048, 256 * d, 2 * d
+    moe_layer = attention + 257 * expert + router + norms
+    dense_layer = attention + 3 * d * 18432 + norms
+    embeddings = 2 * 129280 * d
+    assert DSV3.params() == 58 * moe_layer + 3 * dense_layer + embeddings + d
+    assert DSV3.params() / 1e9 == pytest.approx(671.0, abs=0.05)
+    assert DSV3.expert_params() == 58 * 256 * expert
+    active = 58 * (attention - 2048 + 9 * expert + router) + 3 * (attention - 2048
+                                                                   + 3 * d * 18432) + 129280 * d
+    assert DSV3.matmul_params() == active and active / 1e9 == pytest.approx(36.6, abs=0.05)
+    # state dict: 7 attention tensors and 2 norms a layer, 256 x 3 + 3 expert matrices and the
+    # router's weight and bias in the 58 MoE layers, 3 MLP matrices in the 3 dense ones
+    assert tensor_count(DSV3) == 58 * (9 + 771 + 2) + 3 * (9 + 3) + 3 == 45_395
+    # attention FLOPs per key: the teacher-forced kernel on the up-projected heads (keys of 192,
+    # values of 128); a decode step's absorbed kernel on the latents (scores over 576, sums of 512)
+    assert DSV3.flop_terms[1] == 2 * layers * h * (192 + 128)
+    assert DSV3.decode_flops_per_key == 2 * layers * h * (576 + 512)
+    assert DSV3.forward_flops_per_token(1000) == DSV3.flop_terms[0] + 1000 * 2 * layers * h * 320
+    cost = DecodeCost(DSV3, H100, 32, Rates(), comm.Fabric.of(H100), Workload(1, 1, 1, 1))
+    cost.count(1, 1, 1000)  # one step of one sequence over 1,000 cached tokens
+    assert cost.flops == DSV3.flop_terms[0] + 1000 * DSV3.decode_flops_per_key
+    # ring attention passes the up-projected keys and values (128 x (192 + 128) values a token),
+    # not the 576-value latent the cache holds: 32,768 tokens over cp 4, one forward
+    ring = comm.context_parallel_comm(DSV3, 4, 32768, H100_LINK, backward=False)
+    assert ring.bytes == 3 * layers * 8192 * h * 320 * 2
+    # Ulysses splits its 128 heads (no KV heads to divide): sp 8 is allowed
+    DSV3.check_degree("sp", 8)
+    uly = comm.ulysses_comm(DSV3, 8, 32768, H100_LINK, backward=False)
+    assert uly.bytes == pytest.approx(layers * 7 / 8 * 4096 * 2 * h * (192 + 192 + 128 + 128))
+    # the expert all-to-alls run in the 58 layers with experts
+    ep = comm.expert_parallel_comm(DSV3, 8, 4096, H100_LINK, backward=False)
+    assert ep.bytes == pytest.approx(58 * 2 * 7 / 8 * 4096 * 8 * d * 2)
+    # the work-depth graph draws the same layers: its work is the FLOP count's, to 0.1%
+    from rlm_course.cost import workdepth
+    assert workdepth.forward(DSV3, 2, 64).work == pytest.approx(
+        teacher_forced_flops(DSV3, 64, 2), rel=1e-3)
+    # an MLA or dense-layer setting that does not describe one is refused by name
+    from rlm_course.cost.architectures import TransformerSpec
+    base = dict(n_layer=4, d_model=64, n_head=4, d_ff=128, vocab_size=100)
+    for kwargs, said in ((dict(q_lora_rank=32), "give kv_lora_rank too"),
+                         (dict(kv_lora_rank=32, n_kv_head=2), "leave n_kv_head out"),
+                         (dict(n_dense_layers=1, dense_d_ff=256), "needs an MoE model"),
+                         (dict(n_experts=4, experts_per_token=2, n_dense_layers=1),
+                          "and dense_d_ff"),
+                         (dict(kv_lora_rank=0), "kv_lora_rank=0 must be a positive integer")):
+        with pytest.raises(ValueError, match=said):
+            TransformerSpec("bad", **base, **kwargs)
 
 
 def test_the_moe_decode_efficiency_slows_an_moe_models_memory_bound_decode_only():
