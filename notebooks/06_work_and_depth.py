@@ -73,14 +73,14 @@ assert total.speedup(10**9) <= total.parallelism
 #
 # Blocks compose: a layer is a norm, the fused QKV matmul, attention (all heads independent), the
 # output projection, a residual add, a norm, the MLP and another add, one after the other. Its
-# depth is about 150 operations for Llama-3-8B, the same for any batch, and growing only with the
+# depth is about 150 operations for Llama-3.1-8B, the same for any batch, and growing only with the
 # logarithm of the sequence length: all tokens are processed at once.
 
 # %%
 from rlm_course.cost.architectures import get_spec
 from rlm_course.utils import format_table
 
-llama = get_spec("llama-3-8b")
+llama = get_spec("llama-3.1-8b")
 block = wd.layer(llama, batch=8, seq_len=512)
 print(format_table([[name, f"{w:.3g}", d] for name, w, d in block.breakdown()],
                    ["part", "work (FLOP)", "depth"]))
@@ -145,7 +145,7 @@ assert error <= reorder_tolerance(torch.float32, terms=50, depth=2)
 # GRPO: generation, then the scoring passes (independent: depth is the maximum), the group
 # advantages, then the gradient steps one after the other. PPO adds the critic's forward to
 # scoring and runs the critic's update beside the policy's (the critic ends in a scalar value
-# head on the response positions, not the language-model head). For Llama-3-8B with 64 prompts x 16
+# head on the response positions, not the language-model head). For Llama-3.1-8B with 64 prompts x 16
 # samples, 256-token prompts and 1,024-token responses:
 
 # %%
@@ -219,7 +219,7 @@ at_64 = generation_time_bounds(llama, example, h100, 64, 1)
 stages = generation_costs(llama, example)
 roofline = [sum(c.seconds(h100, p, 1) for c in stages.values()) for p in devices]
 flops_at_peak = [sum(c.flops for c in stages.values()) / (p * h100.peak_flops) for p in devices]
-print(f"one decode step of Llama-3-8B on one H100: {at_64['step_seconds'] * 1e3:.1f} ms; "
+print(f"one decode step of Llama-3.1-8B on one H100: {at_64['step_seconds'] * 1e3:.1f} ms; "
       f"depth {at_64['depth_seconds']:.2f} s for {example.max_response_len - 1} steps; work "
       f"{bounds[0.0][0]['work_seconds']:.1f} s on 1 GPU, {bounds[0.0][3]['work_seconds']:.2f} s on "
       f"8, {at_64['work_seconds']:.2f} s on 64 (FLOPs at peak would say "
@@ -373,12 +373,12 @@ print(f"generation depth {deep:,} for 8k-token responses; the whole iteration's 
 # > * Brent: `max(W/p, D) <= T_p <= W/p + D`; past `p ~ W/D` more processors barely help. In
 # >   seconds the work term must be a roofline time (bytes for memory-bound decode), or the
 # >   "upper" bound falls below what the hardware can do.
-# > * A Llama-3-8B layer has depth about 156 operations whatever the batch; a forward pass's depth
+# > * A Llama-3.1-8B layer has depth about 156 operations whatever the batch; a forward pass's depth
 # >   grows only with the logarithm of the sequence length.
 # > * Decode depth grows linearly with the response length; a larger group adds work, not depth
 # >   (for equal lengths).
 # > * In the GRPO example generation is about a sixth of the work and 99% of the depth.
-# > * In seconds, one decode step of Llama-3-8B on an H100 takes at least 4.8 ms (its 16 GB of
+# > * In seconds, one decode step of Llama-3.1-8B on an H100 takes at least 4.8 ms (its 16 GB of
 # >   weights at 3.35 TB/s); 1,023 of them take about 5 s. The generation's work at the roofline
 # >   takes about 50 s on one GPU, 9 s on 8 and 5.5 s on 64: it flattens onto the depth, because
 # >   every replica streams its weights at every step.

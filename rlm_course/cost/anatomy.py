@@ -514,8 +514,9 @@ def decode_step_seconds(spec: TransformerSpec, device: Device, tp: int = 1, sequ
 
     Raises:
         ValueError: for a spec or device of the wrong kind, ``tp < 1`` or one that does not
-            divide the heads, ``sequences < 1``, a context that is not a finite number >= 0, or a
-            negative latency.
+            divide the heads, ``sequences < 1``, a context that is not a finite number >= 0 or
+            is past the model's window (:attr:`TransformerSpec.max_context`), or a negative
+            latency.
     """
     check_kinds([("spec", spec, TransformerSpec, "get_spec('llama-3.1-8b')"),
                  ("device", device, Device, "get_device('H100-SXM-80GB')")],
@@ -526,6 +527,11 @@ def decode_step_seconds(spec: TransformerSpec, device: Device, tp: int = 1, sequ
     spec.check_degree("tp", tp)
     check_amount("decode_step_seconds: context", context)
     check_amount("decode_step_seconds: step_latency", step_latency)
+    if spec.max_context is not None and context >= spec.max_context:
+        # the step writes position `context`: the window holds positions 0 .. max_context - 1
+        raise ValueError(f"decode_step_seconds: a step at context={context:,} writes a token past "
+                         f"{spec.name}'s {spec.max_context:,}-token window; a released model "
+                         f"decodes at contexts below it (or pick a model with a longer window).")
     w = workload or Workload(1, 1, 1, 1)
     kv = spec.kv_cache_bytes_per_token(w.kv_bytes) / spec.kv_shards(tp)
     flops = decode_step_flops(spec, context, sequences)

@@ -397,6 +397,12 @@ def test_lower_level_costs_refuse_bad_input_by_name():
             decode_step_seconds(spec, H100, 1, 1, context=bad)
     with pytest.raises(ValueError, match="kv_cache_bytes: n_layer=32.5 must be a whole number"):
         kv_cache_bytes(32.5, 8, 128, 1)
+    # a step writes position `context`: Llama-3-8B's 8,192-token window ends at position 8,191
+    llama3 = get_spec("llama-3-8b")
+    assert decode_step_seconds(llama3, H100, 1, 1, context=8191) > 0
+    with pytest.raises(ValueError, match="context=8,192 writes a token past llama-3-8b's "
+                                         "8,192-token window"):
+        decode_step_seconds(llama3, H100, 1, 1, context=8192)
     with pytest.raises(ValueError, match=r"decode_step_seconds: device='H100-SXM-80GB' must be "
                                          r"a Device"):
         decode_step_seconds(spec, "H100-SXM-80GB")
