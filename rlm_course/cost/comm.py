@@ -101,15 +101,19 @@ BF16 = 2
 @dataclass(frozen=True)
 class Fabric:
     """The links of a cluster: ``intra`` inside a node of ``devices_per_node`` devices, ``inter``
-    between nodes.
+    between nodes; ``mesh_links``: 0 when a switch gives every group inside a node the whole
+    ``intra`` link, ``k`` when the node is a full mesh of ``k`` links a device (an MI300X
+    platform: :attr:`~rlm_course.cost.hardware.Device.intra_node_links`).
 
     Raises:
-        ValueError: for ``devices_per_node < 1``.
+        ValueError: for ``devices_per_node < 1``, or ``mesh_links`` not an integer from 0 to
+            ``devices_per_node - 1``.
     """
 
     intra: Link | None
     inter: Link | None
     devices_per_node: int
+    mesh_links: int = 0
 
     def __post_init__(self) -> None:
         if (isinstance(self.devices_per_node, bool) or not isinstance(self.devices_per_node,
@@ -117,6 +121,11 @@ class Fabric:
                 or self.devices_per_node < 1):
             raise ValueError(f"devices_per_node={self.devices_per_node!r} must be a positive integer.")
         object.__setattr__(self, "devices_per_node", int(self.devices_per_node))
+        if isinstance(self.mesh_links, bool) or not (
+                isinstance(self.mesh_links, numbers.Integral)
+                and 0 <= self.mesh_links < self.devices_per_node):
+            raise ValueError(f"Fabric.mesh_links={self.mesh_links!r} must be an integer from 0 (a "
+                             f"switch) to devices_per_node - 1 = {self.devices_per_node - 1}.")
         for name in ("intra", "inter"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Link):
@@ -125,21 +134,28 @@ class Fabric:
 
     @classmethod
     def of(cls, device: Device, intra: Link | None = None, inter: Link | None = None) -> "Fabric":
-        """The catalog device's links (per-direction bandwidth, NCCL's per-step latency), or the
-        measured ``intra`` / ``inter`` links given instead."""
+        """The catalog device's links (per-direction bandwidth, NCCL's per-step latency) and its
+        node's topology (a switch, or a mesh of ``intra_node_links`` links), or the measured
+        ``intra`` / ``inter`` links given instead (a measured ``intra`` link is what the groups
+        inside a node reach: no mesh)."""
         if not isinstance(device, Device):
             raise ValueError(f"Fabric.of: device={device!r} must be a Device; pass e.g. "
                              "get_device('H100-SXM-80GB').")
+        mesh = 0
         if intra is None and device.intra_node_bandwidth > 0:
             intra = Link(device.intra_node_latency, device.intra_node_bandwidth)
+            mesh = device.intra_node_links
         if inter is None and device.inter_node_bandwidth > 0:
             inter = Link(device.inter_node_latency, device.inter_node_bandwidth)
-        return cls(intra, inter, device.devices_per_node)
+        return cls(intra, inter, device.devices_per_node, mesh)
 
     def link(self, size: int, stride: int = 1) -> Link:
         """The link a group of ``size`` ranks, ``stride`` apart in rank order, talks over: intra-node
         if the group spans at most one node (``size x stride <= devices_per_node``), else the
-        network.
+        network. In a full mesh of ``k`` links a device (:attr:`mesh_links`) a group inside a node
+        has ``size - 1`` of them, ``(size - 1) / k`` of the intra-node bandwidth: an MI300X pair
+        talks at 64 GB/s a direction over its one Infinity Fabric link, eight of them at 448 GB/s
+        (RCCL's rings over all seven).
 
         Raises:
             ValueError: for a size or stride that is not a positive integer, or if the device
@@ -156,6 +172,8 @@ class Fabric:
             raise ValueError(f"a group of {size} ranks (stride {stride}) needs an {kind} link, "
                              "which this device has none of; give a measured Link (Rates.intra_link "
                              "/ inter_link) or use a catalog accelerator.")
+        if inside and self.mesh_links and 1 < size <= self.mesh_links:
+            return Link(link.alpha, link.beta * (size - 1) / self.mesh_links)
         return link
 
     def ring_link(self, size: int, stride: int = 1) -> Link:

@@ -45,6 +45,12 @@ class Device:
             capacity), of which an inference engine's memory share (vLLM's
             ``gpu_memory_utilization``) is taken; a datasheet's "80 GB" is 80 GiB of HBM, of
             which an H100 reports 79.11 GiB, 84.9e9 bytes, not 80e9 (0: ``memory_bytes``);
+            intra_node_links: how the node's devices connect: 0, through a switch (NVSwitch,
+            an NVL72 domain), every group inside a node at ``intra_node_bandwidth`` a device;
+            ``k``, a full mesh of ``k`` point-to-point links a device (AMD's Infinity Fabric on
+            an MI300X platform: 7 links of 64 GB/s a direction, 448 GB/s together), each
+            ``1 / k`` of it, so a group of ``g`` devices of a node reaches ``(g - 1) / k`` of it
+            (:meth:`Fabric.link <rlm_course.cost.comm.Fabric.link>`: two devices one link);
             devices_per_host: the devices that share one host's CPUs and memory (a server, or a
             GB200 NVL72 compute tray of two Grace CPUs and four GPUs; 0: ``devices_per_node``),
             what an optimizer stepped on the CPU shares (:meth:`TrainerCost.adam_seconds
@@ -54,7 +60,8 @@ class Device:
     Raises:
         ValueError: for a peak, memory or bandwidth that is not positive and finite, a link,
             latency or host bandwidth that is negative or not finite, ``devices_per_node`` that
-            is not a positive integer, or ``reported_memory_bytes`` far from ``memory_bytes``.
+            is not a positive integer, ``intra_node_links`` that is not an integer from 0 to
+            ``devices_per_node - 1``, or ``reported_memory_bytes`` far from ``memory_bytes``.
     """
 
     name: str
@@ -70,6 +77,7 @@ class Device:
     host_bandwidth: float = 0.0
     reported_memory_bytes: float = 0.0
     devices_per_host: int = 0
+    intra_node_links: int = 0
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "memory_bytes", "memory_bandwidth"):
@@ -91,6 +99,12 @@ class Device:
                 isinstance(self.devices_per_host, int) and self.devices_per_host >= 0):
             raise ValueError(f"Device {self.name!r}: devices_per_host={self.devices_per_host!r} "
                              "must be an integer >= 0 (0: devices_per_node).")
+        if isinstance(self.intra_node_links, bool) or not (
+                isinstance(self.intra_node_links, int)
+                and 0 <= self.intra_node_links < self.devices_per_node):
+            raise ValueError(f"Device {self.name!r}: intra_node_links={self.intra_node_links!r} "
+                             "must be an integer from 0 (a switch) to devices_per_node - 1 = "
+                             f"{self.devices_per_node - 1} (a full mesh).")
         if not (is_real(self.reported_memory_bytes)
                 and 0 <= self.reported_memory_bytes <= 2 * self.memory_bytes):
             raise ValueError(f"Device {self.name!r}: reported_memory_bytes="
@@ -157,7 +171,8 @@ def load_catalog() -> dict[str, Device]:
                                    host_bandwidth=float(entry.get("host_bandwidth", 0.0)),
                                    reported_memory_bytes=float(
                                        entry.get("reported_memory_bytes", 0.0)),
-                                   devices_per_host=int(entry.get("devices_per_host", 0)))
+                                   devices_per_host=int(entry.get("devices_per_host", 0)),
+                                   intra_node_links=int(entry.get("intra_node_links", 0)))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"hardware catalog entry {name!r} is incomplete or wrong ({err}); "
                              "restore it from git, or measure this machine again (python -m "

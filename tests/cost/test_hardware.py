@@ -30,6 +30,30 @@ def test_link_bandwidths_are_per_direction_and_latencies_come_with_them():
         assert d.inter_node_bandwidth < d.intra_node_bandwidth, name
 
 
+def test_an_mi300x_node_is_a_mesh_where_a_pair_talks_over_one_link():
+    """Infinity Fabric on the MI300X platform: 7 links of 64 GB/s a direction a GPU, one to each
+    other GPU; NVSwitch gives every group the whole 450 GB/s."""
+    from rlm_course.cost.comm import Fabric, Link, p2p_seconds
+
+    mi300x, h100 = get_device("MI300X-192GB"), get_device("H100-SXM-80GB")
+    assert (mi300x.intra_node_links, h100.intra_node_links) == (7, 0)
+    mesh, switch = Fabric.of(mi300x), Fabric.of(h100)
+    assert [mesh.link(g).beta for g in (2, 4, 8)] == pytest.approx([64e9, 192e9, 448e9])
+    assert mesh.link(2, stride=4).beta == pytest.approx(64e9)  # any pair: one direct link
+    assert [switch.link(g).beta for g in (2, 4, 8)] == [450e9] * 3
+    assert mesh.link(16) is mesh.inter  # across nodes: the network, as before
+    # a pipeline hop of 1 GB between two MI300X: 1e9 / 64e9 s, not / 448e9
+    assert p2p_seconds(1e9, mesh.link(2)) == pytest.approx(3.4e-6 + 1e9 / 64e9)
+    # a measured intra-node link is what the node's groups reach: no mesh on top of it
+    measured = Fabric.of(mi300x, intra=Link(5e-6, 300e9))
+    assert measured.mesh_links == 0 and measured.link(2).beta == 300e9
+    with pytest.raises(ValueError, match="mesh_links=8 must be an integer from 0"):
+        Fabric(Link(1e-6, 1e9), None, 8, 8)
+    import dataclasses
+    with pytest.raises(ValueError, match="intra_node_links=-1 must be an integer from 0"):
+        dataclasses.replace(mi300x, intra_node_links=-1)
+
+
 def test_ridge_points_match_the_published_arithmetic():
     # H100 SXM: 989 TFLOP/s / 3.35 TB/s ~ 295 FLOP/B; H200: 989 / 4.8 ~ 206 (JAX scaling book)
     assert get_device("H100-SXM-80GB").ridge_point == pytest.approx(295, abs=1)
