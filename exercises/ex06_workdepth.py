@@ -18,17 +18,24 @@ __all__ = ['layer', 'brent_bound']
 
 
 def layer(model: Model, batch: int, seq_len: int, context: int | None = None,
-          dense: bool = False) -> Computation:
+          dense: bool = False, absorbed: bool = False) -> Computation:
     """One pre-norm transformer block on ``batch x seq_len`` new tokens attending over
     ``context`` positions (default ``seq_len``); queries in ``n_head`` heads, keys and values in
-    ``n_kv_head`` (GQA), fused into one projection (under MLA, :func:`mla_attention`).
-    ``dense``: one of an MoE model's first ``n_dense_layers`` layers, with a dense MLP of
-    ``dense_d_ff``."""
+    ``n_kv_head`` (GQA), fused into one projection (under MLA, :func:`mla_attention`, with
+    ``absorbed`` as a decode step runs it). ``dense``: one of an MoE model's first
+    ``n_dense_layers`` layers, with a dense MLP of ``dense_d_ff``.
+
+    Raises:
+        ValueError: for non-positive sizes, or ``dense`` for a model without dense layers.
+    """
     spec = as_spec(model)
     ctx = seq_len if context is None else context
     _positive(batch=batch, seq_len=seq_len, context=ctx)
+    if dense is not False and (dense is not True or not spec.n_dense_layers):
+        raise ValueError(f"layer: dense={dense!r} draws one of an MoE model's first dense layers; "
+                         f"{spec.name} has {spec.n_dense_layers} (n_dense_layers).")
     if spec.kv_latent or dense:  # DeepSeek's layers: latent attention, a dense MLP first
-        return _deepseek_layer(spec, batch, seq_len, ctx, dense)
+        return _deepseek_layer(spec, batch, seq_len, ctx, dense, absorbed)
     d, rows, dh = spec.d_model, batch * seq_len, spec.head_dim
     qkv_width = (spec.n_head + 2 * spec.kv_heads) * dh
     # TODO: in order: norm, fused qkv matmul, attention over the heads, output projection, residual add, norm, the MLP (or MoE), residual add

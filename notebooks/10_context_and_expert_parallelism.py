@@ -252,8 +252,8 @@ print(f"for scale: the matmuls of that 128k sequence take {flops / (0.5 * h100.p
 # >   rank stay flat when sequence and degree grow together, ring attention's grow; it stops at
 # >   the key/value heads.
 # > * At scale, EP's all-to-alls are on the critical path of every MoE layer; across nodes they
-# >   take about ten times longer than inside one (DeepSeek-V3, 8k tokens per device: 0.45 s
-# >   against 4.7 s per forward and backward).
+# >   take about ten times longer than inside one (DeepSeek-V3, 8k tokens per device: 0.43 s
+# >   against 4.4 s per forward and backward).
 #
 # ## Further reading
 #

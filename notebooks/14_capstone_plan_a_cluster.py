@@ -493,7 +493,7 @@ print("rates whose plausible range changes the best plan:", ", ".join(flips) or 
 # plan uses. (Each is the best of the candidates the search simulated under that restriction; the
 # search's pruning picks splits with the `async` mode, so these slowdowns are upper bounds.) A
 # restriction no plan satisfies is drawn as a cross at the top of the panel, "none fits": for
-# DeepSeek-V3 no generation TP below 32 holds its 1.4 TB of bf16 weights in 72 GB per device, so
+# DeepSeek-V3 no generation TP below 32 holds its 1.3 TB of bf16 weights in 72 GB per device, so
 # there is no "other generation tp" to compare with. Where the best colocated plan is also the best
 # synchronous one, the two restrictions give the same slowdown and their lines coincide (the
 # dashed line on the solid one).

@@ -29,6 +29,7 @@ training kernel's for DeepSeek-V3.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -72,6 +73,9 @@ class TransformerSpec:
         norm_params_per_layer: parameters of the norms of one layer (RMSNorm: ``2 d``;
             LayerNorm: ``4 d``); the final norm adds ``norm_params_per_layer // 2``.
         n_experts, experts_per_token, n_shared_experts: MoE layout (1, 1, 0 for a dense model).
+        router_bias: the router adds a learned bias per expert to its scores (DeepSeek-V3's
+            ``e_score_correction_bias``, its auxiliary-loss-free load balancing,
+            arXiv:2412.19437 section 2.1.2): ``n_experts`` parameters a layer with experts.
         n_dense_layers, dense_d_ff: an MoE model's first ``n_dense_layers`` layers have one dense
             MLP of width ``dense_d_ff`` instead of experts (DeepSeek-V3's
             ``first_k_dense_replace: 3``, ``intermediate_size: 18432``).
@@ -113,6 +117,7 @@ class TransformerSpec:
     n_experts: int = 1
     experts_per_token: int = 1
     n_shared_experts: int = 0
+    router_bias: bool = False
     n_dense_layers: int = 0
     dense_d_ff: int | None = None
     kv_lora_rank: int | None = None
@@ -153,16 +158,28 @@ class TransformerSpec:
         if self.experts_per_token > self.n_experts:
             raise ValueError(f"{self.name}: experts_per_token={self.experts_per_token} exceeds "
                              f"n_experts={self.n_experts}.")
-        if self.n_dense_layers and (not self.is_moe or self.n_dense_layers >= self.n_layer
-                                    or self.dense_d_ff is None):
-            raise ValueError(f"{self.name}: n_dense_layers={self.n_dense_layers} needs an MoE "
-                             f"model, fewer than its {self.n_layer} layers, and dense_d_ff (the "
-                             "dense MLP's width).")
+        if not isinstance(self.router_bias, bool) or (self.router_bias and not self.is_moe):
+            raise ValueError(f"{self.name}: router_bias={self.router_bias!r} must be True or False, "
+                             "and True only for an MoE model (a router to bias).")
+        if self.n_dense_layers and not self.is_moe:
+            raise ValueError(f"{self.name}: n_dense_layers={self.n_dense_layers} describes an MoE "
+                             "model's first layers without experts; a dense model has only "
+                             "those: leave it out.")
+        if self.n_dense_layers >= self.n_layer:
+            raise ValueError(f"{self.name}: n_dense_layers={self.n_dense_layers} must be fewer "
+                             f"than its {self.n_layer} layers (the rest have experts).")
+        if (self.dense_d_ff is None) != (self.n_dense_layers == 0):
+            raise ValueError(f"{self.name}: n_dense_layers={self.n_dense_layers} and "
+                             f"dense_d_ff={self.dense_d_ff!r} go together: give both (DeepSeek-V3: "
+                             "3 and 18432) or neither.")
         if self.kv_lora_rank is None and (self.q_lora_rank is not None or self.qk_rope_head_dim
                                           or self.v_head_dim is not None):
             raise ValueError(f"{self.name}: q_lora_rank, qk_rope_head_dim and v_head_dim describe "
                              "multi-head latent attention; give kv_lora_rank too (DeepSeek-V3: "
                              "512), or leave them out.")
+        if self.kv_latent and self.d_head is None:
+            raise ValueError(f"{self.name}: under multi-head latent attention d_head is a head's "
+                             "qk_nope_head_dim (DeepSeek-V3: 128), not d_model / n_head; give it.")
         if self.kv_latent and self.kv_heads != self.n_head:
             raise ValueError(f"{self.name}: n_kv_head={self.n_kv_head}: under multi-head latent "
                              f"attention every one of the {self.n_head} heads has its own key "
@@ -180,7 +197,7 @@ class TransformerSpec:
         """
         if axis not in ("tp", "pp", "dp", "cp", "sp", "ep"):
             raise ValueError(f"axis={axis!r}: choose one of tp, pp, dp, cp, sp, ep.")
-        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+        if isinstance(degree, bool) or not isinstance(degree, numbers.Integral) or degree < 1:
             raise ValueError(f"{axis}={degree!r} must be a positive integer (1: no {axis}).")
         if axis == "tp" and self.n_head % degree:
             raise ValueError(f"tp={degree} does not divide {self.name}'s {self.n_head} attention "
@@ -340,15 +357,20 @@ class TransformerSpec:
         """One layer: attention, MLP(s) (all experts, or only the active ones), router, norms;
         of an MoE model, a layer with experts (the largest)."""
         experts = (self.experts_per_token if active else self.n_experts) + self.n_shared_experts
-        router = self.d_model * self.n_experts if self.is_moe else 0
-        return self.attention_params() + experts * self.mlp_params() + router + self._norms()
+        return self.attention_params() + experts * self.mlp_params() + self._router() + self._norms()
+
+    def _router(self, weights_only: bool = False) -> int:
+        """A layer's router: ``d_model x n_experts``, and its bias unless ``weights_only``."""
+        if not self.is_moe:
+            return 0
+        return self.n_experts * (self.d_model + (self.router_bias and not weights_only))
 
     def _dense_layers_params(self, active: bool, weights_only: bool = False) -> int:
         """What the first ``n_dense_layers`` layers hold less than layers with experts would."""
         if not self.n_dense_layers:
             return 0
         experts = (self.experts_per_token if active else self.n_experts) + self.n_shared_experts
-        moe = experts * self.mlp_params(weights_only) + self.d_model * self.n_experts
+        moe = experts * self.mlp_params(weights_only) + self._router(weights_only)
         return self.n_dense_layers * (self.dense_mlp_params(weights_only) - moe)
 
     def embedding_params(self) -> int:
@@ -367,9 +389,8 @@ class TransformerSpec:
         """Weights that take part in a matmul for one token (embedding look-ups, norms and biases
         excluded; the output head included, tied or not): the ``N`` of the ``2N`` rule."""
         experts = (self.experts_per_token if active else self.n_experts) + self.n_shared_experts
-        router = self.d_model * self.n_experts if self.is_moe else 0
         per_layer = (self.attention_params(weights_only=True)
-                     + experts * self.mlp_params(weights_only=True) + router)
+                     + experts * self.mlp_params(weights_only=True) + self._router(True))
         return (self.n_layer * per_layer + self._dense_layers_params(active, weights_only=True)
                 + self.vocab_size * self.d_model)
 
@@ -380,9 +401,8 @@ class TransformerSpec:
         latent and the RoPE key, ``n_layer x (kv_lora_rank + qk_rope_head_dim) x bytes``
         (DeepSeek-V3: 61 x 576 x 2 = 70,272 bytes)."""
         if self.kv_latent:
-            check_amount("kv_cache_bytes_per_token: bytes_per_element", bytes_per_element)
-            return (self.n_layer * (self.kv_lora_rank + self.qk_rope_head_dim)
-                    * bytes_per_element)
+            return kv_cache_bytes(self.n_layer, 1, self.kv_lora_rank + self.qk_rope_head_dim, 1,
+                                  bytes_per_element) // 2  # one latent, not a key and a value
         return kv_cache_bytes(self.n_layer, self.kv_heads, self.head_dim, 1, bytes_per_element)
 
     def kv_shards(self, tp: int) -> int:
@@ -394,11 +414,11 @@ class TransformerSpec:
         ``kv_cache_bytes_per_token() / kv_shards(tp)``.
 
         Raises:
-            ValueError: for ``tp < 1``.
+            ValueError: for a ``tp`` that is not a positive integer.
         """
-        if not (isinstance(tp, int) and tp >= 1):
+        if isinstance(tp, bool) or not (isinstance(tp, numbers.Integral) and tp >= 1):
             raise ValueError(f"tp={tp!r} must be a positive integer.")
-        return 1 if self.kv_latent else min(tp, self.kv_heads)
+        return 1 if self.kv_latent else min(int(tp), self.kv_heads)
 
     @cached_property
     def flop_terms(self) -> tuple[int, int]:
@@ -533,13 +553,14 @@ SPECS: dict[str, TransformerSpec] = {
     "deepseek-v3": TransformerSpec(
         "deepseek-v3", n_layer=61, d_model=7168, n_head=128, d_head=128, d_ff=2048,
         vocab_size=129280, n_experts=256, experts_per_token=8, n_shared_experts=1,
-        n_dense_layers=3, dense_d_ff=18432, kv_lora_rank=512, q_lora_rank=1536,
+        router_bias=True, n_dense_layers=3, dense_d_ff=18432, kv_lora_rank=512, q_lora_rank=1536,
         qk_rope_head_dim=64, v_head_dim=128, max_context=163840,
         source="DeepSeek-V3 technical report, arXiv:2412.19437, and config.json of "
                "deepseek-ai/DeepSeek-V3: 61 layers of width 7168, the first 3 with a dense MLP "
                "of 18,432, the others 256 routed experts of 2,048 + 1 shared, 8 active; "
                "multi-head latent attention over 128 heads (q_lora_rank 1,536, kv_lora_rank 512, "
-               "qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128): 671B parameters, "
+               "qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128), a routing bias "
+               "per expert (e_score_correction_bias): 671B parameters, "
                "36.6B active with the output head (the multi-token-prediction module's 11.5B "
                "not counted)"),
 }

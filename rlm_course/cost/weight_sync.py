@@ -77,8 +77,9 @@ def tensor_count(spec: TransformerSpec) -> int:
     """Tensors of a Hugging Face state dict of ``spec``: per layer the q, k, v and output
     projections (and their biases; under MLA the query's two projections and the latent's, with
     their two norms, and the output: 7), two norms (four tensors with LayerNorm biases or
-    QK-norms), the MLP's two or three matrices (and biases) per expert, the shared experts and
-    the router (and DeepSeek-V3's routing bias, ``e_score_correction_bias``), the first
+    QK-norms), the MLP's two or three matrices (and biases) per expert, the shared experts as one
+    MLP of their summed width (DeepSeek's ``shared_experts``), the router and its bias
+    (:attr:`~rlm_course.cost.architectures.TransformerSpec.router_bias`), the first
     ``n_dense_layers`` layers' one MLP instead; the embedding, the output head unless tied, the
     final norm. DeepSeek-V3: 45,395 (58 layers of 782, 3 of 12).
 
@@ -93,13 +94,12 @@ def tensor_count(spec: TransformerSpec) -> int:
     norm_params = spec.norm_params_per_layer or 2 * spec.d_model
     per_layer += 4 if norm_params > 2 * spec.d_model else 2  # LayerNorm biases, or QK-norms
     mlp = (3 if spec.glu else 2) * (2 if spec.mlp_bias else 1)
-    dense = spec.n_layer * (per_layer + mlp)
+    ends = 2 + (0 if spec.tied_embeddings else 1)
     if not spec.is_moe:
-        return dense + 2 + (0 if spec.tied_embeddings else 1)
-    # the router, and MLA models' routing bias (DeepSeek-V3's auxiliary-loss-free balancing)
-    moe = per_layer + (spec.n_experts + spec.n_shared_experts) * mlp + (2 if spec.kv_latent else 1)
-    return (spec.moe_layers * moe + spec.n_dense_layers * (per_layer + mlp)
-            + 2 + (0 if spec.tied_embeddings else 1))
+        return spec.n_layer * (per_layer + mlp) + ends
+    moe = (per_layer + (spec.n_experts + (1 if spec.n_shared_experts else 0)) * mlp
+           + 1 + spec.router_bias)
+    return spec.moe_layers * moe + spec.n_dense_layers * (per_layer + mlp) + ends
 
 
 def broadcast_link(fabric: Fabric, ranks: int) -> Link:

@@ -241,18 +241,33 @@ def moe(spec: TransformerSpec, rows: int) -> Computation:
                                                      "weighted sum"))
 
 
-def mla_attention(spec: TransformerSpec, batch: int, seq_len: int, context: int) -> Computation:
-    """Multi-head latent attention as a teacher-forced pass runs it (DeepSeek-V2,
-    arXiv:2405.04434, section 2.1): the query's down- and up-projections (or one projection
-    without ``q_lora_rank``), the latent's down-projection with the shared RoPE key, its norm and
+def mla_attention(spec: TransformerSpec, batch: int, seq_len: int, context: int,
+                  absorbed: bool = False) -> Computation:
+    """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, section 2.1) as a
+    teacher-forced pass runs it: the query's down- and up-projections (or one projection without
+    ``q_lora_rank``), the latent's down-projection with the shared RoPE key, its norm and
     up-projection to every head's key and value, attention with keys of ``qk_head_dim`` and values
-    of ``v_dim``, the output projection. The latents' norms are RMSNorms, drawn as
-    :func:`layer_norm` like the block's."""
+    of ``v_dim``, the output projection. ``absorbed``: as a decode step runs it (appendix C;
+    vLLM's and SGLang's MLA decode), the key up-projection folded into each head's query
+    (``d_head -> kv_lora_rank``) and the value up-projection applied after attention
+    (``kv_lora_rank -> v_dim``), each head scoring the cached latents and RoPE keys
+    (``kv_lora_rank + qk_rope_head_dim`` wide) and summing the latents (``kv_lora_rank``): the
+    same matmul work a token, :attr:`~rlm_course.cost.architectures.TransformerSpec.decode_flops_per_key`
+    per cached key. The latents' norms are RMSNorms, drawn as :func:`layer_norm` like the
+    block's."""
     d, rows, h = spec.d_model, batch * seq_len, spec.n_head
     rq, r, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_rope_head_dim
     query = (seq("query", matmul(rows, d, rq, "q down"), layer_norm(rows, rq, "q norm"),
                  matmul(rows, rq, h * spec.qk_head_dim, "q up")) if rq
              else matmul(rows, d, h * spec.qk_head_dim, "q"))
+    if absorbed:
+        query = seq("query", query, matmul(rows * h, spec.head_dim, r, "absorb key up"))
+        latent = seq("latent", matmul(rows, d, r + rope, "kv down + rope key"),
+                     layer_norm(rows, r, "kv norm"))
+        return seq("mla (absorbed)", par("projections", query, latent),
+                   attention(batch, h, seq_len, context, r + rope, r),
+                   matmul(rows * h, r, spec.v_dim, "value up"),
+                   matmul(rows, h * spec.v_dim, d, "out proj"))
     latent = seq("latent", matmul(rows, d, r + rope, "kv down + rope key"),
                  layer_norm(rows, r, "kv norm"),
                  matmul(rows, r, h * (spec.head_dim + spec.v_dim), "kv up"))
@@ -261,14 +276,23 @@ def mla_attention(spec: TransformerSpec, batch: int, seq_len: int, context: int)
                matmul(rows, h * spec.v_dim, d, "out proj"))
 
 
+def _decode_key_widths(spec: TransformerSpec) -> tuple[int, int]:
+    """A decode step's attention widths per head, ``(scored, summed)``: the keys' and values'
+    (:attr:`~rlm_course.cost.architectures.TransformerSpec.qk_head_dim`, ``v_dim``), or under
+    MLA the cached latent's, ``(kv_lora_rank + qk_rope_head_dim, kv_lora_rank)``."""
+    if spec.kv_latent:
+        return spec.kv_lora_rank + spec.qk_rope_head_dim, spec.kv_lora_rank
+    return spec.qk_head_dim, spec.v_dim
+
+
 def _deepseek_layer(spec: TransformerSpec, batch: int, seq_len: int, context: int,
-                    dense: bool) -> Computation:
+                    dense: bool, absorbed: bool) -> Computation:
     """:func:`layer` of an MLA model (:func:`mla_attention`) or of an MoE model's first dense
     layers (its MLP ``dense_d_ff`` wide): the same pre-norm block around other parts."""
     rows, d = batch * seq_len, spec.d_model
     ffn = (mlp(spec, rows, d_ff=spec.dense_d_ff) if dense
            else moe(spec, rows) if spec.is_moe else mlp(spec, rows))
-    attn = (mla_attention(spec, batch, seq_len, context) if spec.kv_latent else seq(
+    attn = (mla_attention(spec, batch, seq_len, context, absorbed) if spec.kv_latent else seq(
         "attention block", matmul(rows, d, (spec.n_head + 2 * spec.kv_heads) * spec.head_dim,
                                   "qkv"),
         attention(batch, spec.n_head, seq_len, context, spec.head_dim),
@@ -278,17 +302,24 @@ def _deepseek_layer(spec: TransformerSpec, batch: int, seq_len: int, context: in
 
 
 def layer(model: Model, batch: int, seq_len: int, context: int | None = None,
-          dense: bool = False) -> Computation:
+          dense: bool = False, absorbed: bool = False) -> Computation:
     """One pre-norm transformer block on ``batch x seq_len`` new tokens attending over
     ``context`` positions (default ``seq_len``); queries in ``n_head`` heads, keys and values in
-    ``n_kv_head`` (GQA), fused into one projection (under MLA, :func:`mla_attention`).
-    ``dense``: one of an MoE model's first ``n_dense_layers`` layers, with a dense MLP of
-    ``dense_d_ff``."""
+    ``n_kv_head`` (GQA), fused into one projection (under MLA, :func:`mla_attention`, with
+    ``absorbed`` as a decode step runs it). ``dense``: one of an MoE model's first
+    ``n_dense_layers`` layers, with a dense MLP of ``dense_d_ff``.
+
+    Raises:
+        ValueError: for non-positive sizes, or ``dense`` for a model without dense layers.
+    """
     spec = as_spec(model)
     ctx = seq_len if context is None else context
     _positive(batch=batch, seq_len=seq_len, context=ctx)
+    if dense is not False and (dense is not True or not spec.n_dense_layers):
+        raise ValueError(f"layer: dense={dense!r} draws one of an MoE model's first dense layers; "
+                         f"{spec.name} has {spec.n_dense_layers} (n_dense_layers).")
     if spec.kv_latent or dense:  # DeepSeek's layers: latent attention, a dense MLP first
-        return _deepseek_layer(spec, batch, seq_len, ctx, dense)
+        return _deepseek_layer(spec, batch, seq_len, ctx, dense, absorbed)
     d, rows, dh = spec.d_model, batch * seq_len, spec.head_dim
     qkv_width = (spec.n_head + 2 * spec.kv_heads) * dh
     # BEGIN SOLUTION: in order: norm, fused qkv matmul, attention over the heads, output projection, residual add, norm, the MLP (or MoE), residual add
@@ -302,22 +333,25 @@ def layer(model: Model, batch: int, seq_len: int, context: int | None = None,
 
 
 def forward(model: Model, batch: int, seq_len: int, context: int | None = None,
-            value_positions: int | None = None) -> Computation:
+            value_positions: int | None = None, absorbed: bool = False) -> Computation:
     """A forward pass: position embedding add, ``n_layer`` blocks in sequence, final norm, and the
     language-model head on every position; a critic's (``value_positions`` given) a scalar value
     head on its ``value_positions`` response positions instead, as
-    :func:`~rlm_course.cost.architectures.teacher_forced_flops` counts it."""
+    :func:`~rlm_course.cost.architectures.teacher_forced_flops` counts it. ``absorbed``: MLA's
+    attention as a decode step runs it (:func:`mla_attention`)."""
     spec = as_spec(model)
     _positive(batch=batch, seq_len=seq_len)
     rows = batch * seq_len
     head = (matmul(rows, spec.d_model, spec.vocab_size, "lm head") if value_positions is None
             else matmul(batch * value_positions, spec.d_model, 1, "value head"))
-    blocks = repeat(layer(spec, batch, seq_len, context), spec.moe_layers or spec.n_layer,
-                    parallel=False, name=f"{spec.moe_layers or spec.n_layer} layers")
+    blocks = repeat(layer(spec, batch, seq_len, context, absorbed=absorbed),
+                    spec.moe_layers or spec.n_layer, parallel=False,
+                    name=f"{spec.moe_layers or spec.n_layer} layers")
     if spec.n_dense_layers:  # an MoE model's first layers, with a dense MLP
         blocks = seq(f"{spec.n_layer} layers",
-                     repeat(layer(spec, batch, seq_len, context, dense=True), spec.n_dense_layers,
-                            parallel=False, name=f"{spec.n_dense_layers} dense layers"), blocks)
+                     repeat(layer(spec, batch, seq_len, context, dense=True, absorbed=absorbed),
+                            spec.n_dense_layers, parallel=False,
+                            name=f"{spec.n_dense_layers} dense layers"), blocks)
     return seq("forward", elementwise(rows * spec.d_model, 1, "embed + position"), blocks,
                layer_norm(rows, spec.d_model, "final norm"), head)
 
@@ -398,14 +432,14 @@ def decode(config: Model, batch: int, prompt_len: int, response_len: int,
     sample = softmax(batch, spec.vocab_size, "sample")
     steps = [seq("prefill", forward(spec, batch, prompt_len), sample)]
     # per extra key, one query in every head of every layer costs q.k (2 d_h), scale and mask (1),
-    # softmax (5) and p.v (2 d_h)
-    slope = batch * spec.n_head * spec.n_layer * (2 * (spec.qk_head_dim + spec.v_dim) + 6)
+    # softmax (5) and p.v (2 d_h); under MLA over the latents (absorbed)
+    slope = batch * spec.n_head * spec.n_layer * (2 * sum(_decode_key_widths(spec)) + 6)
     t = 1
     while t < response_len:
         ctx = prompt_len + t
         bucket_end = 1 << (ctx - 1).bit_length()  # the same log2 depth up to this context
         n = min(response_len - t, bucket_end - ctx + 1)
-        first = seq("decode step", forward(spec, batch, 1, ctx), sample)
+        first = seq("decode step", forward(spec, batch, 1, ctx, absorbed=True), sample)
         work = n * first.work + slope * n * (n - 1) // 2
         steps.append(Computation(f"decode steps {t}..{t + n - 1}", work, n * first.depth,
                                  "decode steps"))
@@ -434,7 +468,7 @@ def _decode_lengths(spec: TransformerSpec, batch: int, prompt_len: int, response
     sample = softmax(batch, spec.vocab_size, "sample")
     steps = [seq("prefill", forward(spec, batch, prompt_len), sample)]
     one_sample = softmax(1, spec.vocab_size, "sample")
-    slope = spec.n_head * spec.n_layer * (2 * (spec.qk_head_dim + spec.v_dim) + 6)  # a key more
+    slope = spec.n_head * spec.n_layer * (2 * sum(_decode_key_widths(spec)) + 6)  # a key more
     # active[t]: sequences longer than t tokens, i.e. still decoding at step t
     active, i = [0] * longest, 0
     for t in range(1, longest):
@@ -446,7 +480,7 @@ def _decode_lengths(spec: TransformerSpec, batch: int, prompt_len: int, response
         ctx = prompt_len + t
         bucket_end = 1 << (ctx - 1).bit_length()
         n = min(longest - t, bucket_end - ctx + 1)
-        first = seq("decode step", forward(spec, 1, 1, ctx), one_sample)
+        first = seq("decode step", forward(spec, 1, 1, ctx, absorbed=True), one_sample)
         work = sum(active[t + j] * (first.work + slope * j) for j in range(n))
         steps.append(Computation(f"decode steps {t}..{t + n - 1}", work, n * first.depth,
                                  "decode steps"))

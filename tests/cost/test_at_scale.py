@@ -57,8 +57,10 @@ def test_deepseek_v3_is_its_real_architecture_multi_head_latent_attention_and_de
     moe_layer = attention + 257 * expert + router + norms
     dense_layer = attention + 3 * d * 18432 + norms
     embeddings = 2 * 129280 * d
-    assert DSV3.params() == 58 * moe_layer + 3 * dense_layer + embeddings + d
-    assert DSV3.params() / 1e9 == pytest.approx(671.0, abs=0.05)
+    # and a routing bias per expert (e_score_correction_bias): 671,026,419,200, the published
+    # count to the parameter (the multi-token-prediction module's 11.5B aside)
+    assert DSV3.params() == 58 * (moe_layer + 256) + 3 * dense_layer + embeddings + d
+    assert DSV3.params() == 671_026_419_200
     assert DSV3.expert_params() == 58 * 256 * expert
     active = 58 * (attention - 2048 + 9 * expert + router) + 3 * (attention - 2048
                                                                    + 3 * d * 18432) + 129280 * d
@@ -66,6 +68,17 @@ def test_deepseek_v3_is_its_real_architecture_multi_head_latent_attention_and_de
     # state dict: 7 attention tensors and 2 norms a layer, 256 x 3 + 3 expert matrices and the
     # router's weight and bias in the 58 MoE layers, 3 MLP matrices in the 3 dense ones
     assert tensor_count(DSV3) == 58 * (9 + 771 + 2) + 3 * (9 + 3) + 3 == 45_395
+    # DeepSeek-V2-Lite: queries straight from the input, 2 shared experts as one MLP, no routing
+    # bias; 15.7B parameters, 2.4B active, 5,291 tensors in its Hugging Face checkpoint
+    from rlm_course.cost.architectures import TransformerSpec
+    lite = TransformerSpec("deepseek-v2-lite", n_layer=27, d_model=2048, n_head=16, d_head=128,
+                           d_ff=1408, vocab_size=102400, n_experts=64, experts_per_token=6,
+                           n_shared_experts=2, n_dense_layers=1, dense_d_ff=10944,
+                           kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128)
+    assert lite.params() / 1e9 == pytest.approx(15.7, abs=0.05)
+    assert lite.matmul_params() / 1e9 == pytest.approx(2.45, abs=0.01)
+    assert tensor_count(lite) == 26 * (7 + 64 * 3 + 3 + 1) + (7 + 3) + 3 == 5_291
+    assert lite.kv_cache_bytes_per_token() == 27 * 576 * 2
     # attention FLOPs per key: the teacher-forced kernel on the up-projected heads (keys of 192,
     # values of 128); a decode step's absorbed kernel on the latents (scores over 576, sums of 512)
     assert DSV3.flop_terms[1] == 2 * layers * h * (192 + 128)
@@ -85,21 +98,37 @@ def test_deepseek_v3_is_its_real_architecture_multi_head_latent_attention_and_de
     # the expert all-to-alls run in the 58 layers with experts
     ep = comm.expert_parallel_comm(DSV3, 8, 4096, H100_LINK, backward=False)
     assert ep.bytes == pytest.approx(58 * 2 * 7 / 8 * 4096 * 8 * d * 2)
-    # the work-depth graph draws the same layers: its work is the FLOP count's, to 0.1%
+    # the work-depth graph draws the same layers: its matmuls are the FLOP count's, and a decode
+    # step's are the absorbed kernel's (3 sequences over 500 cached tokens)
     from rlm_course.cost import workdepth
-    assert workdepth.forward(DSV3, 2, 64).work == pytest.approx(
-        teacher_forced_flops(DSV3, 64, 2), rel=1e-3)
+    for spec in (DSV3, lite):
+        assert workdepth.forward(spec, 2, 64).work_of("matmul") == teacher_forced_flops(spec, 64, 2)
+        step = workdepth.forward(spec, 3, 1, 500, absorbed=True)
+        assert step.work_of("matmul") == 3 * (spec.flop_terms[0] + 500 * spec.decode_flops_per_key)
+    with pytest.raises(ValueError, match="dense=True draws one of an MoE model's first dense "
+                                         "layers; llama-3-70b has 0"):
+        workdepth.layer(LLAMA70, 1, 8, dense=True)
     # an MLA or dense-layer setting that does not describe one is refused by name
-    from rlm_course.cost.architectures import TransformerSpec
     base = dict(n_layer=4, d_model=64, n_head=4, d_ff=128, vocab_size=100)
+    moe = dict(n_experts=4, experts_per_token=2)
     for kwargs, said in ((dict(q_lora_rank=32), "give kv_lora_rank too"),
-                         (dict(kv_lora_rank=32, n_kv_head=2), "leave n_kv_head out"),
-                         (dict(n_dense_layers=1, dense_d_ff=256), "needs an MoE model"),
-                         (dict(n_experts=4, experts_per_token=2, n_dense_layers=1),
-                          "and dense_d_ff"),
+                         (dict(kv_lora_rank=32, d_head=16, n_kv_head=2), "leave n_kv_head out"),
+                         (dict(kv_lora_rank=32), "d_head is a head's qk_nope_head_dim"),
+                         (dict(n_dense_layers=1, dense_d_ff=256), "a dense model has only those"),
+                         (dict(moe, n_dense_layers=1), "go together: give both"),
+                         (dict(moe, dense_d_ff=256), "go together: give both"),
+                         (dict(moe, n_dense_layers=4, dense_d_ff=256), "must be fewer than its 4"),
+                         (dict(router_bias=True), "True only for an MoE model"),
+                         (dict(moe, router_bias=1), "router_bias=1 must be True or False"),
                          (dict(kv_lora_rank=0), "kv_lora_rank=0 must be a positive integer")):
         with pytest.raises(ValueError, match=said):
             TransformerSpec("bad", **base, **kwargs)
+    with pytest.raises(ValueError, match="bytes_per_element=1.5 must be a whole number"):
+        DSV3.kv_cache_bytes_per_token(1.5)
+    import numpy as np
+    assert LLAMA70.kv_shards(np.int64(4)) == 4 and DSV3.kv_shards(np.int64(32)) == 1
+    with pytest.raises(ValueError, match="tp=True must be a positive integer"):
+        LLAMA70.kv_shards(True)
 
 
 def test_the_moe_decode_efficiency_slows_an_moe_models_memory_bound_decode_only():
