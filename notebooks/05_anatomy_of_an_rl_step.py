@@ -589,8 +589,13 @@ assert max(curves["flops"]) < 1.2 * min(curves["flops"])  # FLOPs per response: 
 #
 # Total `sbh (34 + 5as/h)` bytes per layer. A fused attention kernel (FlashAttention) recomputes
 # the `s^2` terms in the backward and keeps `34sbh`; full recomputation keeps only each layer's
-# input, `2sbh`, for one more forward. (The formula assumes a GPT-style MLP with dropout; the
-# course applies it to every architecture as an estimate.)
+# input, `2sbh`, for one more forward. The paper's layer is GPT's: a GELU MLP `4h` wide, as many
+# key/value heads as query heads, dropout. The course counts each model's own layer the same way
+# (`layer_activation_values`): a gated MLP of width `f` (SwiGLU) keeps its input, the gate's and
+# the up-projection's outputs and their product (`2sbh + 6sbf`); grouped-query attention keeps
+# smaller `K` and `V`; RL fine-tuning runs these models without dropout, so no masks. A
+# Llama-3-8B layer comes to `34sbh` again, a Qwen2.5-7B layer (`f = 5.3h`) to `44sbh`, and a
+# DeepSeek-V3 layer to `63sbh` on average: each token keeps the hidden tensors of its 8 experts.
 
 # %%
 from rlm_course.cost.anatomy import memory
@@ -607,6 +612,13 @@ for name in ("llama-3-8b", "llama-3-70b"):
                                            for k, v in parts.items()))
 print("model states, reference weights and the KV cache are totals for the whole job, to be "
       "shared among the devices that hold them")
+from rlm_course.cost.anatomy import layer_activation_values
+
+per_layer = {name: 2 * sum(layer_activation_values(get_spec(name))) / get_spec(name).d_model
+             for name in ("llama-3-8b", "qwen2.5-7b", "deepseek-v3")}
+print("activations a layer keeps, in s b h bytes: "
+      + ", ".join(f"{name} {v:.0f}" for name, v in per_layer.items()))
+assert [round(v) for v in per_layer.values()] == [34, 44, 63]
 
 # %% [markdown]
 # ## 7. The calculator
@@ -737,7 +749,8 @@ assert all(abs(seconds[s] / hand[s] - 1) < 0.15 for s in hand), seconds
 # > * Decode reads all of a replica's weights at every step: its intensity is about the batch size,
 # >   below the H100 ridge point (computed above) at long contexts whatever the batch.
 # > * Activations: `sbh (34 + 5as/h)` bytes per layer, `34sbh` with FlashAttention, `2sbh` with
-# >   full recomputation. Model states: 16 bytes per parameter.
+# >   full recomputation (a GPT layer; each model's own count: 34 for Llama-3-8B, 44 for
+# >   Qwen2.5-7B, 63 for DeepSeek-V3). Model states: 16 bytes per parameter.
 # > * The batch decodes until its longest response ends: with long-tailed lengths the decode time
 # >   follows `T_max`, which grows with `G`, while the FLOPs follow the mean.
 # > * The tiny model on a CPU is not in this regime: its prefill stays below the compute roof and

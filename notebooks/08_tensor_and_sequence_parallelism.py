@@ -35,7 +35,8 @@
 # 3. count the collectives and bytes per layer, and say why TP stays inside a node;
 # 4. say what sequence parallelism saves: the activations of chapter 05's per-layer count,
 #    `sbh (34 + 5as/h)`, all divided by `tp` instead of only the parts inside the split matmuls
-#    (section 2's last cell derives it: `sbh (10 + 24/t)` with TP alone, `34 sbh / t` with SP).
+#    (section 2's last cell derives it: `sbh (10 + 24/t)` with TP alone, `34 sbh / t` with SP, for
+#    the paper's GPT layer; `sbh (8 + 25.5/t)` and `33.5 sbh / t` for Llama-3-70B's).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -130,17 +131,26 @@ plot_rank_timeline(worlds[(True, 4)].events, title="TP+SP, degree 4: one block f
 # So TP alone keeps `sbh (10 + 24/t)` per layer; sequence parallelism splits the second group
 # along the sequence (the all-gather before a column-parallel matmul and the reduce-scatter after
 # a row-parallel one replace TP's all-reduce, section 2) and keeps `34 sbh / t` (the paper's
-# Table 2). Per layer of Llama-3-70B with an 8,192-token micro-batch:
+# Table 2). Llama-3-70B's layer splits the same way with its own sizes
+# (`layer_activation_values`): inside, Q and the attention output (`2 + 2` for its 64 heads of
+# 128), K and V for its 8 key/value heads (`0.25 + 0.25`), the gated MLP's gate, up-projection
+# and their product (`3 x 7` for its 28,672-wide MLP, `3.5h`): `25.5 sbh`; around, the norms'
+# and the two blocks' inputs, `8 sbh` (no dropout masks in fine-tuning). Per layer with an
+# 8,192-token micro-batch:
 
 # %%
+from rlm_course.cost.anatomy import layer_activation_values
 from rlm_course.cost.architectures import get_spec
 
 llama70 = get_spec("llama-3-70b")
 sbh = 8192 * 1 * llama70.d_model
-rows = [[t, f"{34 * sbh / 1e9:.2f}", f"{sbh * (10 + 24 / t) / 1e9:.2f}",
-         f"{34 * sbh / t / 1e9:.2f}", f"{(10 + 24 / t) / (34 / t):.1f}x"] for t in (1, 2, 4, 8)]
+around, inside = (2 * v / llama70.d_model for v in layer_activation_values(llama70))
+rows = [[t, f"{(around + inside) * sbh / 1e9:.2f}", f"{sbh * (around + inside / t) / 1e9:.2f}",
+         f"{(around + inside) * sbh / t / 1e9:.2f}",
+         f"{(around + inside / t) / ((around + inside) / t):.1f}x"] for t in (1, 2, 4, 8)]
+print(f"Llama-3-70B: {around:g} s b h bytes around TP's matmuls, {inside:g} inside them")
 print(format_table(rows, ["tp", "no TP GB", "TP alone GB", "TP + SP GB", "SP saves"]))
-assert (10 + 24 / 8) * sbh == 13 * sbh  # 13 sbh at t = 8, against 34/8 = 4.25 sbh with SP
+assert (around, inside) == (8, 25.5)  # 11.2 sbh at t = 8, against 33.5/8 = 4.2 sbh with SP
 
 # %% [markdown]
 # ## 3. Seconds at scale: TP stays inside a node, and TP in generation

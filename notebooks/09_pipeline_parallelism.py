@@ -194,11 +194,11 @@ print(format_table([[r, *(measured[a][r] for a in ("dp", "pp", "tp"))] for r in 
 #
 # What a layout costs per device for a real model (`rlm_course.cost.layouts`): the model
 # states sharded by TP, PP and ZeRO, the activations of the micro-batches in flight (one
-# micro-batch of all layers under 1F1B: chapter 05's `34 s h` per layer divided by `tp`, which
-# assumes Megatron's **sequence parallelism** (chapter 08); without it TP divides only the
-# `24 s h` inside its matmuls and every rank keeps the other `10 s h`, `s h (10 + 24 / t)` per
-# layer), and the fp32 logits of a micro-batch. Llama-3-70B on 64 H100s, 8,192-token
-# micro-batches:
+# micro-batch of all layers under 1F1B: chapter 05's count, `33.5 s h` per layer of Llama-3-70B,
+# divided by `tp`, which assumes Megatron's **sequence parallelism** (chapter 08); without it TP
+# divides only the `25.5 s h` inside its matmuls and every rank keeps the other `8 s h`,
+# `s h (8 + 25.5 / t)` per layer), and the fp32 logits of a micro-batch. Llama-3-70B on 64
+# H100s, 8,192-token micro-batches:
 
 # %%
 from rlm_course.cost.architectures import get_spec
@@ -219,13 +219,13 @@ for name, gb in total.items():
     print(f"{name:28s} {gb:7.1f} GB per device")
 assert total["DP 64, ZeRO-1"] > total["FSDP 64"] > 80 > total["TP 8 + SP x DP 8, ZeRO-1"]
 assert total["FSDP 64, recompute"] < total["TP 8 + SP x PP 4 x DP 2, ZeRO-1"] < 80
-assert 110 < total["TP 8 x DP 8, ZeRO-1, no SP"]  # without SP the same layout does not fit
+assert round(total["TP 8 x DP 8, ZeRO-1, no SP"]) == 109  # without SP it does not fit
 
 # %% [markdown]
-# Sharding the model states is not enough: an 8,192-token micro-batch keeps 182 GB of
-# activations (`34 s h` bytes per layer, 80 layers) unless TP with sequence parallelism splits
-# them or recomputation drops them; TP alone leaves `13 s h` per layer at `t = 8` on every rank,
-# and the TP 8 x DP 8 layout then needs about 119 GB (asserted). The layouts that fit an 80 GB
+# Sharding the model states is not enough: an 8,192-token micro-batch keeps 180 GB of
+# activations (`33.5 s h` bytes per layer, 80 layers) unless TP with sequence parallelism splits
+# them or recomputation drops them; TP alone leaves `11.2 s h` per layer at `t = 8` on every
+# rank, and the TP 8 x DP 8 layout then needs about 109 GB (asserted). The layouts that fit an 80 GB
 # device differ in seconds too: FSDP moves 1.5x the gradient bytes over the network every step
 # (chapter 07's roofline), TP keeps its traffic on NVLink but splits each matmul, PP adds its
 # bubble. For a pipeline of `p` stages with `m` micro-batches per optimizer step, each optimizer

@@ -705,24 +705,72 @@ def zero_model_state_bytes(params: int, dp: int, stage: int, optimizer_bytes: in
     return (4 + k) * params / dp
 
 
+def layer_activation_values(spec: TransformerSpec) -> tuple[float, float]:
+    """16-bit values one token keeps for the backward in one layer (the mean over an MoE model's
+    dense and expert layers), split by where they live under tensor parallelism: ``(around,
+    inside)``, around TP's split matmuls (whole on every TP rank without sequence parallelism)
+    and inside them (a rank holds its heads' or columns' share). Korthikanti et al. 2022
+    (arXiv:2205.05198, section 4.1) counted them for a GPT layer; the same accounting for the
+    layers of today's models, with FlashAttention (no ``s^2`` term) and no dropout (RL
+    fine-tuning runs LLaMA, Qwen and DeepSeek models with dropout 0):
+
+    * around: the two norms' inputs and the inputs of attention and of the MLP, ``4 h``; under
+      MLA also the latents its down-projections make, whole on every rank (the query's latent and
+      its norm's output, ``2 q_lora_rank``; the key/value latent with the RoPE key and its
+      norm's output, ``2 kv_lora_rank + qk_rope_head_dim``);
+    * inside: attention's ``Q``, ``K``, ``V`` and output (``H d_qk + H_kv (d_qk + d_v) + H
+      d_v``); the MLP's hidden tensors, ``3 d_ff`` for a gated MLP (gate and up outputs, their
+      product) and ``2 d_ff`` for a GELU one (its input and output); of an MoE layer, each of the
+      ``k`` routed copies of the token (``h``) and its expert's hidden tensors, and the shared
+      experts'.
+
+    Llama-3-8B: ``16,384 + 53,248 = 69,632`` values, ``34 h`` bytes, Korthikanti's count (the GPT
+    layer's 32 h and two 1-byte dropout masks); DeepSeek-V3: 63 h bytes a layer on average,
+    Qwen3-30B-A3B 51 h.
+    """
+    h = spec.d_model
+    around = 4 * h
+    if spec.kv_latent:
+        around += 2 * (spec.q_lora_rank or 0) + 2 * spec.kv_lora_rank + spec.qk_rope_head_dim
+    inside = (spec.n_head * (spec.qk_head_dim + spec.v_dim)
+              + spec.kv_heads * (spec.qk_head_dim + spec.v_dim))
+    hidden = 3 if spec.glu else 2  # values per unit of MLP width
+    if spec.is_moe:
+        k = spec.experts_per_token
+        moe = k * (h + hidden * spec.d_ff) + hidden * spec.n_shared_experts * spec.d_ff
+        dense = hidden * spec.dense_d_ff if spec.n_dense_layers else 0
+        inside += (spec.moe_layers * moe + spec.n_dense_layers * dense) / spec.n_layer
+    else:
+        inside += hidden * spec.d_ff
+    return around, inside
+
+
 def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute: bool,
-                     flash_attention: bool = True) -> float:
-    """Activations kept for the backward pass, 16-bit (Korthikanti et al. 2022, arXiv:2205.05198,
-    eq. 1): ``L s b h (34 + 5 a s / h)`` per micro-batch, where ``5 a s^2 b`` bytes are the
-    attention scores, softmax and dropout mask; a fused attention kernel (FlashAttention, Dao et
-    al. 2022) recomputes those and keeps ``34 L s b h``; full recomputation keeps only each
-    layer's input, ``2 L s b h``.
+                     flash_attention: bool = True, tp: int = 1) -> float:
+    """Activations kept for the backward pass, 16-bit, per micro-batch of ``batch`` sequences of
+    ``seq_len`` tokens: ``2 L s b (around + inside)`` bytes
+    (:func:`layer_activation_values`), Korthikanti et al. 2022 (arXiv:2205.05198, eq. 1)'s
+    ``34 s b h`` a layer for a Llama layer; without a fused attention kernel (FlashAttention,
+    Dao et al. 2022, recomputes them) also the scores, softmax and dropout mask, ``5 a s^2 b``;
+    full recomputation keeps only each layer's input, ``2 L s b h``. ``tp``: on one rank of a
+    TP group without sequence parallelism, the inside values split ``tp`` ways and the rest
+    whole (Korthikanti's ``s b h (10 + 24 / t)``).
 
     Raises:
-        ValueError: for a batch or sequence length that is not a finite number >= 0.
+        ValueError: for a batch or sequence length that is not a finite number >= 0, or a
+            ``tp`` that is not a positive integer.
     """
     check_amount("batch", batch)
     check_amount("seq_len", seq_len)
+    if isinstance(tp, bool) or not (isinstance(tp, int) and tp >= 1):
+        raise ValueError(f"activation_bytes: tp={tp!r} must be a positive integer.")
     s, b, h, a = seq_len, batch, spec.d_model, spec.n_head
     if recompute:
-        per_layer = 2 * s * b * h
-    else:
-        per_layer = s * b * h * (34 + (0 if flash_attention else 5 * a * s / h))
+        return spec.n_layer * 2 * s * b * h
+    around, inside = layer_activation_values(spec)
+    per_layer = 2 * s * b * (around + inside / tp)
+    if not flash_attention:
+        per_layer += 5 * a * s * s * b / tp
     return spec.n_layer * per_layer
 
 

@@ -32,11 +32,12 @@ replica spans, the fewer all-reduces per token, and the more replicas decode sid
   the longest length, or the packed token budget ``micro_batch_tokens``; FlashAttention keeps
   them linear in the tokens) and divided by ``tp x cp`` with sequence parallelism
   (``sequence_parallel``, Megatron's ``--sequence-parallel``); without it TP splits only the
-  ``24 s h`` inside its matmuls (attention's Q, K, V and output, the MLP's hidden tensors) and
-  every rank keeps the ``10 s h`` around them (the layer norms' and the blocks' inputs, the
-  dropout masks): ``s h (10 + 24 / t)`` per layer (Korthikanti et al. 2022, arXiv:2205.05198,
-  section 4.2.2 and Table 2), and with full recomputation the layer inputs are whole on every
-  rank;
+  values inside its matmuls (attention's Q, K, V and output, the MLP's hidden tensors) and every
+  rank keeps those around them (the norms' and the blocks' inputs):
+  :func:`~rlm_course.cost.anatomy.layer_activation_values`, ``s h (8 + 25.5 / t)`` per layer of
+  Llama-3-70B where the paper's GPT layer keeps ``s h (10 + 24 / t)`` (Korthikanti et al. 2022,
+  arXiv:2205.05198, section 4.2.2 and Table 2), and with full recomputation the layer inputs are
+  whole on every rank;
 * the fp32 logits of a micro-batch, ``tokens x vocab x 4 / tp``, the RL-specific peak of
   computing log-probs and entropy (chunking removes it; not assumed);
 
@@ -281,15 +282,14 @@ def training_memory(spec: TransformerSpec, layout: Layout, seq_len: int,
         for k, v in model_states(part, n, layout.zero, layout.offload, layout.grad_bytes).items():
             out[k] = out.get(k, 0.0) + v
     tokens = layout.micro_tokens(seq_len)  # packed: one sequence of this many tokens
-    acts = activation_bytes(spec, 1, tokens, layout.recompute)
+    split = layout.sequence_parallel or layout.tp == 1
+    # with sequence parallelism every value splits over TP; without, the inside values only
+    # (the layer inputs that recomputation keeps are whole on every TP rank)
+    acts = activation_bytes(spec, 1, tokens, layout.recompute,
+                            tp=1 if split or layout.recompute else layout.tp)
     if layout.pp > 1:  # 1F1B: the first stage holds pp micro-batches of its ceil(L / pp) layers
         acts *= layout.pp * -(-spec.n_layer // layout.pp) / spec.n_layer
-    if layout.sequence_parallel or layout.tp == 1:
-        out["activations"] = acts / (layout.tp * layout.cp)
-    elif layout.recompute:  # the layer inputs, whole on every TP rank
-        out["activations"] = acts / layout.cp
-    else:  # s h (10 + 24 / t) of the 34 s h per layer
-        out["activations"] = acts * (10 + 24 / layout.tp) / 34 / layout.cp
+    out["activations"] = acts / ((layout.tp if split else 1) * layout.cp)
     out["logits"] = 4.0 * tokens / layout.cp * spec.vocab_size / layout.tp
     return out
 
