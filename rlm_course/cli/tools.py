@@ -65,12 +65,18 @@ def _hardware(args) -> int:
     catalog = load_catalog()
     rows = [[d.name, f"{d.peak_flops / 1e12:,.2f}", f"{d.memory_bytes / 1e9:,.0f}",
              f"{d.memory_bandwidth / 1e12:.3f}", f"{d.ridge_point:,.0f}",
-             f"{d.intra_node_bandwidth / 1e9:,.0f}", f"{d.inter_node_bandwidth / 1e9:,.0f}"]
+             f"{d.intra_node_bandwidth / 1e9:,.0f}"
+             + (f" ({d.intra_node_bandwidth / d.intra_node_links / 1e9:,.0f} a pair)***"
+                if d.intra_node_links else ""),
+             f"{d.inter_node_bandwidth / 1e9:,.0f}"]
             for d in catalog.values()]
     print(format_table(rows, ["device", "dense peak TFLOP/s*", "memory GB", "bandwidth TB/s",
                               "ridge FLOP/B", "intra-node GB/s**", "inter-node GB/s**"]))
     print("* bf16 for accelerators, fp32 for this machine; ** per direction (half a datasheet's "
           "bidirectional NVLink figure); sources in data/hardware/")
+    if any(d.intra_node_links for d in catalog.values()):
+        print("*** a full mesh, one link to each other device of the node, no switch: a group of "
+              "g devices reaches (g - 1) links' worth, a pair one link")
     if "this-machine" in catalog:  # whose machine the row is: the course's until measured here
         print(f"this-machine: {catalog['this-machine'].source}")
     return 0

@@ -106,7 +106,7 @@ class Fabric:
     platform: :attr:`~rlm_course.cost.hardware.Device.intra_node_links`).
 
     Raises:
-        ValueError: for ``devices_per_node < 1``, or ``mesh_links`` not an integer from 0 to
+        ValueError: for ``devices_per_node < 1``, or ``mesh_links`` other than 0 or
             ``devices_per_node - 1``.
     """
 
@@ -121,11 +121,12 @@ class Fabric:
                 or self.devices_per_node < 1):
             raise ValueError(f"devices_per_node={self.devices_per_node!r} must be a positive integer.")
         object.__setattr__(self, "devices_per_node", int(self.devices_per_node))
-        if isinstance(self.mesh_links, bool) or not (
-                isinstance(self.mesh_links, numbers.Integral)
-                and 0 <= self.mesh_links < self.devices_per_node):
-            raise ValueError(f"Fabric.mesh_links={self.mesh_links!r} must be an integer from 0 (a "
-                             f"switch) to devices_per_node - 1 = {self.devices_per_node - 1}.")
+        if isinstance(self.mesh_links, bool) or self.mesh_links not in (
+                0, self.devices_per_node - 1):
+            raise ValueError(f"Fabric.mesh_links={self.mesh_links!r} must be 0 (a switch) or "
+                             f"devices_per_node - 1 = {self.devices_per_node - 1} (a full mesh: "
+                             "one link to each other device of the node).")
+        object.__setattr__(self, "mesh_links", int(self.mesh_links))
         for name in ("intra", "inter"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Link):
@@ -175,6 +176,20 @@ class Fabric:
         if inside and self.mesh_links and 1 < size <= self.mesh_links:
             return Link(link.alpha, link.beta * (size - 1) / self.mesh_links)
         return link
+
+    def p2p_link(self, size: int, stride: int = 1) -> Link:
+        """The link one point-to-point hop between two ranks of a group of ``size`` ranks,
+        ``stride`` apart, crosses (a pipeline stage's activations, a ring-attention block): as
+        :meth:`link`, but inside a mesh node one link between the pair, ``1 / mesh_links`` of the
+        intra-node bandwidth (an MI300X pair: 64 GB/s a direction), whatever the group's size.
+
+        Raises:
+            ValueError: as :meth:`link`.
+        """
+        wire = self.link(size, stride)
+        if self.mesh_links and wire is not self.inter and size > 1:
+            return self.link(2)
+        return wire
 
     def ring_link(self, size: int, stride: int = 1) -> Link:
         """The link a ring collective (all-reduce, all-gather, reduce-scatter, broadcast) of

@@ -60,8 +60,8 @@ class Device:
     Raises:
         ValueError: for a peak, memory or bandwidth that is not positive and finite, a link,
             latency or host bandwidth that is negative or not finite, ``devices_per_node`` that
-            is not a positive integer, ``intra_node_links`` that is not an integer from 0 to
-            ``devices_per_node - 1``, or ``reported_memory_bytes`` far from ``memory_bytes``.
+            is not a positive integer, ``intra_node_links`` other than 0 or ``devices_per_node -
+            1``, or ``reported_memory_bytes`` far from ``memory_bytes``.
     """
 
     name: str
@@ -99,12 +99,12 @@ class Device:
                 isinstance(self.devices_per_host, int) and self.devices_per_host >= 0):
             raise ValueError(f"Device {self.name!r}: devices_per_host={self.devices_per_host!r} "
                              "must be an integer >= 0 (0: devices_per_node).")
-        if isinstance(self.intra_node_links, bool) or not (
-                isinstance(self.intra_node_links, int)
-                and 0 <= self.intra_node_links < self.devices_per_node):
+        if isinstance(self.intra_node_links, bool) or self.intra_node_links not in (
+                0, self.devices_per_node - 1):
             raise ValueError(f"Device {self.name!r}: intra_node_links={self.intra_node_links!r} "
-                             "must be an integer from 0 (a switch) to devices_per_node - 1 = "
-                             f"{self.devices_per_node - 1} (a full mesh).")
+                             "must be 0 (a switch) or devices_per_node - 1 = "
+                             f"{self.devices_per_node - 1} (a full mesh: one link to each other "
+                             "device of the node).")
         if not (is_real(self.reported_memory_bytes)
                 and 0 <= self.reported_memory_bytes <= 2 * self.memory_bytes):
             raise ValueError(f"Device {self.name!r}: reported_memory_bytes="

@@ -681,7 +681,9 @@ class TrainerCost:
         if self.layout.devices > 1 and self.fabric is None:
             raise ValueError("a trainer on several devices needs the cluster's fabric.")
         strides = axis_strides(self.layout)
-        self.links = {axis: (self.fabric.link(size, stride) if size > 1 else None)
+        # pipeline hops and ring-attention blocks go point to point: one link between the pair
+        self.links = {axis: ((self.fabric.p2p_link if axis in ("pp", "cp") else self.fabric.link)(
+                                 size, stride) if size > 1 else None)
                       for axis, (size, stride) in strides.items()}
         # the data-parallel groups, computed once: the dense part's, and the experts' over their
         # expert-data-parallel group: (parameters a device holds, ranks, the ring's link)

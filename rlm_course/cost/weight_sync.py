@@ -418,9 +418,12 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
                                                      weight_bytes, dp if zero3 else 1)
             near = None
             if received:
+                span = max(tp * pp * (dp if zero3 else 1), group, generation_tp)
                 near = (fabric.ring_link(dp, tp * trainer.cp) if zero3 and tp * pp == 1
-                        else fabric.link(max(tp * pp * (dp if zero3 else 1), group,
-                                             generation_tp)))
+                        else fabric.link(span))
+                if fabric.mesh_links and span <= fabric.devices_per_node:
+                    near = fabric.link(group)  # a mesh node: the links to the group - 1 senders
+
         gather = (group - 1) * near.alpha + received / near.beta if received else 0.0
         copies = 2 * shard / bandwidth
         # the hand-over converts and passes every tensor in the same process or by CUDA IPC

@@ -44,14 +44,34 @@ def test_an_mi300x_node_is_a_mesh_where_a_pair_talks_over_one_link():
     assert mesh.link(16) is mesh.inter  # across nodes: the network, as before
     # a pipeline hop of 1 GB between two MI300X: 1e9 / 64e9 s, not / 448e9
     assert p2p_seconds(1e9, mesh.link(2)) == pytest.approx(3.4e-6 + 1e9 / 64e9)
+    # a point-to-point hop (a pipeline stage's activations, a ring-attention block) crosses one
+    # link whatever the group: 64 GB/s for pp 8 inside the node, the network across nodes
+    assert mesh.p2p_link(8).beta == pytest.approx(64e9) and switch.p2p_link(8).beta == 450e9
+    assert mesh.p2p_link(4, stride=4) is mesh.inter
+    from rlm_course.cost.layouts import Layout
+    from rlm_course.cost.phases import Rates, TrainerCost
+    from rlm_course.rl.algorithms import preset
+    from rlm_course.cost.architectures import get_spec
+    spec = get_spec("llama-3.1-70b")
+    trainer = TrainerCost(spec, preset("grpo"), Layout(pp=8, cp=1, recompute=True), mi300x,
+                          Rates(), mesh, 512)
+    assert trainer.links["pp"].beta == pytest.approx(64e9)
+    # a colocated reshard gathers from the group's other devices over their links: TP 4 to
+    # generation TP 2 takes a device's missing half of its shard (4.0 GB) from one peer
+    from rlm_course.cost.weight_sync import sync_cost
+    gather = sync_cost(get_spec("llama-3.1-8b"), mi300x, "colocated", generation_tp=2,
+                       replicas=4, trainer=Layout(tp=4, dp=2)).gather
+    assert gather == pytest.approx(3.4e-6 + 8.03e9 / 2 / 64e9, rel=1e-3)
     # a measured intra-node link is what the node's groups reach: no mesh on top of it
     measured = Fabric.of(mi300x, intra=Link(5e-6, 300e9))
     assert measured.mesh_links == 0 and measured.link(2).beta == 300e9
-    with pytest.raises(ValueError, match="mesh_links=8 must be an integer from 0"):
-        Fabric(Link(1e-6, 1e9), None, 8, 8)
+    with pytest.raises(ValueError, match="mesh_links=3 must be 0 \\(a switch\\) or "
+                                         "devices_per_node - 1 = 7"):
+        Fabric(Link(1e-6, 1e9), None, 8, 3)
     import dataclasses
-    with pytest.raises(ValueError, match="intra_node_links=-1 must be an integer from 0"):
-        dataclasses.replace(mi300x, intra_node_links=-1)
+    for links in (-1, 3, 8):  # only a switch or a full mesh of the node
+        with pytest.raises(ValueError, match=f"intra_node_links={links} must be 0"):
+            dataclasses.replace(mi300x, intra_node_links=links)
 
 
 def test_ridge_points_match_the_published_arithmetic():
