@@ -593,7 +593,8 @@ assert max(curves["flops"]) < 1.2 * min(curves["flops"])  # FLOPs per response: 
 # key/value heads as query heads, dropout. The course counts each model's own layer the same way
 # (`layer_activation_values`): a gated MLP of width `f` (SwiGLU) keeps its input, the gate's and
 # the up-projection's outputs and their product (`2sbh + 6sbf`); grouped-query attention keeps
-# smaller `K` and `V`; RL fine-tuning runs these models without dropout, so no masks. A
+# smaller `K` and `V`; RL fine-tuning runs these models without dropout, so no masks (and of the
+# `5as^2b`, only the softmax's output, `2as^2b`, where no fused kernel recomputes it). A
 # Llama-3-8B layer comes to `34sbh` again, a Qwen2.5-7B layer (`f = 5.3h`) to `44sbh`, and a
 # DeepSeek-V3 layer to `63sbh` on average: each token keeps the hidden tensors of its 8 experts.
 

@@ -46,6 +46,7 @@ Activations use Korthikanti et al.'s per-layer count for 16-bit training,
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from bisect import bisect_right
 from collections import Counter
@@ -719,14 +720,14 @@ def layer_activation_values(spec: TransformerSpec) -> tuple[float, float]:
       its norm's output, ``2 q_lora_rank``; the key/value latent with the RoPE key and its
       norm's output, ``2 kv_lora_rank + qk_rope_head_dim``);
     * inside: attention's ``Q``, ``K``, ``V`` and output (``H d_qk + H_kv (d_qk + d_v) + H
-      d_v``); the MLP's hidden tensors, ``3 d_ff`` for a gated MLP (gate and up outputs, their
+      d_v``), and the inputs of a QK-norm (Qwen3's, ``(H + H_kv) d_h``); the MLP's hidden tensors, ``3 d_ff`` for a gated MLP (gate and up outputs, their
       product) and ``2 d_ff`` for a GELU one (its input and output); of an MoE layer, each of the
       ``k`` routed copies of the token (``h``) and its expert's hidden tensors, and the shared
       experts'.
 
     Llama-3-8B: ``16,384 + 53,248 = 69,632`` values, ``34 h`` bytes, Korthikanti's count (the GPT
     layer's 32 h and two 1-byte dropout masks); DeepSeek-V3: 63 h bytes a layer on average,
-    Qwen3-30B-A3B 51 h.
+    Qwen3-30B-A3B 55.5 h (its QK-norm's inputs too).
     """
     h = spec.d_model
     around = 4 * h
@@ -734,6 +735,8 @@ def layer_activation_values(spec: TransformerSpec) -> tuple[float, float]:
         around += 2 * (spec.q_lora_rank or 0) + 2 * spec.kv_lora_rank + spec.qk_rope_head_dim
     inside = (spec.n_head * (spec.qk_head_dim + spec.v_dim)
               + spec.kv_heads * (spec.qk_head_dim + spec.v_dim))
+    if (spec.norm_params_per_layer or 2 * h) > 2 * h:  # QK-norm (Qwen3): its inputs, per head
+        inside += (spec.n_head + spec.kv_heads) * spec.head_dim
     hidden = 3 if spec.glu else 2  # values per unit of MLP width
     if spec.is_moe:
         k = spec.experts_per_token
@@ -751,7 +754,8 @@ def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute:
     ``seq_len`` tokens: ``2 L s b (around + inside)`` bytes
     (:func:`layer_activation_values`), Korthikanti et al. 2022 (arXiv:2205.05198, eq. 1)'s
     ``34 s b h`` a layer for a Llama layer; without a fused attention kernel (FlashAttention,
-    Dao et al. 2022, recomputes them) also the scores, softmax and dropout mask, ``5 a s^2 b``;
+    Dao et al. 2022, recomputes it) also the softmax's output, ``2 a s^2 b`` (the paper's
+    ``5 a s^2 b`` adds a dropout mask and the dropout's output);
     full recomputation keeps only each layer's input, ``2 L s b h``. ``tp``: on one rank of a
     TP group without sequence parallelism, the inside values split ``tp`` ways and the rest
     whole (Korthikanti's ``s b h (10 + 24 / t)``).
@@ -762,7 +766,7 @@ def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute:
     """
     check_amount("batch", batch)
     check_amount("seq_len", seq_len)
-    if isinstance(tp, bool) or not (isinstance(tp, int) and tp >= 1):
+    if isinstance(tp, bool) or not (isinstance(tp, numbers.Integral) and tp >= 1):
         raise ValueError(f"activation_bytes: tp={tp!r} must be a positive integer.")
     s, b, h, a = seq_len, batch, spec.d_model, spec.n_head
     if recompute:
@@ -770,7 +774,7 @@ def activation_bytes(spec: TransformerSpec, batch: int, seq_len: int, recompute:
     around, inside = layer_activation_values(spec)
     per_layer = 2 * s * b * (around + inside / tp)
     if not flash_attention:
-        per_layer += 5 * a * s * s * b / tp
+        per_layer += 2 * a * s * s * b / tp
     return spec.n_layer * per_layer
 
 

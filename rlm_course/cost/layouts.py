@@ -390,9 +390,11 @@ def check_training(spec: TransformerSpec, layout: Layout, device: Device, seq_le
     Raises:
         DoesNotFit: naming the layout, the bytes of each part and the usable memory, with the
             fixes that shrink the parts that overflow: ZeRO-3, TP or PP for the model states;
-            CP, TP (with sequence parallelism) or fewer tokens per micro-batch for the
-            activations and logits (PP does not shrink them: under 1F1B the first stage holds
-            ``pp`` micro-batches of its layers); offloading; recomputation.
+            CP, TP (with sequence parallelism), sequence parallelism itself under TP, or fewer
+            tokens per micro-batch (down to one sequence) for the activations and logits (PP
+            does not shrink them: under 1F1B the first stage holds ``pp`` micro-batches of its
+            layers); offloading; recomputation (the layer inputs stay). A fix is named alone
+            only if what it frees covers the excess.
         ValueError: for ``extra`` that is not ``{name: bytes}`` of finite numbers >= 0, or as
             :func:`training_memory`.
     """
@@ -418,13 +420,21 @@ def check_training(spec: TransformerSpec, layout: Layout, device: Device, seq_le
         fixes.append(("split each model copy over more GPUs (raise tp or pp)", states))
         fixes.append(("split each sequence's activations and logits over more GPUs (raise cp"
                       + (", or tp" if layout.sequence_parallel else "") + ")", per_micro_batch))
+        if layout.tp > 1 and not layout.sequence_parallel:  # TP then splits every value
+            with_sp = training_memory(spec, replace(layout, sequence_parallel=True), seq_len)
+            fixes.append(("turn on sequence parallelism (sequence_parallel=True)",
+                          acts - with_sp["activations"]))
         if layout.micro_batch > 1 or layout.micro_batch_tokens > seq_len:
+            # down to one sequence a micro-batch, which keeps its own activations and logits
+            one = training_memory(spec, replace(layout, micro_batch=1, micro_batch_tokens=0),
+                                  seq_len)
             fixes.append(("put fewer tokens in a micro-batch (micro_batch_tokens, micro_batch)",
-                          per_micro_batch))
+                          per_micro_batch - one["activations"] - one["logits"]))
         if not layout.offload:
             fixes.append(("offload the optimizer", memory.get("optimizer", 0.0)))
-        if not layout.recompute:  # keeps each layer's input: 2 of the 34 s h per layer
-            fixes.append(("recompute activations", acts * 32 / 34))
+        if not layout.recompute:  # keeps each layer's input (whole on every TP rank without SP)
+            kept = training_memory(spec, replace(layout, recompute=True), seq_len)["activations"]
+            fixes.append(("recompute activations", acts - kept))
         enough = [fix for fix, saves in fixes if saves > excess]
         advice = (", or ".join(enough) if enough else
                   "no one change frees enough; combine: " + ", and ".join(

@@ -91,18 +91,23 @@ def test_memory_breakdown():
     assert activation_bytes(LLAMA, 4, 4608, False) == 17 * activation_bytes(LLAMA, 4, 4608, True)
     # each model's own layer (no dropout masks, FlashAttention): Qwen3-30B-A3B by hand, width
     # 2,048: around, the two norms' and two blocks' inputs (4 h); inside, Q and the output
-    # (32 heads of 128: 2 x 4,096), K and V (4 heads: 2 x 512), and each of the 8 routed copies
-    # of the token with its expert's gate, up and product (8 x (2,048 + 3 x 768))
+    # (32 heads of 128: 2 x 4,096), K and V (4 heads: 2 x 512), the QK-norm's inputs (36 heads
+    # of 128), and each of the 8 routed copies of the token with its expert's gate, up and
+    # product (8 x (2,048 + 3 x 768))
     from rlm_course.cost.anatomy import layer_activation_values
     qwen = get_spec("qwen3-30b-a3b")
-    assert layer_activation_values(qwen) == (4 * 2048, 2 * 4096 + 2 * 512 + 8 * (2048 + 3 * 768))
-    assert activation_bytes(qwen, 1, 1000, False) == 48 * 2 * 1000 * (8192 + 44032)
+    inside = 2 * 4096 + 2 * 512 + 36 * 128 + 8 * (2048 + 3 * 768)
+    assert layer_activation_values(qwen) == (4 * 2048, inside) == (8192, 48640)
+    assert activation_bytes(qwen, 1, 1000, False) == 48 * 2 * 1000 * (8192 + 48640)
     # without sequence parallelism a TP rank splits only the inside values
-    assert activation_bytes(qwen, 1, 1000, False, tp=4) == 48 * 2 * 1000 * (8192 + 44032 / 4)
+    import numpy as np
+    assert activation_bytes(qwen, 1, 1000, False, tp=np.int64(4)) == 48 * 2 * 1000 * (
+        8192 + 48640 / 4)
     with pytest.raises(ValueError, match="tp=0 must be a positive integer"):
         activation_bytes(qwen, 1, 1000, False, tp=0)
     with_scores = activation_bytes(LLAMA, 4, 4608, False, flash_attention=False)
-    assert with_scores - activation_bytes(LLAMA, 4, 4608, False) == 32 * 5 * 32 * 4608**2 * 4
+    # without dropout the scores leave only the softmax's output, 2 a s^2 b a layer
+    assert with_scores - activation_bytes(LLAMA, 4, 4608, False) == 32 * 2 * 32 * 4608**2 * 4
 
 
 @pytest.mark.parametrize("kw,match", [(dict(prompts=0), "prompts=0"),

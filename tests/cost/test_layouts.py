@@ -1,6 +1,8 @@
 """Memory per device and its refusals (rlm_course.cost.layouts): ZeRO, experts, KV slots, the
 generation TP."""
 
+from dataclasses import replace
+
 import pytest
 
 from rlm_course.cost.anatomy import zero_model_state_bytes
@@ -94,6 +96,36 @@ def test_without_sequence_parallelism_tp_splits_only_its_matmuls_activations():
     recomputed = training_memory(spec, Layout(dp=8, tp=8, recompute=True,
                                               sequence_parallel=False), s)
     assert recomputed["activations"] == pytest.approx(layers * 2 * s * h)  # inputs, whole
+
+
+def test_a_refusal_prices_each_activation_fix_by_what_it_really_frees():
+    """Recomputation keeps the layer inputs (whole on every TP rank without sequence
+    parallelism), a micro-batch holds at least one sequence, and a TP layout without sequence
+    parallelism can turn it on."""
+    from rlm_course.cost.layouts import DoesNotFit, check_training
+    llama70, llama8 = get_spec("llama-3-70b"), get_spec("llama-3.1-8b")
+    no_sp = Layout(tp=8, sequence_parallel=False, offload=True)
+    # 95.9 GB, 60.1 of them activations: recomputation frees 49.4 (10.7 GB of layer inputs stay
+    # whole on each rank), sequence parallelism 37.6; against 72.0 GB both cover the excess...
+    with pytest.raises(DoesNotFit) as caught:
+        check_training(llama70, no_sp, H100, 8192)
+    said = str(caught.value)
+    assert "needs 95.9 GB" in said and "activations 60.1" in said
+    assert "turn on sequence parallelism (sequence_parallel=True)" in said
+    assert "recompute activations" in said.split("usable")[1]
+    # ...against 44.0 GB (55%) neither does alone: recomputed, the layout still needs 46.5 GB
+    with pytest.raises(DoesNotFit) as caught:
+        check_training(llama70, no_sp, H100, 8192, 0.55)
+    assert str(caught.value).endswith("44.0 GB usable (55% of 80 GB): split each sequence's "
+                                      "activations and logits over more GPUs (raise cp).")
+    with pytest.raises(DoesNotFit):
+        check_training(llama70, replace(no_sp, recompute=True), H100, 8192, 0.55)
+    # two sequences a micro-batch: one sequence's 8.4 GB of logits and activations stay, so
+    # fewer tokens cannot cover a 18.3 GB excess
+    with pytest.raises(DoesNotFit) as caught:
+        check_training(llama8, Layout(micro_batch=2, recompute=True, offload=True), H100,
+                       16384, 0.49)
+    assert "fewer tokens" not in str(caught.value).split("usable")[1]
 
 
 def test_a_refusal_names_only_the_fixes_that_can_free_the_excess():
