@@ -325,7 +325,7 @@ def _extra(spec: TransformerSpec, config: RLConfig, layout: Layout, seq_len: int
 
 
 def _best_trainers(spec, config, workload, device, devices, rates, keep=2):
-    seq = workload.prompt_len + workload.max_response_len
+    seq = workload.prompt_len + workload.response_len  # the budget: any step may reach it
     fitting, refused = trainer_layouts(spec, config, device, devices, seq, 2 * seq,
                                        rates.memory_fraction,
                                        max_dp=sequences_per_step(workload, config))
@@ -441,7 +441,7 @@ def fits_memory(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
     Returns:
         ``(fits, nearest miss)``: the miss (a refusal with its fixes) is ``""`` when it fits.
     """
-    seq = workload.prompt_len + workload.max_response_len
+    seq = workload.prompt_len + workload.response_len  # the budget: any step may reach it
     misses = []
     pools = ([(gpus, gpus)] if "colocated" in placements else []) + (
         [(r, gpus - r) for r in _splits(gpus, device.devices_per_node)]

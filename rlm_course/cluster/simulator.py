@@ -407,7 +407,7 @@ def memory_plan(s: Scenario) -> dict:
     check_kinds([("scenario", s, Scenario, "Scenario(spec, config, workload, cluster)")],
                 "memory_plan: ")
     spec, w, dev, r = s.spec, s.workload, s.cluster.device, s.rates
-    seq = w.prompt_len + w.max_response_len
+    seq = w.prompt_len + w.response_len  # the budget: any iteration may reach it
     lay = s.trainer_layout
     extra = {}
     if s.config.use_critic:

@@ -412,13 +412,31 @@ def test_a_scenario_names_which_pool_is_which():
 def test_length_buckets_follow_the_longest_response_not_the_budget():
     # the same responses under a budget 30x larger (near qwen2.5-7b's 131,072-token window):
     # the buckets, and so the step, are the same (levels of the budget, 1,920 tokens apart, would
-    # round this batch's responses to a few levels)
+    # round this batch's responses to a few levels); the trainer holds a sequence of the budget
+    # (memory is checked at it: any iteration may reach it), its activations and logits split
+    # over cp 4
     drawn = Workload.long_tailed(64, 8, 256, 1000, 0.8, 4096, seed=0)
     vast = Workload(64, 8, 256, 4096 * 30, response_lengths=drawn.lengths)
-    steps = [simulate(_scenario(workload=w, trainer=Layout(dp=16, zero=3)),
+    steps = [simulate(_scenario(workload=w, trainer=Layout(dp=4, cp=4, zero=3, recompute=True)),
                       length_buckets=64).step_seconds
              for w in (drawn, vast)]
     assert steps[0] == pytest.approx(steps[1], rel=1e-9)
+
+
+def test_memory_is_checked_at_the_budget_not_at_the_longest_response_drawn():
+    """A run must hold the longest sequence its budget allows: any iteration may reach it, not
+    only the draws of the one simulated. Qwen2.5-7B responses drawn at most 4,096 tokens long
+    under a 32,768-token budget: dp16 ZeRO-3 with recomputation and micro-batches of four
+    sequences holds the drawn batch's 4,352 tokens, not the budget's 33,024 (its fp32 logits
+    alone: 4 x 4 x 33,024 x 152,064 bytes = 80.3 GB)."""
+    drawn = Workload.long_tailed(64, 8, 256, 1000, 0.8, 4096, seed=0)
+    budget = Workload(64, 8, 256, 32768, response_lengths=drawn.lengths)
+    assert drawn.max_response_len == 4096
+    lay = Layout(dp=16, zero=3, recompute=True, micro_batch=4)
+    fits = memory_plan(_scenario(workload=drawn, trainer=lay))
+    assert fits["trainer"]["logits"] == pytest.approx(4 * 4 * (256 + 4096) * 152064)
+    with pytest.raises(DoesNotFit, match=r"logits 80\.3"):
+        memory_plan(_scenario(workload=budget, trainer=lay))
 
 
 def _small(gpus=16, **kw):
