@@ -58,8 +58,10 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
 
     with ``replicas = gpus / tp``, ``per_replica = ceil(sequences / replicas)``,
     ``waves = ceil(per_replica / kv_slots)`` (:func:`kv_slots`), ``steps = tokens_per_sequence``
-    and :func:`replica_decode_step_seconds`. A ``tp`` whose weights do not fit is skipped; ties
-    go to the smaller ``tp`` (more replicas, fewer collectives).
+    and :func:`replica_decode_step_seconds` over ``link`` (one Link for every candidate, or the
+    cluster's Fabric: each candidate's own group link, which a mesh node needs). A ``tp`` whose
+    weights do not fit is skipped; ties go to the smaller ``tp`` (more replicas, fewer
+    collectives).
 
     Returns:
         ``(best tp, {tp: estimated seconds})`` over the candidates that fit.

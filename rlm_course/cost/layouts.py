@@ -452,17 +452,21 @@ def replica_decode_step_seconds(spec: TransformerSpec, device: Device, tp: int, 
     at ``context`` tokens: ``max(FLOPs / (tp peak), bytes per device / (bandwidth x
     efficiency))`` (:func:`rlm_course.cost.anatomy.decode_step_seconds`) plus its two
     all-reduces per layer (:func:`rlm_course.cost.comm.decode_tp_comm`, the engine's one-shot
-    all-reduce when the replica fits in a node; ``link`` may be None for ``tp = 1``).
+    all-reduce when the replica fits in a node; ``link`` may be None for ``tp = 1``, or the
+    cluster's :class:`~rlm_course.cost.comm.Fabric`, whose link for ``tp`` devices is taken: on
+    a mesh node each degree has its own, 64 GB/s for an MI300X pair and 448 for eight).
 
     Raises:
         ValueError: for a ``tp`` that does not fit the model, or ``tp > 1`` without a ``link``.
     """
     from rlm_course.cost.anatomy import decode_step_seconds
+    from rlm_course.cost.comm import Fabric, decode_tp_comm
 
     spec.check_degree("tp", tp)
     if tp > 1 and link is None:
         raise ValueError(f"a tp={tp} replica needs the link its all-reduces cross; give link.")
-    from rlm_course.cost.comm import decode_tp_comm
+    if isinstance(link, Fabric):
+        link = link.link(tp) if tp > 1 else None
 
     scaled = replace(device, memory_bandwidth=device.memory_bandwidth * bandwidth_efficiency)
     roofline = decode_step_seconds(spec, scaled, tp, sequences, context)
@@ -486,8 +490,10 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
 
     with ``replicas = gpus / tp``, ``per_replica = ceil(sequences / replicas)``,
     ``waves = ceil(per_replica / kv_slots)`` (:func:`kv_slots`), ``steps = tokens_per_sequence``
-    and :func:`replica_decode_step_seconds`. A ``tp`` whose weights do not fit is skipped; ties
-    go to the smaller ``tp`` (more replicas, fewer collectives).
+    and :func:`replica_decode_step_seconds` over ``link`` (one Link for every candidate, or the
+    cluster's Fabric: each candidate's own group link, which a mesh node needs). A ``tp`` whose
+    weights do not fit is skipped; ties go to the smaller ``tp`` (more replicas, fewer
+    collectives).
 
     Returns:
         ``(best tp, {tp: estimated seconds})`` over the candidates that fit.

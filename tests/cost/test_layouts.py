@@ -75,6 +75,16 @@ def test_kv_slots_and_the_generation_tp_choice():
     assert [odd.allows("tp", t) for t in (1, 2, 4, 8, 12)] == [True, True, False, False, True]
     _, odd_times = choose_generation_tp(odd, H100, 8, 64, 512, link)
     assert set(odd_times) == {1, 2}
+    # on a mesh node each degree all-reduces over its own links (an MI300X pair: 64 GB/s), so
+    # give the Fabric: one link for all would price TP 2 at eight devices' 448 GB/s; on an
+    # NVSwitch node the Fabric and the one link agree
+    mi300x = get_device("MI300X-192GB")
+    mesh = comm.Fabric.of(mi300x)
+    _, own = choose_generation_tp(spec, mi300x, 8, 1024, 4096, mesh)
+    _, one = choose_generation_tp(spec, mi300x, 8, 1024, 4096, mesh.link(8))
+    assert own[2] > one[2] and own[8] == one[8]
+    assert choose_generation_tp(spec, H100, 64, 1024, 4096, comm.Fabric.of(H100)) == \
+        choose_generation_tp(spec, H100, 64, 1024, 4096, link)
 
 
 def test_without_sequence_parallelism_tp_splits_only_its_matmuls_activations():
