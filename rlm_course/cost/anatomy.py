@@ -720,10 +720,10 @@ def layer_activation_values(spec: TransformerSpec) -> tuple[float, float]:
       its norm's output, ``2 q_lora_rank``; the key/value latent with the RoPE key and its
       norm's output, ``2 kv_lora_rank + qk_rope_head_dim``);
     * inside: attention's ``Q``, ``K``, ``V`` and output (``H d_qk + H_kv (d_qk + d_v) + H
-      d_v``), and the inputs of a QK-norm (Qwen3's, ``(H + H_kv) d_h``); the MLP's hidden tensors, ``3 d_ff`` for a gated MLP (gate and up outputs, their
-      product) and ``2 d_ff`` for a GELU one (its input and output); of an MoE layer, each of the
-      ``k`` routed copies of the token (``h``) and its expert's hidden tensors, and the shared
-      experts'.
+      d_v``), and the inputs of a QK-norm (Qwen3's, ``(H + H_kv) d_h``); the MLP's hidden
+      tensors, ``3 d_ff`` for a gated MLP (gate and up outputs, their product) and ``2 d_ff``
+      for a GELU one (its input and output); of an MoE layer, each of the ``k`` routed copies of
+      the token (``h``) and its expert's hidden tensors, and the shared experts'.
 
     Llama-3-8B: ``16,384 + 53,248 = 69,632`` values, ``34 h`` bytes, Korthikanti's count (the GPT
     layer's 32 h and two 1-byte dropout masks); DeepSeek-V3: 63 h bytes a layer on average,

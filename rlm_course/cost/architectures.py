@@ -189,8 +189,8 @@ class TransformerSpec:
         """Check a parallel degree against this model: a positive integer (not a bool) for every
         ``axis``; ``tp`` must divide the query heads and divide, or be a multiple of, the
         key/value heads (of a model without a latent KV cache), ``pp`` be at most the layers, ``sp``
-        (Ulysses) divide the key/value heads (an MLA model's: every head), ``ep`` divide the experts of an MoE model (1 for a
-        dense one); ``dp`` and ``cp`` any positive count.
+        (Ulysses) divide the key/value heads (an MLA model's: every head), ``ep`` divide the
+        experts of an MoE model (1 for a dense one); ``dp`` and ``cp`` any positive count.
 
         Raises:
             ValueError: naming the axis, the value and what would fit.
