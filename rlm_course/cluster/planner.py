@@ -183,7 +183,9 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
     (MoE), data parallelism over the rest; ZeRO-3 when there is no model parallelism, ZeRO-1 with
     it (Megatron's distributed optimizer, with its fp32 main gradients: ``6 + 12 / d`` bytes per
     parameter), no ZeRO when every parameter has one rank (:func:`data_parallel_ranks` is 1:
-    nothing to shard); recomputation on; optimizer offload tried when nothing else fits.
+    nothing to shard); recomputation on; ``micro_batch_tokens`` a micro-batch, and when nothing
+    fits, micro-batches of one sequence (``seq_len``), then the optimizer offloaded to the host
+    with either.
     ``first_fit``: stop at the first layout that fits (a memory check, not a search).
     ``max_dp``: the sequences of one gradient step; a layout with more data-parallel ranks is
     refused, as frameworks refuse it (each rank needs at least one sequence of every mini-batch:
@@ -205,7 +207,11 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
     pps = _trainer_pps(spec)
     eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if not spec.is_moe and e == 1
            or spec.is_moe and spec.n_experts % e == 0]
-    for offload in (False, True):
+    # what nothing else fits tries next: micro-batches of one sequence (a micro-batch's
+    # activations and logits halved, for more micro-batches a step), then the CPU optimizer
+    tiers = [(False, micro_batch_tokens), (False, seq_len), (True, micro_batch_tokens),
+             (True, seq_len)]
+    for offload, budget in dict.fromkeys(tiers):
         for tp in tps:
             for pp in pps:
                 if devices % (tp * pp):
@@ -220,11 +226,11 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
                         continue
                     megatron = tp * pp > 1
                     lay = Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=1 if megatron else 3,
-                                 recompute=True, micro_batch_tokens=micro_batch_tokens,
+                                 recompute=True, micro_batch_tokens=budget,
                                  offload=offload, main_grads_fp32=megatron)
                     if data_parallel_ranks(spec, lay) == 1:  # one rank per parameter: no ZeRO
                         lay = Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=0, recompute=True,
-                                     micro_batch_tokens=micro_batch_tokens, offload=offload,
+                                     micro_batch_tokens=budget, offload=offload,
                                      main_grads_fp32=megatron)
                     try:
                         check_training(spec, lay, device, seq_len, memory_fraction, "trainer",

@@ -238,7 +238,7 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
     # no layout fits: the answer says how many GPUs would (doubling, then whole nodes between)
     (["--model", "deepseek-v3", "--gpus", "16"],
      "no layout of deepseek-v3 fits 16 x H100-SXM-80GB for this workload; the smallest count "
-     "that fits is 128 (on 120 the nearest layout misses by 8.6 GB)"),
+     "that fits is 96 (on 88 the nearest layout misses by 14.4 GB)"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "this-machine"],
      "--gpus 8 with --device this-machine: this-machine has no link between devices, so a plan "
      "holds at most 1; give --gpus 1"),
@@ -252,10 +252,11 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
      "625 data-parallel ranks (tp1 pp16), more than the 1 sequence of a gradient step, so ranks "
      "would hold none; take fewer gradient steps per iteration or a larger batch, or give the "
      "trainer fewer devices (a disaggregated split). Use 72 devices, or a larger batch.\n"),
-    # async runs on disaggregated pools only: memory is searched there (one GPU per pool misses)
-    (["--model", "llama-3.1-8b", "--gpus", "2", "--modes", "async"],
-     "no layout of llama-3.1-8b fits 2 x H100-SXM-80GB for this workload; the smallest count "
-     "that fits is 4 (on 2 the nearest layout misses by 2.4 GB)"),
+    # async runs on disaggregated pools only: memory is searched there (Qwen2.5-32B plans
+    # colocated on 4 GPUs; split into two pools, its trainer of 3 misses)
+    (["--model", "qwen2.5-32b", "--gpus", "4", "--modes", "async"],
+     "no layout of qwen2.5-32b fits 4 x H100-SXM-80GB for this workload; the smallest count "
+     "that fits is 8 (on 4 the nearest layout misses by 14.9 GB)"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"],
      "--device: unknown device 'TPU9'; choose one of "),
     # a name the user began, a close spelling: the one meant is named (a name in another case

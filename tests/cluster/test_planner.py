@@ -116,10 +116,10 @@ def test_layouts_that_do_not_fit_are_refused_with_their_reason():
 
 
 def test_a_cluster_no_layout_fits_is_a_clear_error():
-    # 4 GPUs: the nearest layout (dp4 fsdp, offloaded) needs 121.7 GB of 72 GB usable; 8 fit
+    # 4 GPUs: the nearest layout (dp4 fsdp, offloaded) needs 113.8 GB of 72 GB usable; 8 fit
     with pytest.raises(DoesNotFit, match=r"no layout of llama-3-70b fits 2 x H100-SXM-80GB for "
                                          r"this workload; the smallest count that fits is 8 \(on 4 "
-                                         r"the nearest layout misses by 49.7 GB\)\. .* Use 8 or "
+                                         r"the nearest layout misses by 41.8 GB\)\. .* Use 8 or "
                                          r"more devices"):
         plan(get_spec("llama-3-70b"), algorithm("grpo"), WORKLOAD, H100, 2)
 
@@ -383,53 +383,54 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     spec, grpo, rates = get_spec("deepseek-v3"), algorithm("grpo", minibatches=16), \
         calibrated_rates(H100)
     search = smallest_fitting_gpus(spec, grpo, R1, H100, 16, rates)
-    # doubling: 16, 32, 64 miss, 128 fits; then every whole node from 16 up, 24..120 (32 and 64
-    # known), all miss; then the counts just below 16 (a node, then powers of two): none fits
-    assert search.checked == [16, 32, 64, 128, 24, 40, 48, 56, 72, 80, 88, 96, 104, 112, 120, 8,
-                              4, 2, 1]
+    # doubling: 16, 32, 64 miss, 128 fits; then every whole node from 16 up, 24..96 (32 and 64
+    # known): 96 is the first that fits; then the counts just below 16 (a node, then powers of
+    # two): none fits
+    assert search.checked == [16, 32, 64, 128, 24, 40, 48, 56, 72, 80, 88, 96, 8, 4, 2, 1]
     assert search.fits_below is None
-    assert (search.fits, search.below) == (128, 120)
-    # at 120 the nearest layout is dp120 fsdp offloaded: 80.6 GB per device of 72.0 usable
-    assert search.miss_gb == pytest.approx(8.6) and "dp120 fsdp" in search.reason
-    assert search.describe() == ("the smallest count that fits is 128 (on 120 the nearest "
-                                 "layout misses by 8.6 GB)")
+    assert (search.fits, search.below) == (96, 88)
+    # on 88 the nearest layout is 24 rollout GPUs and a dp64 fsdp trainer with micro-batches of
+    # one sequence and the optimizer on the host: 86.4 GB per device of 72.0 usable
+    assert search.miss_gb == pytest.approx(14.4) and "dp64 fsdp" in search.reason
+    assert search.describe() == ("the smallest count that fits is 96 (on 88 the nearest "
+                                 "layout misses by 14.4 GB)")
     # the nearest miss named is a count one provisions: from 7, the doubling tries 14, which
-    # nobody provisions; the whole node under the 16 that fits is named
+    # fits; the whole node under it is named, not 7
     seven = smallest_fitting_gpus(get_spec("llama-3.1-70b"), grpo, R1, H100, 7, rates)
-    assert 14 in seven.checked and (seven.fits, seven.below) == (16, 8)
+    assert 14 in seven.checked and (seven.fits, seven.below) == (14, 8)
     with pytest.raises(NoLayoutFits) as caught:
         plan(spec, grpo, R1, H100, 16, rates=rates, length_buckets=16)
     message = str(caught.value)
     assert message.startswith("no layout of deepseek-v3 fits 16 x H100-SXM-80GB for this "
-                              "workload; the smallest count that fits is 128 (on 120 the "
-                              "nearest layout misses by 8.6 GB). The nearest miss on 16: ")
-    assert message.endswith("Use 128 or more devices, a device with more memory, or shorter "
+                              "workload; the smallest count that fits is 96 (on 88 the "
+                              "nearest layout misses by 14.4 GB). The nearest miss on 16: ")
+    assert message.endswith("Use 96 or more devices, a device with more memory, or shorter "
                             "sequences.") and "\n" not in message
     assert message.count("more memory") == 1  # the nearest miss's generic advice is not repeated
     # the nearest miss named for the asked count is the search's (every pool split), the one the
-    # clause before it measures; on 10,000 it misses by 27.0 GB, both times (dp39 tp8 pp8: the
+    # clause before it measures; on 10,000 it misses by 24.0 GB, both times (dp39 tp8 pp8: the
     # busiest stage holds 8 of the 61 layers and the output head, and under 1F1B the first
     # stage's activations of 8 micro-batches of 8 layers: 64 layers' worth)
     with pytest.raises(NoLayoutFits) as huge:
         plan(spec, grpo, R1, H100, 10000, rates=rates, length_buckets=16)
     said = str(huge.value)
     assert "fits 10,000 x H100-SXM-80GB" in said and "nearest miss on 10,000: " in said
-    assert "misses by 27.0 GB" in said and "needs 99.0 GB per H100-SXM-80GB" in said
-    assert caught.value.search.fits == 128
-    # and the answer is a plan: 128 GPUs plan
-    assert plan(spec, grpo, R1, H100, 128, rates=rates, length_buckets=16).best.step > 0
+    assert "misses by 24.0 GB" in said and "needs 96.0 GB per H100-SXM-80GB" in said
+    assert caught.value.search.fits == 96
+    # and the answer is a plan: 96 GPUs plan
+    assert plan(spec, grpo, R1, H100, 96, rates=rates, length_buckets=16).best.step > 0
     # a limit below the answer: none fits up to it, and the largest miss is the limit
     capped = smallest_fitting_gpus(spec, grpo, R1, H100, 16, rates, limit=64)
     assert (capped.fits, capped.below, capped.checked) == (None, 64, [16, 32, 64, 8, 4, 2, 1])
     assert capped.describe() == ("no count up to 64 fits (on 64 the nearest layout misses by "
-                                 "27.0 GB)")
-    # fitting is not monotonic in the count: Llama-3.1-70B misses on 14, 28 and 34 and fits on 16,
-    # 24 and 32, so the answer is the smallest fitting count from the one asked, not from the
-    # last doubling that missed (which said 32 for 7 GPUs and 40 for 17)
+                                 "14.4 GB)")
+    # fitting is not monotonic in the count: Llama-3.1-70B misses on 13 and 17 and fits on 12,
+    # 14, 16 and 24, so the answer is the smallest fitting count from the one asked, not from
+    # the last doubling that missed (which said 34 for 17)
     llama = get_spec("llama-3.1-70b")
-    assert [fits_memory(llama, grpo, R1, H100, n, rates)[0] for n in (14, 16, 24, 28, 32, 34)] == \
-        [False, True, True, False, True, False]
-    assert smallest_fitting_gpus(llama, grpo, R1, H100, 7, rates).fits == 16
+    assert [fits_memory(llama, grpo, R1, H100, n, rates)[0] for n in (12, 13, 14, 16, 17, 24)] == \
+        [True, False, True, True, False, True]
+    assert smallest_fitting_gpus(llama, grpo, R1, H100, 7, rates).fits == 14
     seventeen = smallest_fitting_gpus(llama, grpo, R1, H100, 17, rates)
     assert (seventeen.fits, seventeen.fits_below) == (24, 16)
     # a count that factors badly misses where whole nodes just below and above it fit, and each
@@ -460,13 +461,22 @@ def test_advice_applies_to_the_layout_it_names():
     spec, grpo = get_spec("deepseek-v3"), algorithm("grpo", minibatches=16)
     fits, refused = trainer_layouts(spec, grpo, H100, 64, 16896, 33792)
     assert not fits
+    # the nearest: FSDP over all 64 with micro-batches of one sequence and the optimizer on the
+    # host; half its activations (7.4 GB) cannot cover the 14.4 GB it misses by, so no larger
+    # TP or PP is offered, nor ZeRO-3 (it is), nor offloading (done)
     nearest = min(refused, key=shortfall_gb)
-    # one data-parallel rank (tp8 x pp8 = all 64 GPUs): no ZeRO label, no ZeRO advice, no larger
-    # model-parallel group that divides 64, the optimizer already offloaded
-    assert nearest.startswith("trainer layout dp1 tp8 pp8 recompute cpu-optimizer fp32-grads of "
-                              "deepseek-v3 needs 99.0 GB")
+    assert nearest.startswith("trainer layout dp64 fsdp recompute cpu-optimizer of deepseek-v3 "
+                              "needs 86.4 GB")
     assert nearest.endswith("72.0 GB usable (90% of 80 GB): use more GPUs or a device with more "
                             "memory.")
+    # one data-parallel rank (tp8 x pp8 = all 64 GPUs): no ZeRO label, no ZeRO advice, no larger
+    # model-parallel group that divides 64, the optimizer already offloaded
+    one_rank = [r for r in refused if r.startswith("trainer layout dp1 tp8 pp8 recompute "
+                                                   "cpu-optimizer fp32-grads of deepseek-v3")]
+    # two micro-batch budgets, two sequences and one: 99.0 and 96.0 GB
+    assert [r.split(" per ")[0].split("needs ")[1] for r in one_rank] == ["99.0 GB", "96.0 GB"]
+    assert all(r.endswith("72.0 GB usable (90% of 80 GB): use more GPUs or a device with more "
+                          "memory.") for r in one_rank)
     for reason in refused:  # ZeRO advice only where a parameter has more than one rank
         layout = reason.split(" of deepseek-v3")[0]
         one_rank = " dp1 " in layout + " " and (" ep" not in layout or " zero" not in layout)
