@@ -92,6 +92,9 @@ STALENESS_PENALTY = 0.1
 #: Levels the simulator rounds the response lengths to, up to the longest drawn, when planning
 #: (:func:`plan`, ``plan --length-buckets``): fewer plan faster and coarser.
 LENGTH_BUCKETS = 64
+#: what a trainer layout's text adds when the planner gave it micro-batches of one sequence (the
+#: response budget's tokens) because none fit at two
+ONE_SEQUENCE = " (micro-batches of one sequence)"
 #: The largest price the planner takes: at 1,000 extra steps per version any staleness loses, and
 #: a larger one only overflows the cost (1e308 printed 'infx the cost').
 MAX_STALENESS_PENALTY = 1000.0
@@ -239,7 +242,11 @@ def trainer_layouts(spec: TransformerSpec, config: RLConfig, device: Device, dev
                         if first_fit:
                             return fits, refused
                     except DoesNotFit as err:
-                        refused.append(advise(str(err), spec, device, devices, trainer=lay))
+                        reason = advise(str(err), spec, device, devices, trainer=lay)
+                        if budget != micro_batch_tokens:  # say which budget these bytes are at
+                            reason = reason.replace(f" {lay.describe()} of ",
+                                                    f" {lay.describe()}{ONE_SEQUENCE} of ", 1)
+                        refused.append(reason)
         if fits:
             break
     if fewest is not None and not fits:
@@ -865,8 +872,9 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         return cache[rollout]
 
     def evaluate(rollout, tp, lay, name, offload=False) -> Candidate:
-        label = (f"{pool_label(gpus, rollout)}, generation tp{tp}, trainer {lay.describe()}, "
-                 f"{name}" + (OFFLOADED if offload else ""))
+        one = lay.micro_batch_tokens == workload.prompt_len + workload.response_len
+        label = (f"{pool_label(gpus, rollout)}, generation tp{tp}, trainer {lay.describe()}"
+                 f"{ONE_SEQUENCE if one else ''}, {name}" + (OFFLOADED if offload else ""))
         for c in out.candidates:
             if c.name == label:
                 return c

@@ -417,8 +417,12 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     assert "fits 10,000 x H100-SXM-80GB" in said and "nearest miss on 10,000: " in said
     assert "misses by 24.0 GB" in said and "needs 96.0 GB per H100-SXM-80GB" in said
     assert caught.value.search.fits == 96
-    # and the answer is a plan: 96 GPUs plan
-    assert plan(spec, grpo, R1, H100, 96, rates=rates, length_buckets=16).best.step > 0
+    assert "fsdp recompute cpu-optimizer (micro-batches of one sequence) of deepseek-v3 needs " \
+        "275.1 GB" in message  # the nearest miss on 16, at the budget it was tried with
+    # and the answer is a plan: 96 GPUs plan, on micro-batches of one sequence, which it says
+    best = plan(spec, grpo, R1, H100, 96, rates=rates, length_buckets=16).best
+    assert best.step > 0 and best.scenario.trainer_layout.micro_batch_tokens == 512 + 16384
+    assert "recompute cpu-optimizer (micro-batches of one sequence), " in best.name
     # a limit below the answer: none fits up to it, and the largest miss is the limit
     capped = smallest_fitting_gpus(spec, grpo, R1, H100, 16, rates, limit=64)
     assert (capped.fits, capped.below, capped.checked) == (None, 64, [16, 32, 64, 8, 4, 2, 1])
@@ -465,16 +469,17 @@ def test_advice_applies_to_the_layout_it_names():
     # host; half its activations (7.4 GB) cannot cover the 14.4 GB it misses by, so no larger
     # TP or PP is offered, nor ZeRO-3 (it is), nor offloading (done)
     nearest = min(refused, key=shortfall_gb)
-    assert nearest.startswith("trainer layout dp64 fsdp recompute cpu-optimizer of deepseek-v3 "
-                              "needs 86.4 GB")
+    assert nearest.startswith("trainer layout dp64 fsdp recompute cpu-optimizer (micro-batches "
+                              "of one sequence) of deepseek-v3 needs 86.4 GB")
     assert nearest.endswith("72.0 GB usable (90% of 80 GB): use more GPUs or a device with more "
                             "memory.")
     # one data-parallel rank (tp8 x pp8 = all 64 GPUs): no ZeRO label, no ZeRO advice, no larger
     # model-parallel group that divides 64, the optimizer already offloaded
     one_rank = [r for r in refused if r.startswith("trainer layout dp1 tp8 pp8 recompute "
-                                                   "cpu-optimizer fp32-grads of deepseek-v3")]
-    # two micro-batch budgets, two sequences and one: 99.0 and 96.0 GB
+                                                   "cpu-optimizer fp32-grads")]
+    # two micro-batch budgets, two sequences and one (said): 99.0 and 96.0 GB
     assert [r.split(" per ")[0].split("needs ")[1] for r in one_rank] == ["99.0 GB", "96.0 GB"]
+    assert ["(micro-batches of one sequence) of" in r for r in one_rank] == [False, True]
     assert all(r.endswith("72.0 GB usable (90% of 80 GB): use more GPUs or a device with more "
                           "memory.") for r in one_rank)
     for reason in refused:  # ZeRO advice only where a parameter has more than one rank
