@@ -290,7 +290,8 @@ def advise(reason: str, spec: TransformerSpec, device: Device, devices: int,
     apply to that layout: ZeRO-3/FSDP only where a parameter has more than one data-parallel
     rank (:func:`data_parallel_ranks`), more TP or PP only where the pool has room for a larger
     model-parallel group the planner tries and it would shrink the excess (with ZeRO-3 over the
-    whole pool, only the activations: at least half of them must cover it), a larger generation
+    whole pool, TP added to FSDP, which splits only the activations: at least half of them must
+    cover it; the planner's own TP layouts pair TP with ZeRO-1), a larger generation
     TP only where one divides the pool and the heads, offloading only what is not offloaded yet;
     more GPUs or a device with more memory always. A message of another form is returned as it
     is."""
@@ -301,13 +302,20 @@ def advise(reason: str, spec: TransformerSpec, device: Device, devices: int,
             fixes.append(f"shard the model states over its {ranks} data-parallel ranks with "
                          "ZeRO-3/FSDP")
         group = trainer.tp * trainer.pp
-        # ZeRO-3 over the whole pool already gives each device 1/devices of the model states: a
-        # larger TP or PP group then only splits the activations, a fix when they are the excess
+        # ZeRO-3 over the whole pool already gives each device 1/devices of the model states:
+        # only a larger TP (with sequence parallelism) then splits what is left, the activations
+        # (a pipeline's first stage keeps pp micro-batches of 1/pp of the layers: as many), a
+        # fix when half of them cover the excess; the planner's TP layouts use ZeRO-1 instead
         sharded = trainer.zero == 3 and trainer.devices == devices
-        if (any(t * p > group and devices % (t * p) == 0
-                for t in _trainer_tps(spec, device) for p in _trainer_pps(spec))
-                and (not sharded or _activation_gb(reason) / 2 >= shortfall_gb(reason))):
-            fixes.append(f"split each model copy over more of the {devices} GPUs (raise tp or pp)")
+        larger = (any(t > trainer.tp and devices % t == 0 for t in _trainer_tps(spec, device))
+                  if sharded else
+                  any(t * p > group and devices % (t * p) == 0
+                      for t in _trainer_tps(spec, device) for p in _trainer_pps(spec)))
+        if larger and (not sharded or _activation_gb(reason) / 2 >= shortfall_gb(reason)):
+            fixes.append(
+                "add tensor parallelism to FSDP (raise tp, keeping the states sharded: it splits "
+                "the activations; the layouts searched here pair TP with ZeRO-1)" if sharded else
+                f"split each model copy over more of the {devices} GPUs (raise tp or pp)")
         if not trainer.offload:
             fixes.append("offload the optimizer states to the host")
         fixes.append("use more GPUs or a device with more memory")
@@ -986,8 +994,32 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
                    "Use a device with more memory or shorter sequences.")
         raise NoLayoutFits(f"no layout of {spec.name} fits {gpus:,} x {device.name} for this "
                            f"workload; {found.describe()}. The nearest miss on {gpus:,}: "
-                           f"{closest}. {fix}", found)
+                           f"{closest}. {fix}"
+                           + _other_placement_fits(spec, config, workload, device, gpus, rates,
+                                                   placements, runnable, modes), found)
     return out
+
+
+def _other_placement_fits(spec, config, workload, device, gpus, rates, placements, runnable,
+                          modes) -> str:
+    """The sentence a memory refusal adds when a placement the search left out fits ``gpus``:
+    one the modes asked do not run on (async on colocated devices) or one not asked; ``""`` when
+    none does."""
+    for other in ("colocated", "disaggregated"):
+        if other in placements and runnable[other]:
+            continue  # searched
+        if other == "disaggregated" and gpus < 2:
+            continue
+        if not fits_memory(spec, config, workload, device, gpus, rates, (other,))[0]:
+            continue
+        if other in placements:  # asked, but none of the modes asked runs on it
+            runs = COLOCATED_MODES if other == "colocated" else DISAGGREGATED_MODES
+            return (f" A {other} plan fits {gpus:,} devices, but the modes asked "
+                    f"({', '.join(modes)}) do not run on {other} devices; add "
+                    f"{' or '.join(runs)} to the modes, or leave the modes out.")
+        return (f" A {other} plan fits {gpus:,} devices: the placement asked is "
+                f"{' or '.join(placements)}; allow {other} (placement any) to plan it.")
+    return ""
 
 
 #: How much cheaper (a share of the step) a smaller count's plan must be for

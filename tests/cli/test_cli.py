@@ -304,6 +304,24 @@ def test_plan_errors_are_one_line_naming_the_flag_and_the_fix(capsys, argv, mess
     assert "Rates." not in err and "Link" not in err  # no Python-API advice on the command line
 
 
+@pytest.mark.parametrize("argv, sentence", [
+    (["--modes", "async"],
+     "Use 8 or more devices, a device with more memory, or shorter sequences. A colocated plan "
+     "fits 4 devices, but the modes asked (async) do not run on colocated devices; add sync or "
+     "fused to the modes, or leave the modes out.\n"),
+    (["--placement", "disaggregated"],
+     "A colocated plan fits 4 devices: the placement asked is disaggregated; allow colocated "
+     "(placement any) to plan it.\n"),
+])
+def test_a_memory_refusal_names_the_placement_the_options_left_out(capsys, argv, sentence):
+    # Qwen2.5-32B plans colocated on 4 GPUs; split into two pools its trainer of 3 misses: the
+    # refusal of a disaggregated-only search says that the options, not the count, rule it out
+    assert main(["plan", "--model", "qwen2.5-32b", "--gpus", "4", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no layout of qwen2.5-32b fits 4 x H100-SXM-80GB"), err
+    assert err.endswith(sentence), err
+
+
 def test_plan_runs_on_the_measured_machine_that_the_device_list_offers(capsys):
     from rlm_course.cost.hardware import load_catalog
 

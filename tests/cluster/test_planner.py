@@ -515,7 +515,10 @@ def test_advice_applies_to_the_layout_it_names():
         with pytest.raises(DoesNotFit) as caught:
             check_training(get_spec(name), fsdp, H100, seq)
         said = advise(str(caught.value), get_spec(name), H100, devices, trainer=fsdp)
-        assert ("raise tp or pp" in said) is advised, said
+        assert ("add tensor parallelism to FSDP (raise tp, keeping the states sharded: it "
+                "splits the activations; the layouts searched here pair TP with ZeRO-1)"
+                in said) is advised, said
+        assert "raise tp or pp" not in said
     # generation: tp16 on a 16-GPU rollout pool cannot be raised; on 32 GPUs it can
     with pytest.raises(DoesNotFit) as caught:
         kv_slots(spec, 16, H100, 4512, calibrated_rates(H100).memory_fraction)
