@@ -158,9 +158,10 @@ def _plan(args) -> int:
               file=sys.stderr)
     workload = Workload.long_tailed(args.prompts, args.group_size, args.prompt_len,
                                     args.mean_response, args.sigma, args.max_response, args.seed)
-    # the group size too, so that the algorithm's own checks apply (a group baseline needs 2+)
-    config = algorithm(args.algorithm, minibatches=args.minibatches,
-                       group_size=args.group_size)
+    # the batch is the workload's (check_group above refuses a group too small for the
+    # algorithm): the configuration carries the algorithm's parts and gradient steps only, so
+    # that a training run's limits on its own batch (16,384 responses) do not apply
+    config = algorithm(args.algorithm, minibatches=args.minibatches)
     if config.dynamic_sampling and args.oversample is None:
         print(f"note: {args.algorithm}'s dynamic sampling generates more groups than it keeps "
               "(those whose answers are all right or all wrong are dropped; verl's recipes "

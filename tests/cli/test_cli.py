@@ -304,6 +304,14 @@ def test_plan_errors_are_one_line_naming_the_flag_and_the_fix(capsys, argv, mess
     assert "Rates." not in err and "Link" not in err  # no Python-API advice on the command line
 
 
+def test_plan_takes_groups_larger_than_a_training_run_holds(capsys):
+    # the batch is the workload's: 4 prompts x 2,048 is the default 8,192 responses (a training
+    # configuration of 16 prompts of 2,048 was refused at 32,768, naming a flag plan does not have)
+    assert main(["plan", "--model", "llama-3.1-8b", "--gpus", "8", "--prompts", "4",
+                 "--group-size", "2048", "--top", "1", "--placement", "colocated"]) == 0
+    assert "4 prompts x 2,048, " in capsys.readouterr().out.splitlines()[0]
+
+
 @pytest.mark.parametrize("argv, sentence", [
     (["--modes", "async"],
      "Use 8 or more devices, a device with more memory, or shorter sequences. A colocated plan "
