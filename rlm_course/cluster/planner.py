@@ -381,7 +381,8 @@ def generation_estimate(spec: TransformerSpec, workload: Workload, device: Devic
     w = workload
     mean, longest = max(1, round(w.mean_response_len)), w.max_response_len
     slots = kv_slots(spec, tp, device, w.prompt_len + mean, rates.memory_fraction, 0.0,
-                     rates.max_batch, w.weight_bytes, w.kv_bytes)
+                     rates.max_batch, w.weight_bytes, w.kv_bytes,
+                     longest=w.prompt_len + w.response_len)
     per_replica = -(-w.responses // (devices // tp))
     batch, waves = min(per_replica, slots), -(-per_replica // slots)
     cost = DecodeCost(spec, device, tp, rates, fabric if tp > 1 else None, w)
@@ -415,7 +416,8 @@ def _generation_fits(spec, workload, device, devices, rates) -> tuple[bool, list
     for tp in _generation_tps(spec, devices):
         try:
             kv_slots(spec, tp, device, seq, rates.memory_fraction, 0.0, rates.max_batch,
-                     workload.weight_bytes, workload.kv_bytes)
+                     workload.weight_bytes, workload.kv_bytes,
+                     longest=workload.prompt_len + workload.response_len)
             return True, refused
         except DoesNotFit as err:
             refused.append(advise(str(err), spec, device, devices, generation_tp=tp))
@@ -499,7 +501,8 @@ class GpuSearch:
 
     Attributes:
         asked: the GPU count that was planned.
-        fits: the smallest count that fits memory (None: none up to ``limit``).
+        fits: the smallest count one would provision (a power of two below a node, whole
+            nodes from one node on) that fits memory (None: none up to ``limit``).
         below: the largest count under ``fits`` (or ``limit`` itself) that was checked and
             misses, and ``miss_gb``, the GB per device its nearest layout lacks; ``reason``: that
             refusal in full.
@@ -511,6 +514,9 @@ class GpuSearch:
             would provision just below it (None: none of them; not searched when ``asked``
             fits): a count that factors badly (e.g. 1,000 or 10,000 devices for a model whose
             layouts need powers of two) can miss where a slightly smaller one fits.
+        fits_between: the smallest count between ``below`` and ``fits`` (one that is not a
+            whole number of nodes) that fits memory, if any: Llama-3.1-70B under chapter 14's
+            R1-style workload misses on 8 H100s and fits on 12 as well as on 16.
     """
 
     asked: int
@@ -522,6 +528,7 @@ class GpuSearch:
     checked: list[int] = field(default_factory=list)
     fits_below: int | None = None
     asked_reason: str = ""
+    fits_between: int | None = None
 
     def describe(self) -> str:
         """One clause: ``the smallest count that fits is 128 (on 120 the nearest layout misses
@@ -541,6 +548,9 @@ class GpuSearch:
         if self.fits is None:
             return f"no count up to {self.limit:,} fits ({miss})"
         above = "" if self.fits_below is None else f" above {self.asked:,}"
+        if self.fits_between is not None:
+            return (f"the smallest count above {self.asked:,} that fits is "
+                    f"{self.fits_between:,}, of whole nodes {self.fits:,} ({miss}){smaller}")
         return f"the smallest count{above} that fits is {self.fits:,} ({miss}){smaller}"
 
 
@@ -603,6 +613,12 @@ def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Wor
     counts = set(_counts_to_try(device, gpus, max(under))) | {gpus}
     below = max((c for c in under if c in counts), default=max(under))
     reason = misses[below]
+    # the counts nobody provisions between that miss and the count that fits (at most a node's
+    # worth): a pool of 12 devices may fit where 8 misses and 16 is the next whole-node count
+    between = None
+    if found is not None:
+        between = next((c for c in range(max(gpus, below) + 1, found)
+                        if c not in misses and check(c)), None)
     # a few counts just below the one asked: the largest that fits, if any
     below_counts = _counts_to_try(device, 0, gpus - 1)[::-1]
     fits_below = next((c for c in below_counts[:BELOW_TRIES] if check(c)), None)
@@ -617,7 +633,7 @@ def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Wor
             fits_below = count
         target = count // 2
     return GpuSearch(gpus, found, below, shortfall_gb(reason), reason, limit, checked, fits_below,
-                     misses[gpus])
+                     misses[gpus], between)
 
 
 class NoLayoutFits(DoesNotFit):
@@ -981,7 +997,9 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         closest = closest.replace(f", or {generic}", "").replace(f": {generic}", "")
         if found.fits is not None and found.fits > gpus:
             fix = f"Use {found.fits:,} or more devices" + (
-                f" (or {found.fits_below:,})" if found.fits_below is not None else "")
+                f" (or {found.fits_below:,})" if found.fits_below is not None else "") + (
+                f" ({found.fits_between:,}, not whole nodes, fits too)"
+                if found.fits_between is not None else "")
         elif found.fits_below is not None:
             fix = f"Use {found.fits_below:,} devices"
         else:

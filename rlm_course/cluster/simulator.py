@@ -430,7 +430,8 @@ def memory_plan(s: Scenario) -> dict:
     # (DeepSeek-V3's multi-token-prediction module, an EAGLE head; one module run k times)
     draft_layers = 1 if r.speculative_tokens else 0
     slots = kv_slots(spec, s.generation_tp, dev, per_sequence, fraction, resident,
-                     r.max_batch, w.weight_bytes, w.kv_bytes, draft_layers)
+                     r.max_batch, w.weight_bytes, w.kv_bytes, draft_layers,
+                     longest=w.prompt_len + w.response_len)
     gen = generation_memory(spec, s.generation_tp, w.weight_bytes, w.kv_bytes, draft_layers)
     rollout = {"weights": gen["weights"], "kv cache": slots * per_sequence * gen["kv_per_token"]}
     if draft_layers:

@@ -343,15 +343,20 @@ def usable(device: Device, memory_fraction: float) -> float:
 
 def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence: float,
              memory_fraction: float = 0.9, resident: float = 0.0, max_batch: int = 1024,
-             weight_bytes: int = 2, kv_bytes: int = 2, draft_layers: int = 0) -> int:
+             weight_bytes: int = 2, kv_bytes: int = 2, draft_layers: int = 0,
+             longest: float | None = None) -> int:
     """Sequences one generation replica of ``tp`` devices can decode at once: the KV caches of
     ``tokens_per_sequence`` tokens each that fit beside the weights (:func:`generation_memory`
     at ``weight_bytes``, ``kv_bytes`` and ``draft_layers``: a draft's weights and cache too) and
     ``resident`` bytes of other state per device (e.g. a colocated trainer's), at most
-    ``max_batch``.
+    ``max_batch``. ``longest``: the tokens of the longest sequence the engine must admit (the
+    prompt and response budget, vLLM's ``max_model_len``): an engine whose cache cannot hold one
+    such sequence alone refuses to start, whatever the mean length (vLLM raises at start-up
+    when max_model_len's KV cache exceeds the memory left).
 
     Raises:
-        DoesNotFit: if not even one sequence fits.
+        DoesNotFit: if not even one sequence fits (of ``tokens_per_sequence`` tokens, or of
+            ``longest``).
         ValueError: for a ``tp`` that does not fit the model, a token count that is not a finite
             number from 1 to the model's context window, a ``memory_fraction`` outside (0, 1], a
             negative ``resident``, a ``max_batch`` below 1 or a byte width that is not positive.
@@ -370,6 +375,22 @@ def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence
     mem = generation_memory(spec, tp, weight_bytes, kv_bytes, draft_layers)
     room = usable(device, memory_fraction) - mem["weights"] - mem["draft_weights"] - resident
     per_sequence = mem["kv_per_token"] * tokens_per_sequence
+    if longest is not None:
+        if not (is_real(longest) and tokens_per_sequence <= longest < math.inf):
+            raise ValueError(f"longest={longest!r} must be a finite number of tokens >= "
+                             f"tokens_per_sequence={tokens_per_sequence:,}.")
+        whole = mem["kv_per_token"] * longest
+        if room < whole:
+            raise DoesNotFit(
+                f"a generation replica of {spec.name} with tp={tp} on {device.name} needs "
+                f"{mem['weights'] / GB:,.1f} GB of weights"
+                + (f" + {resident / GB:,.1f} GB of resident trainer state" if resident else "")
+                + f" + {whole / GB:,.2f} GB of KV cache for one sequence of the {longest:,.0f}-"
+                  f"token budget per device (an engine admits no longer a sequence than its "
+                  f"cache holds), but a device has {usable(device, memory_fraction) / GB:,.1f} "
+                  "GB usable; raise the generation tp"
+                + (", or offload the trainer's states during generation" if resident else "")
+                + ".")
     if room < per_sequence:
         raise DoesNotFit(
             f"a generation replica of {spec.name} with tp={tp} on {device.name} needs "

@@ -256,7 +256,7 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
     # colocated on 4 GPUs; split into two pools, its trainer of 3 misses)
     (["--model", "qwen2.5-32b", "--gpus", "4", "--modes", "async"],
      "no layout of qwen2.5-32b fits 4 x H100-SXM-80GB for this workload; the smallest count "
-     "that fits is 8 (on 4 the nearest layout misses by 14.9 GB)"),
+     "above 4 that fits is 5, of whole nodes 8 (on 4 the nearest layout misses by 14.9 GB)"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"],
      "--device: unknown device 'TPU9'; choose one of "),
     # a name the user began, a close spelling: the one meant is named (a name in another case
@@ -314,7 +314,8 @@ def test_plan_takes_groups_larger_than_a_training_run_holds(capsys):
 
 @pytest.mark.parametrize("argv, sentence", [
     (["--modes", "async"],
-     "Use 8 or more devices, a device with more memory, or shorter sequences. A colocated plan "
+     "Use 8 or more devices (5, not whole nodes, fits too), a device with more memory, or "
+     "shorter sequences. A colocated plan "
      "fits 4 devices, but the modes asked (async) do not run on colocated devices; add sync or "
      "fused to the modes, or leave the modes out.\n"),
     (["--placement", "disaggregated"],

@@ -384,20 +384,26 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
         calibrated_rates(H100)
     search = smallest_fitting_gpus(spec, grpo, R1, H100, 16, rates)
     # doubling: 16, 32, 64 miss, 128 fits; then every whole node from 16 up, 24..96 (32 and 64
-    # known): 96 is the first that fits; then the counts just below 16 (a node, then powers of
-    # two): none fits
-    assert search.checked == [16, 32, 64, 128, 24, 40, 48, 56, 72, 80, 88, 96, 8, 4, 2, 1]
-    assert search.fits_below is None
+    # known): 96 is the first that fits; then the counts between 88 and 96, which miss too; then
+    # the counts just below 16 (a node, then powers of two): none fits
+    assert search.checked == [16, 32, 64, 128, 24, 40, 48, 56, 72, 80, 88, 96,
+                              *range(89, 96), 8, 4, 2, 1]
+    assert search.fits_below is None and search.fits_between is None
     assert (search.fits, search.below) == (96, 88)
     # on 88 the nearest layout is 24 rollout GPUs and a dp64 fsdp trainer with micro-batches of
     # one sequence and the optimizer on the host: 86.4 GB per device of 72.0 usable
     assert search.miss_gb == pytest.approx(14.4) and "dp64 fsdp" in search.reason
     assert search.describe() == ("the smallest count that fits is 96 (on 88 the nearest "
                                  "layout misses by 14.4 GB)")
-    # the nearest miss named is a count one provisions: from 7, the doubling tries 14, which
-    # fits; the whole node under it is named, not 7
+    # the nearest miss named is a count one provisions: from 7, the doubling tries 14 (whose
+    # only colocated generation TP, 2, cannot hold one sequence of the budget's KV cache beside
+    # 70.6 GB of weights) and 28, then whole nodes: 8 misses, 16 fits; the whole node under it
+    # is named, not 7; between them, 12 fits too (tp4 replicas), and the search says so
     seven = smallest_fitting_gpus(get_spec("llama-3.1-70b"), grpo, R1, H100, 7, rates)
-    assert 14 in seven.checked and (seven.fits, seven.below) == (14, 8)
+    assert seven.checked[:3] == [7, 14, 28]
+    assert (seven.fits, seven.below, seven.fits_between) == (16, 8, 12)
+    assert seven.describe() == ("the smallest count above 7 that fits is 12, of whole nodes 16 "
+                                "(on 8 the nearest layout misses by 2.4 GB)")
     with pytest.raises(NoLayoutFits) as caught:
         plan(spec, grpo, R1, H100, 16, rates=rates, length_buckets=16)
     message = str(caught.value)
@@ -428,13 +434,13 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     assert (capped.fits, capped.below, capped.checked) == (None, 64, [16, 32, 64, 8, 4, 2, 1])
     assert capped.describe() == ("no count up to 64 fits (on 64 the nearest layout misses by "
                                  "14.4 GB)")
-    # fitting is not monotonic in the count: Llama-3.1-70B misses on 13 and 17 and fits on 12,
-    # 14, 16 and 24, so the answer is the smallest fitting count from the one asked, not from
+    # fitting is not monotonic in the count: Llama-3.1-70B misses on 13, 14 and 17 and fits on
+    # 12, 15, 16 and 24, so the answer is the smallest fitting count from the one asked, not from
     # the last doubling that missed (which said 34 for 17)
     llama = get_spec("llama-3.1-70b")
-    assert [fits_memory(llama, grpo, R1, H100, n, rates)[0] for n in (12, 13, 14, 16, 17, 24)] == \
-        [True, False, True, True, False, True]
-    assert smallest_fitting_gpus(llama, grpo, R1, H100, 7, rates).fits == 14
+    assert [fits_memory(llama, grpo, R1, H100, n, rates)[0]
+            for n in (12, 13, 14, 15, 16, 17, 24)] == [True, False, False, True, True, False, True]
+    assert smallest_fitting_gpus(llama, grpo, R1, H100, 7, rates).fits == 16
     seventeen = smallest_fitting_gpus(llama, grpo, R1, H100, 17, rates)
     assert (seventeen.fits, seventeen.fits_below) == (24, 16)
     # a count that factors badly misses where whole nodes just below and above it fit, and each
@@ -443,15 +449,15 @@ def test_when_nothing_fits_the_planner_says_how_many_gpus_would():
     odd = smallest_fitting_gpus(spec, grpo, R1, H100, 1000, rates)
     assert (odd.fits_below, odd.fits) == (984, 1016)
     assert odd.describe() == ("the smallest count above 1,000 that fits is 1,016 (on 1,008 the "
-                              "nearest layout misses by 12.2 GB); 984, below it, fits")
+                              "nearest layout misses by 13.1 GB); 984, below it, fits")
     for count in (984, 1016):
         assert plan(spec, grpo, R1, H100, count, rates=rates, length_buckets=16).best.step > 0
     # none fits from the asked count to the limit, some below it do: said without contradiction
     above = dataclasses.replace(odd, fits=None, limit=1008)
     assert above.describe() == ("no count from 1,000 up to 1,008 fits (on 1,008 the nearest "
-                                "layout misses by 12.2 GB); 984, below it, fits")
+                                "layout misses by 13.1 GB); 984, below it, fits")
     at = dataclasses.replace(odd, asked=1008, fits=None, limit=1008)
-    assert at.describe() == ("1,008 does not fit (on 1,008 the nearest layout misses by 12.2 GB) "
+    assert at.describe() == ("1,008 does not fit (on 1,008 the nearest layout misses by 13.1 GB) "
                              "and the planner plans at most 1,008 GPUs; 984, below it, fits")
     with pytest.raises(ValueError, match="gpus=0"):
         smallest_fitting_gpus(spec, grpo, R1, H100, 0, rates)

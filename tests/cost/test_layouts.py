@@ -2,6 +2,7 @@
 generation TP."""
 
 from dataclasses import replace
+import math
 
 import pytest
 
@@ -42,6 +43,23 @@ def test_expert_parallelism_shards_the_experts():
     assert a["weights"] < b["weights"] / 4
     with pytest.raises(ValueError, match="ep=3 must divide tp x cp x dp = 8"):
         Layout(dp=8, ep=3)
+
+
+def test_a_replica_must_hold_one_sequence_of_the_budget():
+    # Llama-3.1-70B at tp2 on an H100: 70.6 GB of weights a device leaves 1.4 GB of the 72.0
+    # usable; a token's KV cache is 80 layers x 4 of the 8 KV heads x 128 x 2 (K, V) x 2 bytes =
+    # 163,840 bytes a device, so about 8,500 tokens fit: one sequence of the mean length (4,436)
+    # but not one of the 16,896-token budget (2.77 GB), which the engine must admit
+    spec = get_spec("llama-3.1-70b")
+    assert generation_memory(spec, 2)["kv_per_token"] == 80 * 4 * 128 * 2 * 2
+    assert kv_slots(spec, 2, H100, 4436) == 1
+    with pytest.raises(DoesNotFit, match=r"70\.6 GB of weights \+ 2\.77 GB of KV cache for one "
+                                         r"sequence of the 16,896-token budget per device"):
+        kv_slots(spec, 2, H100, 4436, longest=16896)
+    assert kv_slots(spec, 4, H100, 4436, longest=16896) == kv_slots(spec, 4, H100, 4436)
+    for bad in (4000, math.nan, math.inf, "16896"):
+        with pytest.raises(ValueError, match="longest="):
+            kv_slots(spec, 4, H100, 4436, longest=bad)
 
 
 def test_kv_slots_and_the_generation_tp_choice():
