@@ -136,6 +136,11 @@ def _plan(args) -> int:
                          "at least 2 devices; give --gpus 2 or more, or --placement colocated.")
     if args.modes:
         runs = runnable_modes(args.modes)
+        if args.gpus < 2 and not runs["colocated"]:
+            raise ValueError(f"--modes {' '.join(args.modes)} with --gpus {args.gpus}: they run "
+                             "on disaggregated pools only, which need at least 2 devices (one per "
+                             "pool); give --gpus 2 or more, or a colocated mode (--modes sync or "
+                             "fused).")
         if args.placement != "any" and not runs[args.placement]:
             other = "disaggregated" if args.placement == "colocated" else "colocated"
             raise ValueError(f"--modes {' '.join(args.modes)} with --placement {args.placement}: "

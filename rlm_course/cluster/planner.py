@@ -882,6 +882,10 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
     if placements == ("disaggregated",) and gpus < 2:
         raise ValueError(f"gpus={gpus}: a disaggregated placement needs at least 2 devices (one "
                          "per pool); use the colocated placement.")
+    if gpus < 2 and not ("colocated" in placements and runnable["colocated"]):
+        raise ValueError(f"gpus={gpus} with modes {', '.join(modes)}: they run on disaggregated "
+                         "pools only, which need at least 2 devices (one per pool); plan 2 or "
+                         f"more devices, or a colocated mode ({', '.join(COLOCATED_MODES)}).")
     out = Plan()
     cluster = Cluster(device, gpus)
     node = device.devices_per_node
@@ -1004,12 +1008,17 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
             fix = f"Use {found.fits_below:,} devices"
         else:
             fix = "Use more devices" if found.fits == gpus else ""
+        # shorter sequences are a fix only where the sequences' memory could cover the excess:
+        # a KV cache, or activations and logits at least the shortfall (not weights and states)
+        shorter = "KV cache" in closest or _activation_gb(closest) >= shortfall_gb(closest)
         if "would hold none" in closest and found.fits_below is not None:
             # too many devices for the batch, not too little memory
             fix = f"Use {found.fits_below:,} devices, or a larger batch."
-        else:
+        elif shorter:
             fix = (f"{fix}, a device with more memory, or shorter sequences." if fix else
                    "Use a device with more memory or shorter sequences.")
+        else:
+            fix = f"{fix} or a device with more memory." if fix else "Use a device with more memory."
         raise NoLayoutFits(f"no layout of {spec.name} fits {gpus:,} x {device.name} for this "
                            f"workload; {found.describe()}. The nearest miss on {gpus:,}: "
                            f"{closest}. {fix}"

@@ -291,6 +291,11 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
       "1"], "--draft-acceptance 1: give a probability between 0 and 1"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--speculative-tokens", "1", "--draft-acceptance",
       "nan"], "--draft-acceptance nan: give a probability between 0 and 1"),
+    # the off-policy modes need two pools: not a matter of memory on one device
+    (["--model", "llama-3.1-8b", "--gpus", "1", "--modes", "async", "one-step-off"],
+     "--modes async one-step-off with --gpus 1: they run on disaggregated pools only, which need "
+     "at least 2 devices (one per pool); give --gpus 2 or more, or a colocated mode (--modes sync "
+     "or fused).\n"),
     (["--model", "qwen2.5-7b", "--gpus", "1", "--placement", "disaggregated"],
      "--placement disaggregated with --gpus 1: separate pools need at least 2 devices"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--placement", "colocated", "--modes", "async"],
@@ -302,6 +307,17 @@ def test_plan_errors_are_one_line_naming_the_flag_and_the_fix(capsys, argv, mess
     assert err.startswith("error: " + message), err
     assert err.count("\n") == 1 and "Traceback" not in err and "TransformerSpec" not in err
     assert "Rates." not in err and "Link" not in err  # no Python-API advice on the command line
+
+
+def test_a_memory_refusal_offers_shorter_sequences_only_where_they_would_do(capsys):
+    # Llama-3.1-70B on 2 H100s misses by 170 GB, 31 of them activations and logits: shorter
+    # sequences cannot cover it; DeepSeek-V3 on 88 misses by 14.4 GB, 23.5 of them: they can
+    assert main(["plan", "--model", "llama-3.1-70b", "--gpus", "2"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "Use 16 or more devices (12, not whole nodes, fits too) or a device with more memory.\n")
+    assert main(["plan", "--model", "deepseek-v3", "--gpus", "88"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "Use 96 or more devices, a device with more memory, or shorter sequences.\n")
 
 
 def test_plan_takes_groups_larger_than_a_training_run_holds(capsys):
