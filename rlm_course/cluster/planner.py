@@ -1180,10 +1180,18 @@ def why(candidate: Candidate, best: Candidate) -> str:
     reason = {"generation": "waits for generation", "policy update": "training-bound",
               "critic update": "training-bound", "scoring": "scoring-bound",
               "weight sync": "weight sync", "offload": "offloading"}.get(top, top)
-    if theirs.get(top, 0.0) > 0.005 * best.result.step_seconds:
+    best_separate = best.scenario.placement == "disaggregated"
+    if top == "generation" and best_separate and not separate:
+        # the best's "generation" is its trainer's wait for samples, not a generation phase:
+        # comparing the two would set a whole generation against the part left exposed
+        wait_best = theirs.get("generation", 0.0)
+        against = (f"where the best generates on its own {best.scenario.rollout_pool} rollout GPUs "
+                   "while its trainer trains" + (
+                       f", the trainer waiting {seconds_text(wait_best, 0)} of its "
+                       f"{seconds_text(best.result.step_seconds, 0)} step for samples"
+                       if wait_best > 0.005 * best.result.step_seconds else ""))
+    elif theirs.get(top, 0.0) > 0.005 * best.result.step_seconds:
         against = f"against {seconds_text(theirs[top], 0)} in the best"
-    elif top == "generation":  # the best's trainer never waits: it trains while the rollout runs
-        against = "where the best's trainer does not wait: it trains while the rollout generates"
     else:
         against = "where the best spends none"
     where = (f"{reason} ({top} {seconds_text(seconds, 0)}, {seconds / r.step_seconds:.0%} of its "

@@ -87,10 +87,17 @@ def test_why_a_plan_loses_names_the_stage_it_loses_by_not_the_one_it_shares():
     assert said.endswith("training-bound (policy update 173 s, 46% of its step, against 173 s in "
                          "the best)"), said
     # against an asynchronous best whose trainer never waits for samples: said so, not "0 ms"
-    said = why(candidate(120.0, 379.0), candidate(0.0, 353.0))
+    said = why(candidate(120.0, 379.0), candidate(0.0, 353.0, "disaggregated"))
     assert said.endswith("waits for generation (generation 120 s, 32% of its step, where the "
-                         "best's trainer does not wait: it trains while the rollout generates)"), \
+                         "best generates on its own 16 rollout GPUs while its trainer trains)"), \
         said
+    # nor set against the part of the best's generation its trainer waits for: a whole
+    # generation phase is not comparable with a wait (DeepSeek-V3 on 1,024 H100s said "1,555 s
+    # against 462 s in the best", whose rollout pool sets its 913 s step)
+    said = why(candidate(120.0, 379.0), candidate(95.0, 353.0, "disaggregated"))
+    assert said.endswith("waits for generation (generation 120 s, 32% of its step, where the "
+                         "best generates on its own 16 rollout GPUs while its trainer trains, the "
+                         "trainer waiting 95 s of its 353 s step for samples)"), said
     # on separate pools "generation" is the trainer's wait: a trainer that waits is held back by
     # the rollout pool, however much longer its update is than the best's (a slower trainer
     # behind the same rollout pool takes the same step)
