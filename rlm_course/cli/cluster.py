@@ -64,7 +64,7 @@ def _plan(args) -> int:
                                           half_the_devices,
                                           linked_gpus, plan,
                                           runnable_modes)
-    from rlm_course.cluster.simulator import algorithm
+    from rlm_course.cluster.simulator import MAX_OVERSAMPLE, algorithm
     from rlm_course.cost.anatomy import Workload
     from rlm_course.cost.architectures import SPECS, get_spec
     from rlm_course.cost.hardware import get_device, load_catalog
@@ -92,6 +92,13 @@ def _plan(args) -> int:
                                                   "sigma", "max_response")}, _plan_flag,
                    spec.max_context)
     spec.check_context(args.prompt_len, args.max_response, _plan_flag)
+    if args.oversample is not None and not 1 <= args.oversample <= MAX_OVERSAMPLE:  # NaN too
+        raise ValueError(f"--oversample {args.oversample:g}: give a number from 1 to "
+                         f"{MAX_OVERSAMPLE} (prompts generated per prompt trained: 3 for DAPO's "
+                         "usual 3x generation batch; 1 keeps every group).")
+    if args.length_buckets < 2:
+        raise ValueError(f"--length-buckets {args.length_buckets}: give 2 or more levels (64 is "
+                         "the default; fewer plan faster and coarser).")
     if not 0 <= args.staleness_penalty <= MAX_STALENESS_PENALTY:  # NaN fails too
         raise ValueError(f"--staleness-penalty {args.staleness_penalty:g}: give a number from 0 "
                          f"to {MAX_STALENESS_PENALTY:,.0f} (extra steps per version of staleness; "
@@ -364,7 +371,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="H100-SXM-80GB",
                    help="a device of the hardware catalog (default %(default)s; a wrong name "
                         "lists them all)")
-    p.add_argument("--algorithm", choices=list(PRESETS), default="grpo",
+    p.add_argument("--algorithm", type=str.lower, choices=list(PRESETS), default="grpo",
                    help="the RL algorithm, which decides the models held and the passes "
                         "(default %(default)s)")
     p.add_argument("--minibatches", type=int, default=16,
@@ -382,10 +389,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-response", type=int, default=None,
                    help=f"response budget (default {DEFAULT_MAX_RESPONSE:,}, or what the model's "
                         "context window leaves after the prompt if less)")
-    p.add_argument("--placement", choices=["any", "colocated", "disaggregated"], default="any",
+    p.add_argument("--placement", type=str.lower, choices=["any", "colocated", "disaggregated"],
+                   default="any",
                    help="colocated: every device generates and trains in turn; disaggregated: a "
                         "rollout pool and a training pool; any: both (default %(default)s)")
-    p.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
+    p.add_argument("--modes", nargs="+", type=str.lower, choices=list(MODES), default=None,
                    help="execution modes to try (default: sync and fused colocated; sync, "
                         "one-step-off and async disaggregated; async-eta2 only when named)")
     p.add_argument("--top", type=int, default=5, help="plans to print in full (default %(default)s)")
@@ -399,14 +407,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "about 1%% of each other the other way)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the response lengths (default %(default)s)")
-    p.add_argument("--rates", default=None,
+    p.add_argument("--rates", type=str.lower, default=None,
                    help="the family of calibrated rates to plan with, one of those of "
                         "data/published/rates.json: nemo-rl (NeMo-RL v0.3-v0.6 on H100s), "
                         "nemo-rl-gb200 (the same with its MoE decode fitted on GB200 runs), "
                         "nemo-rl-v0.7 and nemo-rl-v0.7-gb200 (NeMo-RL v0.7's), verl; default: "
                         "the family declared for the device (nemo-rl-gb200 on GB200s), else the "
                         "file's default_family")
-    p.add_argument("--routing", choices=list(ROUTINGS), default="group",
+    p.add_argument("--routing", type=str.lower, choices=list(ROUTINGS), default="group",
                    help="how prompts reach the generation replicas: group (each group's samples "
                         "on one replica, the groups dealt in turn) or sample (each "
                         "sample to the next replica, as NeMo-RL's asynchronous engine and verl's "
@@ -426,7 +434,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "(default %(default)s; 0: staleness is free; at most 1,000)")
     p.add_argument("--sensitivity", action="store_true",
                    help="then plan again with each deciding rate moved (decode latency, HFU, "
-                        "sync seconds, staleness price) and say which flip the plan")
+                        "sync seconds, staleness price) and say which flip the plan (about ten "
+                        "more plans: up to a minute or two on 2 cores)")
     p.set_defaults(func=_plan)
 
     p = sub.add_parser("validate", help="chapter 14's simulator against published runs: rates "

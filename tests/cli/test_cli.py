@@ -273,6 +273,14 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
      "or an --algorithm without a group baseline (ppo, reinforce_pp)."),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--group-size", "1", "--algorithm", "dapo"],
      "--group-size 1 with --algorithm dapo: its group baseline needs 2 or more"),
+    # named by their flags, not by the Python API's arguments
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--oversample", "0"],
+     "--oversample 0: give a number from 1 to 64 (prompts generated per prompt trained"),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--oversample", "nan"],
+     "--oversample nan: give a number from 1 to 64"),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--length-buckets", "1"],
+     "--length-buckets 1: give 2 or more levels (64 is the default; fewer plan faster and "
+     "coarser).\n"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--staleness-penalty", "-1"],
      "--staleness-penalty -1: give a number from 0 to 1,000"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--staleness-penalty", "1e308"],
@@ -283,8 +291,8 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
      "--speculative-tokens -1: give the number of tokens a draft proposes at each step, from 0 "
      "(none) to 16"),
     # a misspelt or older family: named with the flag and the one meant
-    (["--model", "qwen2.5-7b", "--gpus", "8", "--rates", "NeMo-RL-v0.7"],
-     "--rates: unknown family 'NeMo-RL-v0.7' (did you mean 'nemo-rl-v0.7'?); choose one of "),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--rates", "NeMo-RL-v07"],
+     "--rates: unknown family 'nemo-rl-v07' (did you mean 'nemo-rl-v0.7'?); choose one of "),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--rates", "nemo-rl-v0.6"],
      "--rates: unknown family 'nemo-rl-v0.6' (did you mean 'nemo-rl-v0.7'?); choose one of "),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--speculative-tokens", "1", "--draft-acceptance",
@@ -318,6 +326,17 @@ def test_a_memory_refusal_offers_shorter_sequences_only_where_they_would_do(caps
     assert main(["plan", "--model", "deepseek-v3", "--gpus", "88"]) == 2
     assert capsys.readouterr().err.endswith(
         "Use 96 or more devices, a device with more memory, or shorter sequences.\n")
+
+
+def test_plan_takes_its_named_choices_in_any_case(capsys):
+    # as --model and --device: a family, an algorithm, a placement, modes and a routing
+    argv = ["plan", "--model", "qwen2.5-7b", "--gpus", "8", "--top", "1", "--rates", "NeMo-RL",
+            "--algorithm", "GRPO", "--placement", "Disaggregated", "--modes", "Async", "SYNC",
+            "--routing", "Sample"]
+    assert main(argv) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("qwen2.5-7b, grpo, 8 x H100-SXM-80GB") and "nemo-rl's" in header
+    assert "each sample to the next replica (--routing sample)" in header, header
 
 
 def test_plan_takes_groups_larger_than_a_training_run_holds(capsys):
