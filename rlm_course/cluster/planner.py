@@ -1250,7 +1250,10 @@ def format_plan(result: Plan, top: int = 5, width: int = 100) -> str:
                      "steps per version")
         lines.append(f"   memory per device: trainer {trainer_mem:,.1f} GB, rollout "
                      f"{rollout_mem:,.1f} GB of {r.memory['usable'] / GB:,.1f} GB usable; "
-                     f"KV cache room for {r.memory['slots']:,} sequences per replica")
+                     + (f"a replica decodes at most {r.memory['slots']:,} sequences at once (the "
+                        "engine's max_batch; its KV cache has room for more)"
+                        if r.memory["slots"] >= c.scenario.rates.max_batch else
+                        f"KV cache room for {r.memory['slots']:,} sequences per replica"))
         lines.append(f"   time: {where_time_goes(r)}")
         host = host_optimizer_seconds(r)
         if host is not None:

@@ -65,6 +65,23 @@ def test_a_colocated_plan_offloads_the_trainer_while_generating_when_that_is_fas
     assert best.result.stages["offload"] > 0 and "offload" not in resident.result.stages
 
 
+def test_a_plan_says_whether_memory_or_the_engine_caps_a_replica_batch():
+    from rlm_course.cluster.calibration import calibrated_rates
+
+    # Qwen2.5-7B's replicas hold the KV caches of thousands of these 1,256-token sequences; an
+    # engine capped at 16 (max_num_seqs) decodes 16 at once, which the plan calls a cap, not room
+    rates = calibrated_rates(H100)
+    for max_batch, said in ((16, "a replica decodes at most 16 sequences at once (the engine's "
+                                 "max_batch; its KV cache has room for more)"),
+                            (10 ** 6, "KV cache room for ")):
+        result = plan(get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4), WORKLOAD, H100,
+                      8, rates=dataclasses.replace(rates, max_batch=max_batch),
+                      placements=("colocated",), modes=["sync"])
+        assert said in " ".join(format_plan(result, top=1, width=1000).split()), max_batch
+        slots = result.best.result.memory["slots"]
+        assert (slots == 16) if max_batch == 16 else (16 < slots < max_batch), slots
+
+
 def test_why_a_plan_loses_names_the_stage_it_loses_by_not_the_one_it_shares():
     """Two plans with the same trainer (its update the largest stage of both): the loser loses by
     its slower generation, which is what the planner must say."""
