@@ -437,7 +437,11 @@ def check_training(spec: TransformerSpec, layout: Layout, device: Device, seq_le
         acts = memory.get("activations", 0.0)
         fixes = []
         if layout.zero < 3 and layout.dp > 1:  # one data-parallel rank: nothing to shard
-            fixes.append(("shard with ZeRO-3/FSDP (zero=3)", states * (1 - 1 / layout.dp)))
+            # what ZeRO-3 frees beyond the stage in use (ZeRO-1 already shards the optimizer,
+            # ZeRO-2 the gradients too)
+            sharded = training_memory(spec, replace(layout, zero=3), seq_len)
+            fixes.append(("shard with ZeRO-3/FSDP (zero=3)", states - sum(
+                sharded.get(k, 0.0) for k in ("weights", "gradients", "optimizer"))))
         fixes.append(("split each model copy over more GPUs (raise tp or pp)", states))
         fixes.append(("split each sequence's activations and logits over more GPUs (raise cp"
                       + (", or tp" if layout.sequence_parallel else "") + ")", per_micro_batch))

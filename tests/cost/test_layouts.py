@@ -45,6 +45,24 @@ def test_expert_parallelism_shards_the_experts():
         Layout(dp=8, ep=3)
 
 
+def test_zero3_is_named_alone_only_where_it_frees_enough_beyond_the_stage_in_use():
+    # Llama-3.1-8B on 2 H100s under ZeRO-1: 16.1 GB of weights, 16.1 of gradients, 48.2 of
+    # optimizer; ZeRO-3 frees half the weights and gradients only (the optimizer is sharded
+    # already): 16.1 GB, not half of the 80.3 GB of states
+    spec, layout = get_spec("llama-3.1-8b"), Layout(dp=2, zero=1)
+    with pytest.raises(DoesNotFit) as long_seq:  # 90.5 GB: ZeRO-3 leaves 74.4, not enough
+        check_training(spec, layout, H100, 2048)
+    assert sum(check_training(spec, replace(layout, zero=3), H100, 1024).values()) < 72e9
+    with pytest.raises(DoesNotFit) as short_seq:  # 85.4 GB: ZeRO-3 leaves 69.3, enough
+        check_training(spec, layout, H100, 1024)
+    with pytest.raises(DoesNotFit, match=r"needs 74\.4 GB"):
+        check_training(spec, replace(layout, zero=3), H100, 2048)
+    assert "ZeRO-3" not in str(long_seq.value) and "needs 90.5 GB" in str(long_seq.value)
+    assert str(short_seq.value).endswith("usable (90% of 80 GB): shard with ZeRO-3/FSDP (zero=3), "
+                                         "or split each model copy over more GPUs (raise tp or "
+                                         "pp), or offload the optimizer.")
+
+
 def test_a_replica_must_hold_one_sequence_of_the_budget():
     # Llama-3.1-70B at tp2 on an H100: 70.6 GB of weights a device leaves 1.4 GB of the 72.0
     # usable; a token's KV cache is 80 layers x 4 of the 8 KV heads x 128 x 2 (K, V) x 2 bytes =
