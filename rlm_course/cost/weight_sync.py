@@ -213,10 +213,14 @@ def _ideal(fabric: Fabric, link: Link | None, ranks: int, total: float, shard: f
     what its devices hold between them (the whole model once a node holds a replica: its own
     NVLink copies it on) through all its cards together, and each device's shard arrives over
     NVLink at least. Over one given ``link`` (or inside one node): the larger of a trainer
-    device's and a rollout device's bytes over it."""
+    device's and a rollout device's bytes over it. A rollout pool smaller than a node shares
+    its node with trainer devices, which may hold the model between them (a GB200 NVL72 domain
+    of 72): nothing need cross a network card, and each shard arrives over NVLink at least."""
     wire = link or fabric.link(ranks)
     if link is not None or wire is not fabric.inter or fabric.intra is None:
         return max(total / trainer_devices, shard) / wire.beta
+    if rollout_devices < fabric.devices_per_node:
+        return max(total / trainer_devices, shard) / fabric.intra.beta
     per_node = min(fabric.devices_per_node, rollout_devices)
     ingress = fabric.cards_link(per_node)  # a rollout node's cards together
     return max(total / trainer_devices / wire.beta, min(total, per_node * shard) / ingress.beta,

@@ -1,5 +1,6 @@
 """Stage 4, the weight sync, in the anatomy and the work-depth DAG (rlm_course.cost.weight_sync)."""
 
+import itertools
 import math
 import re
 
@@ -10,7 +11,7 @@ from rlm_course.cost.anatomy import Workload, iteration_report
 from rlm_course.cost.comm import Fabric
 from rlm_course.cost.layouts import Layout
 from rlm_course.cost.weight_sync import broadcast_link, sync_cost
-from rlm_course.cost.architectures import SPECS
+from rlm_course.cost.architectures import SPECS, get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.lm.tokenizer import CharTokenizer
 from rlm_course.rl.algorithms import preset
@@ -171,3 +172,24 @@ def test_weight_sync_refuses_bad_input_with_a_value_error():
     for call, message in bad:
         with pytest.raises(ValueError, match=re.escape(message)):
             call()
+
+
+@pytest.mark.parametrize("device", ["GB200-NVL72-186GB", "H100-SXM-80GB", "MI300X-192GB"])
+def test_the_ideal_is_a_lower_bound_on_every_node_size(device):
+    # a GB200 NVL72 domain holds 72 devices: a rollout pool smaller than it shares it with
+    # trainer devices that hold the model, so no byte need cross a network card (the bound said
+    # 2.8 s for Llama-3.1-70B to one GB200 replica, the sync 0.37 s)
+    dev, checked = get_device(device), 0
+    for model, gtp, replicas, (dp, tp, pp), transport in itertools.product(
+            ("llama-3.1-70b", "qwen3-30b-a3b"), (4, 8), (1, 16), ((16, 8, 1), (2, 8, 4)),
+            ("broadcast", "sharded")):
+        cost = sync_cost(get_spec(model), dev, "disaggregated", generation_tp=gtp,
+                         replicas=replicas, trainer=Layout(dp=dp, tp=tp, pp=pp),
+                         transport=transport)
+        assert 0 < cost.ideal <= cost.seconds, (model, gtp, replicas, dp, tp, pp, transport)
+        checked += 1
+    assert checked == 32
+    one = sync_cost(get_spec("llama-3.1-70b"), get_device("GB200-NVL72-186GB"), "disaggregated",
+                    generation_tp=1, replicas=1, trainer=Layout(dp=16, tp=8))
+    # the replica's whole copy over its own NVLink: 141.1 GB at 900 GB/s
+    assert one.ideal == pytest.approx(one.bytes / 900e9, rel=1e-3) and one.ideal < one.seconds
