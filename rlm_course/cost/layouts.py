@@ -53,6 +53,7 @@ A layout that does not fit raises :class:`DoesNotFit` with what does not fit and
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 
 from rlm_course.cost.anatomy import activation_bytes, zero_model_state_bytes
@@ -182,6 +183,17 @@ def _kinds(owner: str, **values) -> None:
              "device": (Device, "get_device('H100-SXM-80GB')"),
              "layout": (Layout, "Layout(tp=8, dp=2)")}
     check_kinds([(name, value, *kinds[name]) for name, value in values.items()], f"{owner}: ")
+
+
+def _degrees(owner: str, name: str, values) -> list[int]:
+    """``values`` as a list of Python ints (numpy's integers too), or a ValueError naming
+    ``owner`` and ``name`` unless it is a non-empty list of positive integers."""
+    if (isinstance(values, (str, bytes)) or not hasattr(values, "__iter__")
+            or not list(values) or not all(isinstance(v, numbers.Integral)
+                                           and not isinstance(v, bool) and v >= 1 for v in values)):
+        raise ValueError(f"{owner}: {name}={values!r} must be a list of positive integers, e.g. "
+                         "(1, 2, 4, 8).")
+    return [int(v) for v in values]
 
 
 def _bytes_per_element(owner: str, name: str, value) -> None:
@@ -487,7 +499,12 @@ def replica_decode_step_seconds(spec: TransformerSpec, device: Device, tp: int, 
     from rlm_course.cost.anatomy import decode_step_seconds
     from rlm_course.cost.comm import Fabric, decode_tp_comm
 
+    _kinds("replica_decode_step_seconds", spec=spec, device=device)
     spec.check_degree("tp", tp)
+    tp = int(tp)  # numpy's integers too
+    if not (is_real(bandwidth_efficiency) and 0 < bandwidth_efficiency <= 1):
+        raise ValueError(f"bandwidth_efficiency={bandwidth_efficiency!r} must be a share of the "
+                         "device's memory bandwidth in (0, 1] (0.7 is typical for decode).")
     if tp > 1 and link is None:
         raise ValueError(f"a tp={tp} replica needs the link its all-reduces cross; give link.")
     if isinstance(link, Fabric):
@@ -525,11 +542,18 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
 
     Raises:
         DoesNotFit: if no candidate fits.
-        ValueError: for ``gpus`` or ``sequences`` that is not a positive integer.
+        ValueError: for ``gpus`` or ``sequences`` that is not a positive integer, ``candidates``
+            that are not a list of positive integers, or a ``bandwidth_efficiency`` outside
+            (0, 1].
     """
+    _kinds("choose_generation_tp", spec=spec, device=device)
     for name, value in (("gpus", gpus), ("sequences", sequences)):
         if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
             raise ValueError(f"choose_generation_tp: {name}={value!r} must be a positive integer.")
+    candidates = _degrees("choose_generation_tp", "candidates", candidates)
+    if not (is_real(bandwidth_efficiency) and 0 < bandwidth_efficiency <= 1):
+        raise ValueError(f"choose_generation_tp: bandwidth_efficiency={bandwidth_efficiency!r} "
+                         "must be a share of the memory bandwidth in (0, 1] (0.7 is typical).")
     estimates: dict[int, float] = {}
     # BEGIN SOLUTION: for each candidate tp (skip those not dividing gpus, or that the model refuses: spec.allows("tp", tp)): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest
     for tp in candidates:

@@ -443,6 +443,7 @@ class DecodeCost:
                      workload=self.workload, fabric=self.fabric)
         s, r, tp = self.spec, self.rates, self.tp
         s.check_degree("tp", tp)
+        self.tp = tp = int(tp)  # numpy's integers too (their comparisons give numpy bools)
         # FLOPs of one token's matmuls, and per key it attends over (MLA's absorbed kernel: the
         # cached latents themselves; a prefill runs the up-projected heads, flop_terms)
         self.per_token, self.attention = s.flop_terms[0], s.decode_flops_per_key

@@ -11,7 +11,8 @@ from rlm_course.cost.architectures import get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.cost import comm
 from rlm_course.cost.layouts import (DoesNotFit, Layout, check_training, choose_generation_tp,
-                                        generation_memory, kv_slots, training_memory)
+                                        generation_memory, kv_slots, replica_decode_step_seconds,
+                                        training_memory)
 
 H100 = get_device("H100-SXM-80GB")
 SPEC = get_spec("qwen2.5-7b")
@@ -222,6 +223,16 @@ def test_the_memory_model_refuses_bad_input_with_a_value_error():
         (lambda: kv_slots(spec, 1, H100, 4096, kv_bytes=0), "kv_bytes=0"),
         (lambda: kv_slots(spec, 1, H100, 4096, weight_bytes=math.nan), "weight_bytes=nan"),
         (lambda: kv_slots(spec, 1, "H100-SXM-80GB", 4096), "must be a Device"),
+        (lambda: choose_generation_tp(spec, H100, 8, 64, 1024, None, candidates=(0, 1)),
+         "candidates=(0, 1) must be a list of positive integers"),
+        (lambda: choose_generation_tp(spec, H100, 8, 64, 1024, None, candidates=8),
+         "candidates=8 must be a list"),
+        (lambda: choose_generation_tp(spec, H100, 8, 64, 1024, None, bandwidth_efficiency=5),
+         "bandwidth_efficiency=5 must be a share of the memory bandwidth in (0, 1]"),
+        (lambda: replica_decode_step_seconds(spec, H100, 1, 1, 10, None, bandwidth_efficiency=0),
+         "bandwidth_efficiency=0"),
+        (lambda: replica_decode_step_seconds("llama-3.1-8b", H100, 1, 1, 10, None),
+         "replica_decode_step_seconds: spec='llama-3.1-8b' must be a TransformerSpec"),
         (lambda: generation_memory(spec, 1, weight_bytes=-1), "weight_bytes=-1"),
         (lambda: usable("H100-SXM-80GB", 0.9), "must be a Device"),
         (lambda: model_states(-5, 8, 1, False), "params=-5"),

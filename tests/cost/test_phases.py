@@ -28,6 +28,11 @@ def test_decode_closed_form_equals_the_step_by_step_sum():
         assert cost.seconds(s, a, c) == pytest.approx(brute, rel=1e-12)
         k = cost.steps_within(cost.seconds(s, a, c) / 3, a, c, s)
         assert cost.seconds(k, a, c) <= cost.seconds(s, a, c) / 3 < cost.seconds(k + 1, a, c)
+    # numpy's integers as the degree: the same replica (its all-reduces were refused, numpy's
+    # comparison giving a numpy bool for the one-shot all-reduce's in_node)
+    same = DecodeCost(SPEC, H100, np.int64(2), rates, comm.Fabric.of(H100))
+    assert same.tp == 2 and type(same.tp) is int
+    assert same.seconds(300, 512, 512 * 900) == cost.seconds(300, 512, 512 * 900)
 
 
 def test_one_sequence_decodes_at_the_bandwidth_bound():
