@@ -201,11 +201,27 @@ def calibrated_rates(which: str | Device | None = None) -> Rates:
     default family (:func:`default_family`; the device's peak, memory and links come from the
     catalog).
 
+    ``which``: a family's name (in any case), a Device, a catalog device's name (in any case),
+    or None (the default family).
+
     Raises:
-        ValueError: for an unknown family (the message lists the known ones).
+        ValueError: for an unknown family or device name (the message lists the known families),
+            or an argument of another kind.
     """
+    from rlm_course.cost.hardware import load_catalog
+
     calibration = load_calibration()
     rates = family_rates(calibration)
+    if which is not None and not isinstance(which, (str, Device)):
+        raise ValueError(f"calibrated_rates: which={which!r} must be a family's name (e.g. "
+                         f"{default_family(calibration)!r}), a Device or None.")
+    if isinstance(which, str) and which not in rates:
+        same = [family for family in rates if family.lower() == which.lower()]
+        devices = {key.lower(): key for key in load_catalog()}
+        if same:
+            which = same[0]
+        elif which.lower() in devices:  # a device's name: the family declared for it
+            which = load_catalog()[devices[which.lower()]]
     name = which if isinstance(which, str) else device_family(which, calibration)
     if name not in rates:
         raise ValueError(f"no calibrated rates for family {name!r} in {rates_path()}; known: "

@@ -453,9 +453,10 @@ def describe_placement(scenario: Scenario) -> str:
 
 
 def fits_memory(spec: TransformerSpec, config: RLConfig, workload: Workload, device: Device,
-                gpus: int, rates: Rates, placements=("colocated", "disaggregated")
+                gpus: int, rates: Rates | None = None, placements=("colocated", "disaggregated")
                 ) -> tuple[bool, str]:
-    """Whether some plan of ``gpus`` devices fits memory (the planner's memory checks alone,
+    """Whether some plan of ``gpus`` devices fits memory at ``rates`` (None: the device's
+    calibrated ones) (the planner's memory checks alone,
     nothing simulated): a trainer layout (with at most as many data-parallel ranks as a
     gradient step has sequences, as :func:`plan` allows) and a generation replica that fit the
     colocated pool (the trainer offloaded during generation, as the planner does), or both pools
@@ -463,7 +464,14 @@ def fits_memory(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
 
     Returns:
         ``(fits, nearest miss)``: the miss (a refusal with its fixes) is ``""`` when it fits.
+
+    Raises:
+        ValueError: for an argument of the wrong kind (a name where a spec, device or Rates
+            belongs), ``gpus`` that is not a positive integer, or an unknown placement.
     """
+    rates = _checked_search_args("fits_memory", spec, config, workload, device, gpus, rates,
+                                 placements)
+    gpus = int(gpus)
     seq = workload.prompt_len + workload.response_len  # the budget: any step may reach it
     misses = []
     pools = ([(gpus, gpus)] if "colocated" in placements else []) + (
@@ -577,14 +585,12 @@ def smallest_fitting_gpus(spec: TransformerSpec, config: RLConfig, workload: Wor
     Raises:
         ValueError: if ``gpus`` is not a positive integer or ``limit`` is below it.
     """
-    if isinstance(gpus, bool) or not (isinstance(gpus, int) and gpus >= 1):
-        raise ValueError(f"gpus={gpus!r} must be a positive integer.")
-    if not (isinstance(limit, int) and limit >= gpus):
+    rates = _checked_search_args("smallest_fitting_gpus", spec, config, workload, device, gpus,
+                                 rates, placements)
+    gpus = int(gpus)
+    if isinstance(limit, bool) or not (isinstance(limit, numbers.Integral) and limit >= gpus):
         raise ValueError(f"limit={limit!r} must be an integer >= gpus={gpus}.")
-    if rates is None:
-        from rlm_course.cluster.calibration import calibrated_rates
-
-        rates = calibrated_rates(device)
+    limit = int(limit)
     checked, misses = [], {}
 
     def check(count: int) -> bool:
@@ -783,6 +789,25 @@ def _missing_link(device: Device, rates: Rates | None) -> str:
     if device.devices_per_node > 1 and linked_gpus(device, rates) == device.devices_per_node:
         return f"none between its nodes of {device.devices_per_node}"
     return "one device per node and no network between nodes"
+
+
+def _checked_search_args(owner, spec, config, workload, device, gpus, rates, placements):
+    """The checks :func:`fits_memory` and :func:`smallest_fitting_gpus` share with :func:`plan`;
+    returns ``rates``, the device's calibrated ones when None."""
+    _check_types(spec, config, workload, device, rates)
+    if isinstance(gpus, bool) or not (isinstance(gpus, numbers.Integral) and gpus >= 1):
+        raise ValueError(f"{owner}: gpus={gpus!r} must be a positive integer.")
+    if isinstance(placements, str):
+        placements = (placements,)
+    if (not hasattr(placements, "__iter__") or not list(placements)
+            or any(p not in ("colocated", "disaggregated") for p in placements)):
+        raise ValueError(f"{owner}: placements={placements!r}: give colocated, disaggregated or "
+                         "both.")
+    if rates is None:
+        from rlm_course.cluster.calibration import calibrated_rates
+
+        rates = calibrated_rates(device)
+    return rates
 
 
 def _check_types(spec, config, workload, device, rates) -> None:
@@ -1321,11 +1346,15 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
 
     from tqdm.auto import tqdm
 
+    _check_types(spec, config, workload, device, rates)
     if rates is None:
         from rlm_course.cluster.calibration import calibrated_rates
 
         rates = calibrated_rates(device)
     variations = SENSITIVITY if variations is None else variations
+    if not isinstance(variations, dict):
+        raise ValueError(f"sensitivity: variations={variations!r} must be {{rate: values to "
+                         "try}, e.g. {'decode_step_latency': [0.0, 0.03]}, or None.")
     known = {f.name for f in fields(Rates)} | {"staleness_penalty"}
     for name, values in variations.items():
         if name not in known:
@@ -1363,7 +1392,7 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
     todo = [(name, value) for name, values in variations.items() for value in values]
     for name, value in tqdm(todo, desc="sensitivity: planning again", disable=not progress,
                             unit="plan"):
-        moved = rates if name == "staleness_penalty" else replace(rates, **{name: value})
+        moved = rates if name == "staleness_penalty" else Rates.from_dict({name: value}, rates)
         penalty = value if name == "staleness_penalty" else staleness_penalty
         result = plan(spec, config, workload, device, gpus, rates=moved,
                       staleness_penalty=penalty, **options)

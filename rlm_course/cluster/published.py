@@ -210,6 +210,14 @@ class Predictor:
 
     def __init__(self, figures: list[dict], rates: dict[str, Rates],
                  fitted: dict[str, dict] | None = None) -> None:
+        if not (isinstance(rates, dict) and all(isinstance(r, Rates) for r in rates.values())):
+            raise ValueError(f"Predictor: rates must be {{family: Rates}}, not a "
+                             f"{type(rates).__name__}; e.g. "
+                             "rlm_course.cluster.calibration.family_rates().")
+        if isinstance(figures, (str, dict)) or not all(isinstance(f, dict) and "id" in f
+                                                       for f in figures):
+            raise ValueError("Predictor: figures must be a list of figure dicts, e.g. "
+                             "rlm_course.cluster.published.load_figures().")
         self.figures = {f["id"]: f for f in figures}
         self.rates = rates
         self.fitted = fitted or {}
@@ -227,7 +235,7 @@ class Predictor:
         """The simulation of a step or generation figure (its SimResult), or a sync figure's
         seconds."""
         if fig_id not in self.results:
-            fig = self.figures[fig_id]
+            fig = self.figure(fig_id)
             rates = self.family_rates(fig)
             setup = resolve(fig["setup"], self.fitted.get(fig["family"]))
             if fig["what"] == "sync_seconds":
@@ -237,8 +245,22 @@ class Predictor:
                                                 length_buckets=LENGTH_BUCKETS)
         return self.results[fig_id]
 
-    def predict(self, fig: dict) -> float:
-        """The predicted value of ``fig`` (seconds, or a speed-up)."""
+    def figure(self, fig_id: str) -> dict:
+        """The figure ``fig_id``.
+
+        Raises:
+            ValueError: for an id that is not a figure's (the message names a close one).
+        """
+        if not isinstance(fig_id, str) or fig_id not in self.figures:
+            from rlm_course.utils import unknown_name
+
+            raise ValueError(f"{unknown_name('figure', fig_id, self.figures)}.")
+        return self.figures[fig_id]
+
+    def predict(self, fig: dict | str) -> float:
+        """The predicted value of ``fig`` (a figure, or its id; seconds, or a speed-up)."""
+        if not isinstance(fig, dict):
+            fig = self.figure(fig)
         what = fig["what"]
         if what == "speedup":
             return (self.predict(self.figures[fig["baseline"]])
@@ -264,6 +286,10 @@ def error(fig: dict, predicted: float, published: float | None = None) -> float:
     ``(predicted - 1) / (published - 1) - 1``; on the value otherwise."""
     published = fig["published"] if published is None else published
     if fig["what"] == "speedup":
+        if published == 1:
+            raise ValueError(f"figure {fig.get('id', '?')}: a published speed-up of 1 has no "
+                             "gain to measure an error on; give its two steps as seconds "
+                             "figures instead.")
         return (predicted - 1) / (published - 1) - 1
     return predicted / published - 1
 

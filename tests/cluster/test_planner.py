@@ -238,6 +238,39 @@ def test_the_widget_answers_like_the_planner_and_shows_errors():
     assert "(e.g. max response 7680)" in w.message  # within the model's window
 
 
+def test_the_search_functions_refuse_bad_arguments_by_name():
+    import numpy as np
+
+    from rlm_course.cluster.calibration import calibrated_rates
+    from rlm_course.cluster.planner import smallest_fitting_gpus
+
+    spec, grpo = get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4)
+    for call, message in (
+            (lambda: fits_memory("qwen2.5-7b", grpo, WORKLOAD, H100, 8),
+             "spec='qwen2.5-7b' must be a TransformerSpec"),
+            (lambda: fits_memory(spec, grpo, WORKLOAD, "H100-SXM-80GB", 8),
+             "device='H100-SXM-80GB' must be a Device"),
+            (lambda: fits_memory(spec, grpo, WORKLOAD, H100, 0),
+             "fits_memory: gpus=0 must be a positive integer"),
+            (lambda: fits_memory(spec, grpo, WORKLOAD, H100, 8, None, ("bogus",)),
+             "fits_memory: placements=('bogus',): give colocated, disaggregated or both"),
+            (lambda: smallest_fitting_gpus(spec, grpo, WORKLOAD, "H100-SXM-80GB", 2),
+             "device='H100-SXM-80GB' must be a Device"),
+            (lambda: sensitivity(spec, grpo, WORKLOAD, H100, 8, variations=["train_hfu"]),
+             "sensitivity: variations=['train_hfu'] must be {rate: values to try}, e.g."),
+            (lambda: sensitivity(spec, grpo, WORKLOAD, H100, 8, rates="verl"),
+             "rates='verl' must be a Rates or None")):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert message in str(caught.value), str(caught.value)
+    # rates default to the device's calibrated ones, numpy's integers count devices
+    assert fits_memory(spec, grpo, WORKLOAD, H100, np.int64(8)) == \
+        fits_memory(spec, grpo, WORKLOAD, H100, 8, calibrated_rates(H100)) == (True, "")
+    # a link moved as the rates file writes it, [alpha, beta]
+    rows = sensitivity(spec, grpo, WORKLOAD, H100, 8, variations={"intra_link": [[1e-6, 1e11]]})
+    assert [(r["rate"], list(r["value"])) for r in rows] == [("intra_link", [1e-6, 1e11])]
+
+
 def test_modes_a_placement_cannot_run_are_refused_before_the_search(capsys):
     spec, grpo = get_spec("qwen2.5-7b"), algorithm("grpo", minibatches=4)
     with pytest.raises(ValueError, match="fused.*needs colocated devices"):

@@ -549,3 +549,27 @@ def test_every_nemo_rl_table_row_agrees_with_its_setup():
     assert sorted(mismatched) == ["nemo-rl-v0.6-gb200-bf16-grpo-deepseekv3-onpolicy-256",
                                   "nemo-rl-v0.6-gb200-bf16-grpo-qwen3-30b3a-1stepoff-16",
                                   "nemo-rl-v0.6-h100-bf16-grpo-deepseekv3-onpolicy-512"]
+
+
+def test_rates_and_figures_are_found_in_any_case_and_bad_ones_refused_by_name():
+    gb200 = get_device("GB200-NVL72-186GB")
+    # a family in any case, a device by its name as by its Device (the family declared for it)
+    assert calibration.calibrated_rates("VERL") == calibration.calibrated_rates("verl")
+    assert calibration.calibrated_rates("gb200-nvl72-186gb") == \
+        calibration.calibrated_rates(gb200) == calibration.calibrated_rates("nemo-rl-gb200")
+    with pytest.raises(ValueError, match=r"which=5 must be a family's name \(e.g. 'nemo-rl'\)"):
+        calibration.calibrated_rates(5)
+    predictor = published.Predictor(published.load_figures(), calibration.family_rates(),
+                                    calibration.fitted_workload())
+    with pytest.raises(ValueError, match="unknown figure 'verl-oso-7b-fsdp2-colocate' "
+                                         r"\(did you mean 'verl-oso-7b-fsdp2-colocate-sync'\?\)"):
+        predictor.predict("verl-oso-7b-fsdp2-colocate")
+    with pytest.raises(ValueError, match="unknown figure 'bogus'"):
+        predictor.simulated("bogus")
+    # a figure by its id is the figure
+    fig = predictor.figure("verl-oso-fsdp2-speedup")
+    assert predictor.predict("verl-oso-fsdp2-speedup") == predictor.predict(fig)
+    with pytest.raises(ValueError, match=r"rates must be \{family: Rates\}, not a Rates"):
+        published.Predictor(published.load_figures(), calibration.calibrated_rates("verl"))
+    with pytest.raises(ValueError, match="a published speed-up of 1 has no gain"):
+        published.error({"id": "x", "what": "speedup", "published": 1.0}, 1.2)
