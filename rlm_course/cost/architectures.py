@@ -158,6 +158,10 @@ class TransformerSpec:
         if self.experts_per_token > self.n_experts:
             raise ValueError(f"{self.name}: experts_per_token={self.experts_per_token} exceeds "
                              f"n_experts={self.n_experts}.")
+        for flag in ("glu", "tied_embeddings", "qkv_bias", "mlp_bias", "out_bias"):
+            if not isinstance(getattr(self, flag), bool):  # the string "False" is truthy
+                raise ValueError(f"{self.name}: {flag}={getattr(self, flag)!r} must be True or "
+                                 "False.")
         if not isinstance(self.router_bias, bool) or (self.router_bias and not self.is_moe):
             raise ValueError(f"{self.name}: router_bias={self.router_bias!r} must be True or False, "
                              "and True only for an MoE model (a router to bias).")

@@ -120,6 +120,10 @@ def test_deepseek_v3_is_its_real_architecture_multi_head_latent_attention_and_de
                          (dict(moe, n_dense_layers=4, dense_d_ff=256), "must be fewer than its 4"),
                          (dict(router_bias=True), "True only for an MoE model"),
                          (dict(moe, router_bias=1), "router_bias=1 must be True or False"),
+                         # a string is truthy: "False" would have tied the embeddings
+                         (dict(tied_embeddings="False"), "tied_embeddings='False' must be True"),
+                         (dict(glu=1), "glu=1 must be True or False"),
+                         (dict(qkv_bias="no"), "qkv_bias='no' must be True or False"),
                          (dict(kv_lora_rank=0), "kv_lora_rank=0 must be a positive integer")):
         with pytest.raises(ValueError, match=said):
             TransformerSpec("bad", **base, **kwargs)
