@@ -430,10 +430,15 @@ def stage_costs(spec: TransformerSpec, config: RLConfig, workload: Workload) -> 
 
     Returns:
         ``{stage: StageCost}`` for the stages of :data:`STAGES` that the algorithm runs.
+
+    Raises:
+        ValueError: for an argument of the wrong kind, or a prompt and response budget past the
+            model's context window.
     """
     check_kinds([("spec", spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
                  ("config", config, RLConfig, "preset('grpo')"),
                  ("workload", workload, Workload, "Workload(8, 4, 128, 256)")], "stage_costs: ")
+    spec.check_context(workload.prompt_len, workload.response_len)
     w = workload
     passes = predict_passes(config)
     costs = generation_costs(spec, w)

@@ -736,8 +736,9 @@ class TrainerCost:
         To that come the exposed communication and the fixed costs (the module docstring).
 
         Raises:
-            ValueError: for ``lengths`` that are not positive integers, or ``optimizer_steps``
-                that is not None or a positive integer.
+            ValueError: for ``lengths`` that are not positive integers, a prompt and longest
+                response past the model's context window, or ``optimizer_steps`` that is not None
+                or a positive integer.
         """
         try:
             lengths = list(lengths)
@@ -758,6 +759,7 @@ class TrainerCost:
         lengths = list(lengths)
         if not lengths:
             return {}
+        spec.check_context(int(self.prompt_len), int(max(lengths)))  # no position past the window
         steps = self.config.minibatches if optimizer_steps is None else optimizer_steps
         lengths.sort()  # the shuffle below from a canonical order: the batch, not its order
         sequences = len(lengths)

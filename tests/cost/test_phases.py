@@ -119,6 +119,19 @@ def test_pass_flops_follow_the_algorithms_passes():
     assert engine["scoring"] == pytest.approx(g["scoring"] / 2)
 
 
+def test_the_trainer_and_the_stage_costs_refuse_sequences_past_the_window():
+    from rlm_course.cost.anatomy import Workload, stage_costs
+
+    config, lay = preset("grpo", minibatches=1), Layout(dp=1, micro_batch=1)
+    cost = TrainerCost(SPEC, config, lay, H100, Rates(), comm.Fabric.of(H100), 100)
+    window = SPEC.max_context  # Qwen2.5-7B: 131,072
+    assert cost.seconds([window - 100])["policy update"] > 0  # up to the window: priced
+    with pytest.raises(ValueError, match=f"reads at most {window:,} tokens"):
+        cost.seconds([500, 10 ** 7])  # 10 million tokens was priced at 398,607 s
+    with pytest.raises(ValueError, match="llama-3-8b reads at most 8,192 tokens"):
+        stage_costs(get_spec("llama-3-8b"), config, Workload(4, 4, 8000, 8000))
+
+
 def test_trainer_pipeline_bubble_is_the_1f1b_bubble():
     config = preset("grpo", minibatches=1, kl_coef=0.0, kl_mode="none")
     lay = Layout(dp=1, pp=4, micro_batch=1)
