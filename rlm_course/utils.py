@@ -174,6 +174,27 @@ class StageTimer:
         return out
 
 
+def plain_ints(obj) -> None:
+    """Replace each field of the dataclass ``obj`` that holds an integer of another type
+    (numpy's ``int64`` from ``np.arange`` or an array) by the Python int, so that its checks and
+    arithmetic see one kind of integer; bools and everything else are left as they are. Works on
+    frozen dataclasses, from their ``__post_init__``."""
+    import dataclasses
+
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+            object.__setattr__(obj, f.name, int(value))
+
+
+def as_int(value):
+    """``value`` as a Python int when it is an integer of another type (numpy's), else as it is
+    (bools and non-integers are left for the caller's check to refuse)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    return value
+
+
 def is_real(value) -> bool:
     """A real number (int, float, numpy's scalars), not a bool (``True`` is an ``int`` to Python;
     a bool where a rate or a count belongs is a mistake, not 1)."""

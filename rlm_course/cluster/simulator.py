@@ -93,7 +93,7 @@ from rlm_course.cost.anatomy import Workload
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.algorithms import GROUP_ADVANTAGES, RLConfig, preset
 from rlm_course.systems.async_rl import rollout_capacity
-from rlm_course.utils import check_kinds, is_real
+from rlm_course.utils import as_int, check_kinds, is_real
 from rlm_course.vocabulary import PLACEMENTS
 from rlm_course.cost.layouts import (Layout, check_training, generation_memory, kv_slots,
                                     training_memory, usable)
@@ -386,6 +386,7 @@ def algorithm(name: str, minibatches: int = 1, **overrides) -> RLConfig:
         ValueError: for an unknown preset, ``minibatches`` outside 1 to 1,024, or an
             inconsistent override.
     """
+    minibatches = as_int(minibatches)  # numpy's integers too
     if not (isinstance(minibatches, int) and not isinstance(minibatches, bool)
             and 1 <= minibatches <= MAX_MINIBATCHES):
         raise ValueError(f"minibatches={minibatches!r}: give 1 to {MAX_MINIBATCHES:,} gradient "
@@ -1077,7 +1078,10 @@ def simulate(scenario: Scenario, iterations: int | None = None, warmup: int | No
         iterations = warmup + measured
     if not (isinstance(iterations, int) and isinstance(warmup, int) and 0 <= warmup < iterations):
         raise ValueError(f"iterations={iterations!r} must exceed warmup={warmup!r} >= 0.")
-    if length_buckets is not None and not (isinstance(length_buckets, int) and length_buckets >= 2):
+    length_buckets = as_int(length_buckets)  # numpy's integers too
+    if length_buckets is not None and not (isinstance(length_buckets, int)
+                                           and not isinstance(length_buckets, bool)
+                                           and length_buckets >= 2):
         raise ValueError(f"length_buckets={length_buckets!r}: give 2 or more levels (e.g. 64), or "
                          "None to keep every length.")
     sim = _Sim(scenario, iterations, length_buckets)

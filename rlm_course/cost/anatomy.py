@@ -56,7 +56,7 @@ from rlm_course.cost.accounting import predict_passes
 from rlm_course.cost.architectures import TransformerSpec, teacher_forced_flops
 from rlm_course.cost.hardware import Device
 from rlm_course.algorithms import RLConfig
-from rlm_course.utils import check_amount, check_kinds, is_real
+from rlm_course.utils import as_int, check_amount, check_kinds, is_real, plain_ints
 from rlm_course.vocabulary import COST_STAGES
 
 STAGES = COST_STAGES  # what this module prices (rlm_course.vocabulary)
@@ -97,6 +97,7 @@ class Workload:
     response_lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        plain_ints(self)  # numpy's integers too
         for name in ("prompts", "group_size", "prompt_len", "response_len", "micro_batch",
                      "weight_bytes", "kv_bytes"):
             value = getattr(self, name)
@@ -111,7 +112,7 @@ class Workload:
                              "batches hold thousands to tens of thousands): lower prompts or "
                              "group_size.")
         if self.response_lengths is not None:
-            lengths = tuple(self.response_lengths)
+            lengths = tuple(as_int(t) for t in self.response_lengths)  # numpy's arrays too
             if len(lengths) != self.responses:
                 raise ValueError(f"Workload.response_lengths has {len(lengths)} lengths for "
                                  f"{self.responses} responses (prompts x group_size); give one "
@@ -488,6 +489,7 @@ def stage_seconds(costs: dict[str, StageCost], device: Device, devices: int = 1,
             that is not a positive integer.
     """
     check_kinds([("device", device, Device, "get_device('H100-SXM-80GB')")], "stage_seconds: ")
+    devices, generation_tp = as_int(devices), as_int(generation_tp)  # numpy's integers too
     for name, value in (("devices", devices), ("generation_tp", generation_tp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"stage_seconds: {name}={value!r} must be a positive integer.")
@@ -527,6 +529,7 @@ def decode_step_seconds(spec: TransformerSpec, device: Device, tp: int = 1, sequ
     check_kinds([("spec", spec, TransformerSpec, "get_spec('llama-3.1-8b')"),
                  ("device", device, Device, "get_device('H100-SXM-80GB')")],
                 "decode_step_seconds: ")
+    tp, sequences = as_int(tp), as_int(sequences)  # numpy's integers too
     if not (isinstance(tp, int) and tp >= 1 and isinstance(sequences, int) and sequences >= 1):
         raise ValueError(f"decode_step_seconds: tp={tp!r} and sequences={sequences!r} must be "
                          "positive integers.")
@@ -577,9 +580,10 @@ def generation_time_bounds(spec: TransformerSpec, workload: Workload, device: De
             whose weights do not fit its ``tp`` devices, or the errors of
             :func:`decode_step_seconds`.
     """
-    if not (isinstance(devices, int) and devices >= 1):
-        raise ValueError(f"devices={devices!r}: need at least one device.")
-    if not (isinstance(tp, int) and tp >= 1 and devices % tp == 0):
+    devices, tp = as_int(devices), as_int(tp)  # numpy's integers too
+    if isinstance(devices, bool) or not (isinstance(devices, int) and devices >= 1):
+        raise ValueError(f"devices={devices!r} must be a positive integer (devices).")
+    if isinstance(tp, bool) or not (isinstance(tp, int) and tp >= 1 and devices % tp == 0):
         raise ValueError(f"tp={tp!r} must be a positive divisor of devices={devices}.")
     costs = generation_costs(spec, workload)
 

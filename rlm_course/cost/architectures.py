@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from rlm_course.lm.model import ModelConfig
-from rlm_course.utils import check_amount, unknown_name
+from rlm_course.utils import check_amount, plain_ints, unknown_name
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, tokens: int,
@@ -128,6 +128,7 @@ class TransformerSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        plain_ints(self)  # numpy's integers too
         for name in ("n_layer", "d_model", "n_head", "d_ff", "vocab_size", "n_experts",
                      "experts_per_token"):
             value = getattr(self, name)

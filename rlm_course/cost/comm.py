@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
-from rlm_course.utils import check_amount, is_real
+from rlm_course.utils import as_int, check_amount, is_real
 
 
 @dataclass(frozen=True)
@@ -284,6 +284,7 @@ def node_tree_levels(nodes: int) -> int:
     Raises:
         ValueError: for a node count that is not a positive integer.
     """
+    nodes = as_int(nodes)  # numpy's integers too
     if isinstance(nodes, bool) or not (isinstance(nodes, int) and nodes >= 1):
         raise ValueError(f"node_tree_levels: nodes={nodes!r} must be a positive integer.")
     return nodes.bit_length() - 1
@@ -406,6 +407,7 @@ def data_parallel_comm(params: float, dp: int, link: Link, zero_stage: int = 0,
     if zero_stage not in (0, 1, 2, 3) or isinstance(zero_stage, bool):
         raise ValueError(f"ZeRO stage={zero_stage!r}: choose 0 (plain DP), 1, 2 or 3.")
     check_amount("params", params)
+    dp, micro_batches = as_int(dp), as_int(micro_batches)  # numpy's integers too
     if isinstance(dp, bool) or not (isinstance(dp, int) and dp >= 1):
         raise ValueError(f"dp={dp!r} must be a positive integer (1: no data parallelism).")
     if isinstance(micro_batches, bool) or not (isinstance(micro_batches, int)

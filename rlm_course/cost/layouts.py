@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from rlm_course.cost.anatomy import activation_bytes, zero_model_state_bytes
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.hardware import Device
-from rlm_course.utils import check_amount, check_kinds, is_real
+from rlm_course.utils import as_int, check_amount, check_kinds, is_real, plain_ints
 
 GB = 1e9
 ADAM_STATE_BYTES = 12  # fp32 master weights, momentum, variance
@@ -110,6 +110,7 @@ class Layout:
     sequence_parallel: bool = True
 
     def __post_init__(self) -> None:
+        plain_ints(self)  # numpy's integers too
         for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -382,6 +383,7 @@ def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence
                          f"{spec.name}'s context window of {spec.max_context:,} tokens.")
     if not (is_real(resident) and 0 <= resident < math.inf):
         raise ValueError(f"resident={resident!r} must be a finite number of bytes >= 0.")
+    max_batch = as_int(max_batch)  # numpy's integers too
     if isinstance(max_batch, bool) or not (isinstance(max_batch, int) and max_batch >= 1):
         raise ValueError(f"max_batch={max_batch!r} must be a positive integer.")
     mem = generation_memory(spec, tp, weight_bytes, kv_bytes, draft_layers)

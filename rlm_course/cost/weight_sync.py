@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING
 from rlm_course.cost.architectures import TransformerSpec
 from rlm_course.cost.comm import Fabric, Link, all_gather_seconds
 from rlm_course.cost.hardware import Device
-from rlm_course.utils import check_amount, check_kinds
+from rlm_course.utils import as_int, check_amount, check_kinds
 from rlm_course.vocabulary import PLACEMENTS
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def broadcast_link(fabric: Fabric, ranks: int) -> Link:
     Raises:
         ValueError: for fewer than one rank, or if the fabric has no link for such a group.
     """
-    _positive_int("broadcast_link", "ranks", ranks)
+    ranks = _positive_int("broadcast_link", "ranks", ranks)
     return fabric.ring_link(ranks)
 
 
@@ -129,8 +129,8 @@ def broadcast_seconds(total_bytes: float, messages: int, link: Link, receivers: 
             that is not a positive integer, or a ``link`` that is not a Link.
     """
     check_amount("broadcast_seconds: total_bytes", total_bytes)
-    _positive_int("broadcast_seconds", "messages", messages)
-    _positive_int("broadcast_seconds", "receivers", receivers)
+    messages = _positive_int("broadcast_seconds", "messages", messages)
+    receivers = _positive_int("broadcast_seconds", "receivers", receivers)
     check_kinds([("link", link, Link, "Fabric.of(get_device('H100-SXM-80GB')).inter")],
                 "broadcast_seconds: ")
     rounds = math.ceil(math.log2(receivers + 1))
@@ -162,8 +162,9 @@ def predict_transition(model_bytes: float, tp: int, tp_gen: int, pp: int = 1, pp
             not a finite number >= 0.
     """
     check_amount("model_bytes", model_bytes)
-    for name, value in (("tp", tp), ("tp_gen", tp_gen), ("pp", pp), ("pp_gen", pp_gen)):
+    tp, tp_gen, pp, pp_gen = (
         _positive_int("predict_transition", name, value)
+        for name, value in (("tp", tp), ("tp_gen", tp_gen), ("pp", pp), ("pp_gen", pp_gen)))
     if link is not None:
         check_kinds([("link", link, Link, "Fabric.of(get_device('H100-SXM-80GB')).intra")],
                     "predict_transition: ")
@@ -189,9 +190,12 @@ def predict_transition(model_bytes: float, tp: int, tp_gen: int, pp: int = 1, pp
     return out
 
 
-def _positive_int(owner: str, name: str, value) -> None:
+def _positive_int(owner: str, name: str, value) -> int:
+    """``value`` as a Python int (numpy's integers too), or a ValueError naming it."""
+    value = as_int(value)
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         raise ValueError(f"{owner}: {name}={value!r} must be a positive integer.")
+    return value
 
 
 def _kept(train: int, gen: int) -> float:
@@ -257,9 +261,10 @@ def reshard_received_bytes(spec: TransformerSpec, tp: int, pp: int, ep: int,
             an MoE model).
     """
     owner = "reshard_received_bytes"
-    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("generation_tp", generation_tp),
-                        ("weight_bytes", weight_bytes), ("fsdp", fsdp)):
-        _positive_int(owner, name, value)
+    tp, pp, ep, generation_tp, weight_bytes, fsdp = (
+        _positive_int(owner, name, value) for name, value in (
+            ("tp", tp), ("pp", pp), ("ep", ep), ("generation_tp", generation_tp),
+            ("weight_bytes", weight_bytes), ("fsdp", fsdp)))
     spec.check_degree("tp", tp)
     spec.check_degree("tp", generation_tp)
     if pp > spec.n_layer:
@@ -371,9 +376,9 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
         raise ValueError(f"placement={placement!r}: choose one of {PLACEMENTS}.")
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r}: choose one of {TRANSPORTS}.")
-    for name, value in (("generation_tp", generation_tp), ("replicas", replicas),
-                        ("weight_bytes", weight_bytes)):
-        _positive_int("sync_cost", name, value)
+    generation_tp, replicas, weight_bytes = (
+        _positive_int("sync_cost", name, value) for name, value in (
+            ("generation_tp", generation_tp), ("replicas", replicas), ("weight_bytes", weight_bytes)))
     spec.check_degree("tp", generation_tp)
     check_amount("sync_cost: bucket_bytes", bucket_bytes, positive=True)
     check_amount("sync_cost: tensor_seconds", tensor_seconds)
