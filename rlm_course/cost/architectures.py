@@ -578,8 +578,11 @@ def get_spec(name: str) -> TransformerSpec:
     Raises:
         ValueError: for an unknown name.
     """
+    if not isinstance(name, str):
+        raise ValueError(f"get_spec: name={name!r} must be an architecture's name, e.g. "
+                         "'llama-3.1-8b'; choose one of " + ", ".join(SPECS) + ".")
     if name not in SPECS:
-        same = [key for key in SPECS if isinstance(name, str) and key.lower() == name.lower()]
+        same = [key for key in SPECS if key.lower() == name.lower()]
         if not same:
             raise ValueError(f"{unknown_name('architecture', name, SPECS)}, or build a "
                              "TransformerSpec.")

@@ -86,10 +86,11 @@ class Link:
         """``alpha + nbytes / beta``: one message of ``nbytes`` bytes.
 
         Raises:
-            ValueError: for a byte count that is negative or not a number.
+            ValueError: for a byte count that is negative, infinite or not a number.
         """
-        if not nbytes >= 0:  # NaN too
-            raise ValueError(f"Link.seconds: nbytes={nbytes!r} must be a number of bytes >= 0.")
+        if not (is_real(nbytes) and 0 <= nbytes < math.inf):  # NaN, text and bools too
+            raise ValueError(f"Link.seconds: nbytes={nbytes!r} must be a finite number of bytes "
+                             ">= 0.")
         return self.alpha + nbytes / self.beta
 
 
@@ -413,6 +414,10 @@ def data_parallel_comm(params: float, dp: int, link: Link, zero_stage: int = 0,
     if isinstance(micro_batches, bool) or not (isinstance(micro_batches, int)
                                                and micro_batches >= 1):
         raise ValueError(f"micro_batches={micro_batches!r} must be a positive integer.")
+    for name, width in (("grad_bytes", grad_bytes), ("param_bytes", param_bytes)):
+        if not (is_real(width) and 0 < width < math.inf):
+            raise ValueError(f"data_parallel_comm: {name}={width!r} must be a positive number of "
+                             "bytes per element (2: bf16, 4: fp32).")
     if dp == 1:
         return NONE
     g, w = params * grad_bytes, params * param_bytes

@@ -542,7 +542,8 @@ class DecodeCost:
         if not (steps.__class__ is int or isinstance(steps, numbers.Integral)) or steps < 0 \
                 or not (active.__class__ is int or isinstance(active, numbers.Integral)) \
                 or active < 0 or isinstance(steps, bool) or isinstance(active, bool) \
-                or not 0 <= context_sum < math.inf:
+                or not (context_sum.__class__ is float or context_sum.__class__ is int
+                        or is_real(context_sum)) or not 0 <= context_sum < math.inf:
             raise ValueError(f"DecodeCost.seconds: steps={steps!r} and active={active!r} must be "
                              f"integers >= 0 and context_sum={context_sum!r} a finite number of "
                              "tokens >= 0.")
@@ -596,7 +597,14 @@ class DecodeCost:
         of an MoE the experts all those *tokens* touch, and their keys and values written), plus
         TP's two all-reduces of ``tokens x d_model`` per layer, on the critical path as in a
         decode step (:func:`~rlm_course.cost.comm.decode_tp_comm`); ``count`` adds the FLOPs to
-        :attr:`flops` (not for a context prefilled again: model FLOPs count each token once)."""
+        :attr:`flops` (not for a context prefilled again: model FLOPs count each token once).
+
+        Raises:
+            ValueError: for ``contexts`` that is not a dict of token counts to sequence counts.
+        """
+        if not isinstance(contexts, dict):
+            raise ValueError(f"DecodeCost.prefill_seconds: contexts={contexts!r} must be "
+                             "{context length: sequences}, e.g. {512: 16}.")
         if not any(c and n for c, n in contexts.items()):  # no sequence, or none of any length:
             return 0.0  # nothing is read (a prefill of zero sequences was priced a weight read)
         flops = self._prefill_flops(contexts)

@@ -1,6 +1,8 @@
 """Collectives and the communication roofline at scale (rlm_course.cost.comm) against the simulated
 world and the textbook."""
 
+import math
+
 import pytest
 import torch
 
@@ -123,3 +125,29 @@ def test_strategy_bytes_follow_the_textbook():
     assert u.bytes == pytest.approx(32 * 7 / 8 * 8192 / 8 * 128 * 2 * (32 + 8 + 8 + 32))
     with pytest.raises(ValueError, match="does not divide llama-3-8b's 8 key/value heads"):
         comm.ulysses_comm(spec, 16, 8192, link)
+
+
+def test_a_link_and_data_parallel_comm_refuse_what_is_not_a_size():
+    from rlm_course.cost.architectures import get_spec
+    from rlm_course.cost.comm import data_parallel_comm
+    from rlm_course.cost.hardware import get_device
+    from rlm_course.cost.phases import DecodeCost, Rates
+
+    link = Link(1e-6, 1e9)
+    assert link.seconds(1e9) == pytest.approx(1.000001)
+    h100 = get_device("H100-SXM-80GB")
+    decode = DecodeCost(get_spec("llama-3.1-8b"), h100, 1, Rates())
+    for call, said in ((lambda: link.seconds("5"), "nbytes='5' must be a finite number"),
+                       (lambda: link.seconds(math.inf), "nbytes=inf must be a finite number"),
+                       (lambda: link.seconds(True), "nbytes=True must be a finite number"),
+                       (lambda: data_parallel_comm(1e9, 8, link, 1, grad_bytes=0),
+                        "grad_bytes=0 must be a positive number of bytes per element"),
+                       (lambda: data_parallel_comm(1e9, 8, link, 1, param_bytes="2"),
+                        "param_bytes='2' must be a positive number"),
+                       (lambda: decode.seconds(10, 2, "10"), "context_sum='10' a finite number"),
+                       (lambda: decode.prefill_seconds([512]),
+                        "contexts=[512] must be {context length: sequences}"),
+                       (lambda: get_spec(["x"]), "get_spec: name=['x'] must be an architecture")):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert said in str(caught.value), str(caught.value)
