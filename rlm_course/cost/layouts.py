@@ -354,6 +354,18 @@ def usable(device: Device, memory_fraction: float) -> float:
     return device.memory_bytes * memory_fraction
 
 
+def _no_room(spec, tp, device, mem, resident, memory_fraction, kv, what) -> DoesNotFit:
+    """:func:`kv_slots`' refusal: the weights, the resident state and ``kv`` bytes of KV cache
+    for ``what`` do not fit a device of a ``tp``-way replica."""
+    return DoesNotFit(
+        f"a generation replica of {spec.name} with tp={tp} on {device.name} needs "
+        f"{mem['weights'] / GB:,.1f} GB of weights"
+        + (f" + {resident / GB:,.1f} GB of resident trainer state" if resident else "")
+        + f" + {kv / GB:,.2f} GB of KV cache for {what}, but a device has "
+          f"{usable(device, memory_fraction) / GB:,.1f} GB usable; raise the generation tp"
+        + (", or offload the trainer's states during generation" if resident else "") + ".")
+
+
 def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence: float,
              memory_fraction: float = 0.9, resident: float = 0.0, max_batch: int = 1024,
              weight_bytes: int = 2, kv_bytes: int = 2, draft_layers: int = 0,
@@ -395,24 +407,12 @@ def kv_slots(spec: TransformerSpec, tp: int, device: Device, tokens_per_sequence
                              f"tokens_per_sequence={tokens_per_sequence:,}.")
         whole = mem["kv_per_token"] * longest
         if room < whole:
-            raise DoesNotFit(
-                f"a generation replica of {spec.name} with tp={tp} on {device.name} needs "
-                f"{mem['weights'] / GB:,.1f} GB of weights"
-                + (f" + {resident / GB:,.1f} GB of resident trainer state" if resident else "")
-                + f" + {whole / GB:,.2f} GB of KV cache for one sequence of the {longest:,.0f}-"
-                  f"token budget per device (an engine admits no longer a sequence than its "
-                  f"cache holds), but a device has {usable(device, memory_fraction) / GB:,.1f} "
-                  "GB usable; raise the generation tp"
-                + (", or offload the trainer's states during generation" if resident else "")
-                + ".")
+            raise _no_room(spec, tp, device, mem, resident, memory_fraction, whole,
+                           f"one sequence of the {longest:,.0f}-token budget per device (an "
+                           "engine admits no longer a sequence than its cache holds)")
     if room < per_sequence:
-        raise DoesNotFit(
-            f"a generation replica of {spec.name} with tp={tp} on {device.name} needs "
-            f"{mem['weights'] / GB:,.1f} GB of weights"
-            + (f" + {resident / GB:,.1f} GB of resident trainer state" if resident else "")
-            + f" + {per_sequence / GB:,.2f} GB of KV cache for one sequence per device, but a device "
-              f"has {usable(device, memory_fraction) / GB:,.1f} GB usable; raise the generation tp"
-            + (", or offload the trainer's states during generation" if resident else "") + ".")
+        raise _no_room(spec, tp, device, mem, resident, memory_fraction, per_sequence,
+                       "one sequence per device")
     return int(min(max_batch, room // per_sequence))
 
 
