@@ -21,9 +21,13 @@ table on the tiny transformer's blocks and gives the single-device gradients.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 from torch import Tensor, nn
+
+from rlm_course.utils import as_int
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -40,7 +44,7 @@ def schedule_table(name: str, stages: int, micro_batches: int,
     """
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {SCHEDULES}.")
-    p, m, v = stages, micro_batches, chunks
+    p, m, v = (as_int(x) for x in (stages, micro_batches, chunks))  # numpy's integers too
     for label, value in (("stages", p), ("micro_batches", m), ("chunks", v)):
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise ValueError(f"{label}={value!r} must be a positive integer.")
@@ -124,11 +128,34 @@ class Timeline:
 
 
 def _check_table(table) -> None:
+    """A table runs each micro-batch's forward and backward of each chunk once on every device:
+    entries ``(kind, micro_batch, chunk)`` with kind 'F' or 'B' and integers >= 0, and for
+    ``m`` micro-batches and ``v`` chunks (one more than the largest of each), every device lists
+    the ``2 m v`` tasks exactly once."""
     if not table or not all(table):
         raise ValueError("a schedule table needs at least one device with tasks.")
-    kinds = {kind for order in table for kind, _, _ in order}
+    entries = [e for order in table for e in order]
+    bad = next((e for e in entries if not (isinstance(e, tuple) and len(e) == 3
+                                           and all(isinstance(x, int) and not isinstance(x, bool)
+                                                   and x >= 0 for x in e[1:]))), None)
+    if bad is not None:
+        raise ValueError(f"schedule entry {bad!r}: give (kind, micro_batch, chunk) with integers "
+                         ">= 0, e.g. ('F', 0, 0).")
+    kinds = {kind for kind, _, _ in entries}
     if not kinds <= {"F", "B"}:
-        raise ValueError(f"unknown task kinds {sorted(kinds - {'F', 'B'})}: use 'F' and 'B'.")
+        raise ValueError(f"unknown task kinds {sorted(map(str, kinds - {'F', 'B'}))}: use 'F' and "
+                         "'B'.")
+    m = 1 + max(mb for _, mb, _ in entries)
+    v = 1 + max(chunk for _, _, chunk in entries)
+    every = {(kind, mb, chunk) for kind in "FB" for mb in range(m) for chunk in range(v)}
+    for d, order in enumerate(table):
+        if len(order) != len(every) or set(order) != every:
+            missing = sorted(every - set(order))
+            twice = sorted({e for e in order if order.count(e) > 1})
+            raise ValueError(f"device {d}'s schedule must run each of the {m} micro-batches' "
+                             f"forward and backward of each of the {v} chunks once"
+                             + (f"; missing {missing[:3]}" if missing else "")
+                             + (f"; repeated {twice[:3]}" if twice else "") + ".")
 
 
 def walk_schedule(table: list[list[tuple[str, int, int]]], step) -> None:
@@ -169,8 +196,9 @@ def simulate(table: list[list[tuple[str, int, int]]], t_forward: float = 1.0,
     """
     _check_table(table)
     for label, value in (("t_forward", t_forward), ("t_backward", t_backward), ("t_comm", t_comm)):
-        if value < 0:
-            raise ValueError(f"simulate: {label}={value} must be >= 0.")
+        if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                and 0 <= value < math.inf):  # NaN too
+            raise ValueError(f"simulate: {label}={value!r} must be a finite number >= 0.")
     p = len(table)
     v = 1 + max(c for order in table for _, _, c in order)
     last = p * v - 1
@@ -187,7 +215,10 @@ def simulate(table: list[list[tuple[str, int, int]]], t_forward: float = 1.0,
             duration = t_backward / v
         if any(dep not in done for dep in deps):
             return False
-        ready = max([free[d]] + [done[dep] + (t_comm if dep[2] != j else 0.0) for dep in deps])
+        # activations and gradients cross a link only between devices: with one device the
+        # chunks of an interleaved schedule hand them over in place
+        ready = max([free[d]] + [done[dep] + (t_comm if dep[2] % p != d else 0.0)
+                                 for dep in deps])
         done[(kind, mb, j)] = free[d] = ready + duration
         tasks[d].append((kind, mb, chunk, ready, ready + duration))
         return True
@@ -201,7 +232,14 @@ def simulate(table: list[list[tuple[str, int, int]]], t_forward: float = 1.0,
 def bubble_formula(name: str, stages: int, micro_batches: int, chunks: int = 1) -> float:
     """The textbook bubble: idle fraction ``(p - 1) / (m + p - 1)`` for GPipe and 1F1B; for the
     interleaved schedule the bubble time is ``(p - 1) / (v m)`` of the ideal time, an idle
-    fraction of ``(p - 1) / (v m + p - 1)`` (Narayanan et al. 2021, section 2.2)."""
+    fraction of ``(p - 1) / (v m + p - 1)`` (Narayanan et al. 2021, section 2.2).
+
+    Raises:
+        ValueError: for what :func:`schedule_table` refuses (an unknown schedule, sizes that
+            are not positive integers, chunks without the interleaved schedule, interleaved
+            micro-batches that are not a multiple of the devices).
+    """
+    schedule_table(name, stages, micro_batches, chunks)  # its checks: the same schedules
     p, m, v = stages, micro_batches, chunks
     return (p - 1) / (v * m + p - 1) if name == "interleaved" else (p - 1) / (m + p - 1)
 
@@ -228,6 +266,12 @@ def run_pipeline(layers: list[nn.Module], table: list[list[tuple[str, int, int]]
     needed = 1 + max(mb for order in table for _, mb, _ in order)
     if len(micro_batches) != needed:
         raise ValueError(f"the schedule runs {needed} micro-batches; {len(micro_batches)} given.")
+    for i, mb in enumerate(micro_batches):
+        if not (isinstance(mb, (tuple, list)) and len(mb) == 2 and isinstance(mb[0], Tensor)
+                and mb[0].dim() >= 1 and len(mb[0]) >= 1):
+            raise ValueError(f"micro_batches[{i}] must be an (input, target) pair whose input has "
+                             "one or more rows, e.g. (x[:4], y[:4]); a bare tensor would be read "
+                             "as the pair of its first two rows.")
     if world is not None and world.size != p:
         raise ValueError(f"the world has {world.size} ranks for a {p}-device schedule; use "
                          f"World({p}).")

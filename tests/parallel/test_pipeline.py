@@ -102,3 +102,31 @@ def test_bad_input():
     with pytest.raises(ValueError, match="do not split evenly into 3 pipeline stages"):
         run_pipeline([nn.Identity()] * 4, schedule_table("1f1b", 3, 3), [(torch.zeros(1), None)] * 3,
                      None)
+
+
+def test_the_formula_and_the_simulator_refuse_what_no_schedule_runs():
+    for args, said in ((("nonsense", 4, 8), "unknown schedule 'nonsense'"),
+                       (("gpipe", 0, 1), "stages=0 must be a positive integer"),
+                       (("gpipe", 4, 8, 4), "chunks=4 needs the interleaved schedule"),
+                       (("interleaved", 4, 6, 2), "needs micro_batches (6) to be a multiple")):
+        with pytest.raises(ValueError) as caught:
+            bubble_formula(*args)
+        assert said in str(caught.value)
+    # a table that skips a backward, or runs a micro-batch twice, is not a schedule
+    with pytest.raises(ValueError, match=r"device 0's schedule must run each of the 1 "
+                                         r"micro-batches' forward and backward.*missing"):
+        simulate([[("F", 0, 0)], [("F", 0, 0)]])
+    twice = [[("F", 0, 0), ("F", 0, 0), ("B", 0, 0)]]
+    with pytest.raises(ValueError, match=r"repeated \[\('F', 0, 0\)\]"):
+        simulate(twice)
+    with pytest.raises(ValueError, match="t_forward=nan must be a finite number"):
+        simulate(schedule_table("gpipe", 2, 2), t_forward=float("nan"))
+    # one device: an interleaved schedule's chunks hand over in place, no link crossed
+    # (forward 1 + backward 2 for each of 2 micro-batches: 6, not 8.5 with t_comm charged)
+    assert simulate(schedule_table("interleaved", 1, 2, 2), t_comm=1.0).makespan == 6.0
+    # micro-batches are (input, target) pairs: a bare tensor was read as its first two rows
+    layers, x = [nn.Linear(4, 4) for _ in range(4)], torch.randn(12, 4)
+    with pytest.raises(ValueError, match=r"micro_batches\[0\] must be an \(input, target\) "
+                                         "pair"):
+        run_pipeline(layers, schedule_table("1f1b", 2, 2), [x[:6], x[6:]],
+                     lambda out, target: ((out - target) ** 2).mean())
