@@ -664,8 +664,17 @@ def weight_sync(n_params: int, receivers: int, messages: int = 1) -> Computation
 
 def group_advantage(batch: int, group_size: int) -> Computation:
     """GRPO's group statistics: mean, centre, std (square, sum, sqrt), divide; groups are
-    independent, so depth is logarithmic in ``G`` and does not grow with the batch."""
+    independent, so depth is logarithmic in ``G`` and does not grow with the batch.
+
+    Raises:
+        ValueError: for sizes that are not positive integers, or a batch that does not split
+            into groups of ``group_size``.
+    """
     _positive(batch=batch, group_size=group_size)
+    if batch % group_size:
+        raise ValueError(f"group_advantage: batch={batch} does not split into groups of "
+                         f"group_size={group_size}; give a batch of whole groups (prompts x "
+                         "group_size).")
     return seq("group advantage", reduction(batch // group_size, group_size, "group mean"),
                elementwise(batch, 2, "centre, square"),
                reduction(batch // group_size, group_size, "group variance"),

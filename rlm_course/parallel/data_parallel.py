@@ -51,7 +51,15 @@ def flat_grads(model: nn.Module) -> Tensor:
 def adam_update(params: Tensor, grads: Tensor, m: Tensor, v: Tensor, step: int, lr: float,
                 betas=(0.9, 0.999), eps: float = 1e-8) -> Tensor:
     """Adam (Kingma & Ba 2015, Algorithm 1) on flat vectors; updates ``m``, ``v`` in place and
-    returns the new parameters."""
+    returns the new parameters. ``step`` counts from 1 (the bias corrections divide by
+    ``1 - beta ** step``).
+
+    Raises:
+        ValueError: for a ``step`` that is not a positive integer.
+    """
+    if isinstance(step, bool) or not (isinstance(step, int) and step >= 1):
+        raise ValueError(f"adam_update: step={step!r} must be a positive integer: Adam counts its "
+                         "steps from 1 (at 0 the bias correction divides by zero).")
     b1, b2 = betas
     m.mul_(b1).add_(grads, alpha=1 - b1)
     v.mul_(b2).addcmul_(grads, grads, value=1 - b2)

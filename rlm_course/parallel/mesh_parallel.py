@@ -126,14 +126,26 @@ class MeshParallelGPT:
         model reads ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``), then the data-parallel
         all-reduce of the gradients (their mean over the replicas). The batch is split into
         ``dp`` equal slices, each into ``micro_batches`` equal micro-batches; every loss is a
-        mean, so the gradients are those of the whole batch's mean loss.
+        mean, so the gradients are those of the whole batch's mean loss. Each step starts from
+        zero gradients (as :meth:`DataParallel.step
+        <rlm_course.parallel.data_parallel.DataParallel.step>` does): a second call on the same
+        batch gives the same gradients, not twice them.
 
         Returns:
             the mean loss of each replica's slice.
 
         Raises:
-            ValueError: if the batch does not split evenly.
+            ValueError: if ``micro_batches`` is not a positive integer or the batch does not
+                split evenly.
         """
+        if isinstance(micro_batches, bool) or not (isinstance(micro_batches, int)
+                                                   and micro_batches >= 1):
+            raise ValueError(f"micro_batches={micro_batches!r} must be a positive integer.")
+        for d in range(self.dp):
+            for j in range(self.pp):
+                for r in range(self.tp):
+                    for p in self.parameters_of(d, j, r):
+                        p.grad = None
         batch = tokens.shape[0]
         if batch % (self.dp * micro_batches):
             raise ValueError(f"a batch of {batch} does not split into dp={self.dp} x "

@@ -250,6 +250,13 @@ class Mesh:
         self.axes = list(degrees)
 
     def coordinates(self, rank: int) -> dict[str, int]:
+        """``{axis: coordinate}`` of ``rank``, the last axis fastest.
+
+        Raises:
+            ValueError: for a rank outside the world.
+        """
+        if isinstance(rank, bool) or not (isinstance(rank, int) and 0 <= rank < self.world.size):
+            raise ValueError(f"rank={rank!r} is not in 0..{self.world.size - 1}.")
         coords, rest = {}, rank
         for axis in reversed(self.axes):
             coords[axis] = rest % self.degrees[axis]
@@ -291,9 +298,11 @@ class SubWorld:
     """Some ranks of a :class:`World` seen as a world of their own: local rank ``i`` is global
     rank ``ranks[i]``. Its collectives run on the parent (whose clocks, byte counters and timeline
     record them, under the name ``"<label>: <name>"``), and it keeps byte counters of its own, so
-    that the traffic of each axis of a :class:`Mesh` can be told apart. Code written for a
-    ``World`` (e.g. :class:`~rlm_course.parallel.tensor_parallel.TensorParallelBlock`) runs on a
-    ``SubWorld`` unchanged.
+    that the traffic of each axis of a :class:`Mesh` can be told apart. Code that runs a
+    ``World``'s collectives (e.g. :class:`~rlm_course.parallel.tensor_parallel.TensorParallelBlock`,
+    ring attention, expert parallelism, :func:`~rlm_course.parallel.pipeline.run_pipeline`) runs on
+    a ``SubWorld`` unchanged; the clock, the events and ``reset`` are the parent's
+    (``subworld.parent.events`` for a timeline plot).
 
     Raises:
         ValueError: for an empty group or ranks that are not distinct ranks of the parent.

@@ -190,3 +190,10 @@ def test_the_ppo_dag_gives_the_critic_a_value_head_as_the_flop_count_does():
     lm = wd.forward(spec, 2, 10)
     d, v = spec.d_model, spec.vocab_size
     assert lm.work - value.work == 2 * 20 * d * v - 2 * 8 * d  # 20 rows x V, or 8 x 1
+
+
+def test_group_advantages_need_whole_groups():
+    # 5 responses in groups of 2 was priced as 2 groups, one response dropped without a word
+    with pytest.raises(ValueError, match="batch=5 does not split into groups of group_size=2"):
+        wd.group_advantage(5, 2)
+    assert wd.group_advantage(4, 2).work == wd.group_advantage(2, 2).work * 2

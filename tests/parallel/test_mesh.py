@@ -54,6 +54,20 @@ def test_every_rank_holds_its_share_of_the_parameters():
     assert max(held) < one / 2  # pipeline halves, TP splits the blocks further
 
 
+def test_a_second_step_starts_from_zero_gradients():
+    torch.manual_seed(0)
+    model = TinyGPT(CONFIG).double()
+    tokens = torch.randint(0, CONFIG.vocab_size, (8, 13))
+    parallel = MeshParallelGPT(model, World(8), dp=2, pp=2, tp=2)
+    parallel.step(tokens, micro_batches=2)
+    first = {n: g.clone() for n, g in parallel.gathered_grads().items()}
+    parallel.step(tokens, micro_batches=2)  # was twice the gradients: they accumulated
+    assert all(torch.equal(g, first[n]) for n, g in parallel.gathered_grads().items())
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=f"micro_batches={bad!r} must be a positive integer"):
+            parallel.step(tokens, micro_batches=bad)
+
+
 def test_bad_meshes_are_clear_errors():
     model = TinyGPT(CONFIG)
     with pytest.raises(ValueError, match="multiply to 6, not the world size 8"):

@@ -145,3 +145,17 @@ def test_uneven_batch_slices_are_refused():
     dp = DataParallel(World(2), model)
     with pytest.raises(ValueError, match="slices of sizes \\[10, 14\\]"):
         dp.step([(x[:10], y[:10]), (x[10:], y[10:])], _loss)
+
+
+def test_a_mesh_and_adam_refuse_what_is_out_of_range():
+    from rlm_course.parallel.data_parallel import adam_update
+    from rlm_course.parallel.world import Mesh, World
+
+    mesh = Mesh(World(8), dp=2, pp=2, tp=2)
+    assert mesh.coordinates(7) == {"dp": 1, "pp": 1, "tp": 1}
+    for rank in (8, -1, True):  # 9 was read as (0, 0, 1), -1 as the last rank
+        with pytest.raises(ValueError, match=f"rank={rank!r} is not in 0..7"):
+            mesh.coordinates(rank)
+    zeros = torch.zeros(2)
+    with pytest.raises(ValueError, match="step=0 must be a positive integer: Adam counts"):
+        adam_update(zeros, torch.ones(2), zeros.clone(), zeros.clone(), 0, 0.1)  # was [nan, nan]
