@@ -35,6 +35,7 @@ from rlm_course.cost.comm import (Link, all_gather_seconds, broadcast_seconds, p
                                   reduce_scatter_seconds, ring_all_reduce_seconds,
                                   tree_all_reduce_seconds)
 from rlm_course.timeline import Event
+from rlm_course.utils import as_int
 
 ALGORITHMS = ("ring", "tree")  # what a World runs (the cost model's "auto" picks between them)
 
@@ -60,8 +61,9 @@ class World:
     algorithm: str = "ring"
 
     def __post_init__(self) -> None:
+        self.size = as_int(self.size)  # numpy's integers too
         if not (isinstance(self.size, int) and not isinstance(self.size, bool) and self.size >= 1):
-            raise ValueError(f"World size={self.size!r}: need at least one rank.")
+            raise ValueError(f"World size={self.size!r} must be a positive integer (ranks).")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm={self.algorithm!r}: choose one of {ALGORITHMS}.")
         self.reset()
@@ -75,15 +77,25 @@ class World:
 
     # ------------------------------------------------------------------ bookkeeping
     def _ranks(self, ranks) -> list[int]:
-        ranks = list(range(self.size)) if ranks is None else list(ranks)
-        if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < self.size for r in ranks):
+        ranks = list(range(self.size)) if ranks is None else [as_int(r) for r in ranks]
+        if not ranks or len(set(ranks)) != len(ranks) or not all(
+                isinstance(r, int) and not isinstance(r, bool) and 0 <= r < self.size
+                for r in ranks):
             raise ValueError(f"ranks {ranks}: need distinct ranks in 0..{self.size - 1}.")
         return ranks
 
-    def _check(self, tensors: list, ranks: list[int], what: str) -> None:
+    def _check(self, tensors: list, ranks: list[int], what: str, same: bool = False) -> None:
         if len(tensors) != len(ranks):
             raise ValueError(f"{what}: {len(tensors)} tensors for {len(ranks)} ranks; give one "
                              "per rank.")
+        if not same:
+            return
+        if not all(isinstance(t, Tensor) for t in tensors):
+            raise ValueError(f"{what}: give one torch.Tensor per rank, not "
+                             f"{sorted({type(t).__name__ for t in tensors})}.")
+        if len({(tuple(t.shape), t.dtype) for t in tensors}) != 1:
+            raise ValueError(f"{what}: every rank must contribute a tensor of one shape and dtype; "
+                             f"got {sorted({(tuple(t.shape), str(t.dtype)) for t in tensors})}.")
 
     def compute(self, rank: int, name: str, seconds: float) -> None:
         """Advance ``rank``'s clock by ``seconds`` of computation ``name``."""
@@ -109,7 +121,7 @@ class World:
     def all_reduce(self, tensors: list[Tensor], ranks=None, name: str = "all-reduce") -> list[Tensor]:
         """Every rank gets the elementwise sum of all ranks' tensors."""
         ranks = self._ranks(ranks)
-        self._check(tensors, ranks, name)
+        self._check(tensors, ranks, name, same=True)
         total = torch.stack(tensors).sum(0)
         p, m = len(ranks), nbytes(tensors[0])
         if p > 1:
@@ -133,7 +145,7 @@ class World:
             ValueError: if the number of elements does not split into ``p`` equal chunks.
         """
         ranks = self._ranks(ranks)
-        self._check(tensors, ranks, name)
+        self._check(tensors, ranks, name, same=True)
         p, numel = len(ranks), tensors[0].numel()
         if numel % p:
             raise ValueError(f"{name}: {numel} elements do not split into {p} equal shards; pad "
@@ -153,6 +165,9 @@ class World:
         if len({tuple(t.shape) for t in shards}) != 1:
             raise ValueError(f"{name}: shards of different shapes {[tuple(t.shape) for t in shards]}; "
                              "every rank must contribute an equal shard.")
+        if shards[0].dim() == 0:
+            raise ValueError(f"{name}: shards are concatenated along dim 0; give each rank a "
+                             "tensor of one or more dimensions (t.reshape(1) for a scalar).")
         full = torch.cat(shards)
         p, shard = len(ranks), nbytes(shards[0])
         if p > 1:

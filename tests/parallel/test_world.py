@@ -159,3 +159,29 @@ def test_a_mesh_and_adam_refuse_what_is_out_of_range():
     zeros = torch.zeros(2)
     with pytest.raises(ValueError, match="step=0 must be a positive integer: Adam counts"):
         adam_update(zeros, torch.ones(2), zeros.clone(), zeros.clone(), 0, 0.1)  # was [nan, nan]
+
+
+def test_collectives_refuse_tensors_of_different_shapes_by_name():
+    import numpy as np
+
+    from rlm_course.parallel.world import World
+
+    world = World(np.int64(4))  # numpy's integers count ranks
+    assert world.size == 4 and type(world.size) is int
+    ragged = [torch.zeros(3), torch.zeros(4), torch.zeros(3), torch.zeros(3)]
+    for call, said in (
+            (lambda: world.all_reduce(ragged), "all-reduce: every rank must contribute a tensor "
+                                               "of one shape and dtype"),
+            (lambda: world.reduce_scatter(ragged), "reduce-scatter: every rank must contribute"),
+            (lambda: world.all_reduce([torch.zeros(2), torch.zeros(2, dtype=torch.float64)] * 2),
+             "one shape and dtype"),
+            (lambda: world.all_gather([torch.tensor(1.0)] * 4), "all-gather: shards are "
+                                                                 "concatenated along dim 0"),
+            (lambda: world.all_reduce([torch.zeros(2)] * 3, ranks=[0, 1.0, 2]),
+             "ranks [0, 1.0, 2]: need distinct ranks in 0..3"),
+            (lambda: world.all_reduce([1, 2, 3, 4]), "give one torch.Tensor per rank")):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert said in str(caught.value), str(caught.value)
+    assert torch.equal(world.all_reduce([torch.ones(2)] * 4, ranks=[0, 1, 2, np.int64(3)])[0],
+                       torch.full((2,), 4.0))
