@@ -135,13 +135,13 @@ def brent_bound(work: float, depth: float, processors: int) -> float:
 
 
 def _check_processors(p: int) -> None:
-    if not (isinstance(p, int) and p >= 1):
+    if isinstance(p, bool) or not (isinstance(p, int) and p >= 1):
         raise ValueError(f"processors={p!r}: need an integer >= 1.")
 
 
 def _positive(**sizes: int) -> None:
     for name, value in sizes.items():
-        if not (isinstance(value, int) and value >= 1):
+        if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{name}={value!r} must be a positive integer.")
 
 

@@ -64,8 +64,12 @@ def layout(seq_len: int, ranks: int, load_balanced: bool) -> list[Tensor]:
     ``r`` and ``2 ranks - 1 - r`` of ``2 ranks``.
 
     Raises:
-        ValueError: if the degree does not divide the sequence into equal chunks.
+        ValueError: for sizes that are not positive integers, or a degree that does not divide
+            the sequence into equal chunks.
     """
+    for name, value in (("seq_len", seq_len), ("ranks", ranks)):
+        if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"context parallelism: {name}={value!r} must be a positive integer.")
     pieces = 2 * ranks if load_balanced else ranks
     if seq_len % pieces:
         raise ValueError(f"context parallelism: {pieces} chunks ({'2 x ' if load_balanced else ''}"

@@ -201,7 +201,13 @@ class DataParallel:
         return losses
 
     def parameters(self, rank: int = 0) -> Tensor:
-        """Rank ``rank``'s current flat parameters (gathered from the shards for stage 3)."""
+        """Rank ``rank``'s current flat parameters (gathered from the shards for stage 3).
+
+        Raises:
+            ValueError: for a rank outside the world.
+        """
+        if isinstance(rank, bool) or not (isinstance(rank, int) and 0 <= rank < self.world.size):
+            raise ValueError(f"rank={rank!r} is not in 0..{self.world.size - 1}.")
         if self.stage == 3:
             return torch.cat(self.param_shards)[:self.numel]
         return flat_params(self.replicas[rank])
@@ -210,7 +216,15 @@ class DataParallel:
 def bytes_sent_per_step(stage: int, numel_padded: int, ranks: int,
                         bytes_per_element: int = FP32) -> int:
     """What the table of the module docstring says each rank sends in one step (fp32 by
-    default)."""
+    default).
+
+    Raises:
+        ValueError: for a stage other than 0-3 or a rank count that is not a positive integer.
+    """
+    if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
+        raise ValueError(f"stage={stage!r}: choose a ZeRO stage, 0 (plain DP), 1, 2 or 3.")
+    if isinstance(ranks, bool) or not (isinstance(ranks, int) and ranks >= 1):
+        raise ValueError(f"ranks={ranks!r} must be a positive integer.")
     m = bytes_per_element * numel_padded
     per_collective = (ranks - 1) * m // ranks
     return (3 if stage == 3 else 2) * per_collective

@@ -85,8 +85,16 @@ def ulysses_bytes_per_rank(batch: int, heads: int, seq: int, d_head: int, degree
     """Bytes each rank sends in one layer's forward under Ulysses: the four all-to-alls, each
     ``(p - 1) / p`` of the rank's ``batch x (seq / p) x heads x d_head`` shard (``kv_heads`` for
     the keys and values): ``(p - 1) / p x batch x seq / p x d_head x (2 heads + 2 kv_heads)``
-    elements (fp32 by default)."""
+    elements (fp32 by default).
+
+    Raises:
+        ValueError: for a degree that is not a positive integer dividing the sequence and the
+            heads (Ulysses gives each rank whole heads of the whole sequence).
+    """
     kv = heads if kv_heads is None else kv_heads
     p = degree
+    if isinstance(p, bool) or not (isinstance(p, int) and p >= 1) or seq % p or heads % p:
+        raise ValueError(f"ulysses_bytes_per_rank: degree={p!r} must be a positive integer that "
+                         f"divides seq={seq} and heads={heads}.")
     local = batch * (seq // p) * d_head * bytes_per_element
     return (p - 1) * local * (2 * heads + 2 * kv) // p

@@ -185,3 +185,26 @@ def test_collectives_refuse_tensors_of_different_shapes_by_name():
         assert said in str(caught.value), str(caught.value)
     assert torch.equal(world.all_reduce([torch.ones(2)] * 4, ranks=[0, 1, 2, np.int64(3)])[0],
                        torch.full((2,), 4.0))
+
+
+def test_the_parallel_size_helpers_refuse_what_divides_nothing():
+    from rlm_course.cost import workdepth as wd
+    from rlm_course.parallel.context_parallel import layout
+    from rlm_course.parallel.data_parallel import bytes_sent_per_step
+    from rlm_course.parallel.ulysses import ulysses_bytes_per_rank
+
+    # (p - 1) / p x batch x seq / p x d_head x (2 heads + 2 kv heads) x 4 bytes
+    assert ulysses_bytes_per_rank(1, 4, 8, 2, 2) == 1 * (8 // 2) * 2 * (2 * 4 + 2 * 4) * 4 // 2
+    assert bytes_sent_per_step(1, 8, 4) == 2 * 3 * 32 // 4
+    for call, said in (
+            (lambda: layout(16, 0, False), "ranks=0 must be a positive integer"),
+            (lambda: layout(16, -2, False), "ranks=-2 must be a positive integer"),  # was []
+            (lambda: ulysses_bytes_per_rank(1, 4, 8, 2, 0), "degree=0 must be a positive"),
+            (lambda: ulysses_bytes_per_rank(1, 4, 8, 2, 3), "divides seq=8 and heads=4"),
+            (lambda: bytes_sent_per_step(4, 64, 4), "stage=4: choose a ZeRO stage"),
+            (lambda: bytes_sent_per_step(1, 64, 0), "ranks=0 must be a positive integer"),
+            (lambda: wd.matmul(True, 2, 2), "m=True must be a positive integer"),
+            (lambda: wd.brent_bound(10, 2, True), "processors=True: need an integer >= 1")):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert said in str(caught.value), str(caught.value)
