@@ -57,7 +57,10 @@ class MoELayer(nn.Module):
     def __init__(self, d_model: int, d_ff: int, n_experts: int, k: int = 2,
                  capacity_factor: float = 1.25) -> None:
         super().__init__()
-        if not (isinstance(k, int) and 1 <= k <= n_experts):
+        for name, value in (("d_model", d_model), ("d_ff", d_ff), ("n_experts", n_experts)):
+            if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"MoELayer: {name}={value!r} must be a positive integer.")
+        if isinstance(k, bool) or not (isinstance(k, int) and 1 <= k <= n_experts):
             raise ValueError(f"k={k!r} experts per token must be an integer in 1..n_experts="
                              f"{n_experts}.")
         if not (math.isfinite(capacity_factor) and capacity_factor > 0):

@@ -146,6 +146,16 @@ class MeshParallelGPT:
                 for r in range(self.tp):
                     for p in self.parameters_of(d, j, r):
                         p.grad = None
+        if not (isinstance(tokens, Tensor) and tokens.dim() == 2 and not tokens.is_floating_point()
+                and 2 <= tokens.shape[1] <= self.config.max_seq_len + 1):
+            raise ValueError(f"tokens must be integer ids of shape (batch, seq + 1) with seq + 1 "
+                             f"from 2 to max_seq_len + 1 = {self.config.max_seq_len + 1}; got "
+                             f"{getattr(tokens, 'dtype', type(tokens).__name__)} "
+                             f"{tuple(getattr(tokens, 'shape', ()))}.")
+        vocab = self.config.vocab_size
+        if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
+            raise ValueError(f"tokens must be ids in 0..{self.config.vocab_size - 1} (the "
+                             f"vocabulary); got {int(tokens.min())}..{int(tokens.max())}.")
         batch = tokens.shape[0]
         if batch % (self.dp * micro_batches):
             raise ValueError(f"a batch of {batch} does not split into dp={self.dp} x "

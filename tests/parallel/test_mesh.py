@@ -95,3 +95,19 @@ def test_subworld_maps_local_ranks_and_counts_its_own_traffic():
     assert dp.sent == [8, 0] and dp.received == [0, 8] and world.received[5] == 16 + 8
     with pytest.raises(ValueError, match="local ranks in 0..1"):
         dp.all_reduce([torch.ones(1)] * 3, ranks=[0, 1, 2])
+
+
+def test_a_step_refuses_tokens_the_model_cannot_read():
+    parallel = MeshParallelGPT(TinyGPT(CONFIG), World(2), dp=2)
+    good = torch.randint(0, CONFIG.vocab_size, (4, 9))
+    for tokens, said in ((torch.full((4, 9), CONFIG.vocab_size), "ids in 0.."),
+                         (good.float(), "integer ids of shape (batch, seq + 1)"),
+                         (torch.randint(0, 4, (4, CONFIG.max_seq_len + 2)), "max_seq_len + 1"),
+                         (good[0], "integer ids of shape")):
+        with pytest.raises(ValueError) as caught:  # were IndexError or torch's RuntimeError
+            parallel.step(tokens, micro_batches=1)
+        assert said in str(caught.value), str(caught.value)
+    from rlm_course.parallel.expert_parallel import MoELayer
+
+    with pytest.raises(ValueError, match="MoELayer: n_experts=0 must be a positive integer"):
+        MoELayer(8, 16, n_experts=0, k=1)  # k was blamed
