@@ -40,6 +40,7 @@ sequence at its own length (:func:`packed_forward`). In seconds, that depth is
 from __future__ import annotations
 
 import math
+import numbers
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -135,13 +136,13 @@ def brent_bound(work: float, depth: float, processors: int) -> float:
 
 
 def _check_processors(p: int) -> None:
-    if isinstance(p, bool) or not (isinstance(p, int) and p >= 1):
+    if isinstance(p, bool) or not (isinstance(p, numbers.Integral) and p >= 1):
         raise ValueError(f"processors={p!r}: need an integer >= 1.")
 
 
 def _positive(**sizes: int) -> None:
-    for name, value in sizes.items():
-        if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
+    for name, value in sizes.items():  # numpy's integers too
+        if isinstance(value, bool) or not (isinstance(value, numbers.Integral) and value >= 1):
             raise ValueError(f"{name}={value!r} must be a positive integer.")
 
 

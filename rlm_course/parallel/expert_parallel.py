@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from rlm_course.parallel.world import World
+from rlm_course.utils import as_int
 
 
 def dispatch_indices(expert_ids: Tensor, n_experts: int, capacity: int) -> Tensor:
@@ -57,6 +58,7 @@ class MoELayer(nn.Module):
     def __init__(self, d_model: int, d_ff: int, n_experts: int, k: int = 2,
                  capacity_factor: float = 1.25) -> None:
         super().__init__()
+        d_model, d_ff, n_experts, k = (as_int(v) for v in (d_model, d_ff, n_experts, k))
         for name, value in (("d_model", d_model), ("d_ff", d_ff), ("n_experts", n_experts)):
             if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"MoELayer: {name}={value!r} must be a positive integer.")

@@ -177,11 +177,22 @@ class TensorParallelBlock(nn.Module):
         norms, residuals and the replicated biases run on every rank; only the matmuls are split.
 
         Raises:
-            ValueError: for a wrong number of inputs.
+            ValueError: for a wrong number of inputs, or inputs that are not ``(batch, seq,
+                d_model)`` tensors of the block's dtype.
         """
         world, ranks, shards = self.world, self.ranks, self.shards
         if len(xs) != self.tp:
             raise ValueError(f"{len(xs)} inputs for TP degree {self.tp}; give one per rank.")
+        norm = shards[0].ln1
+        width, dtype = norm.normalized_shape[-1], norm.weight.dtype
+        for x in xs:
+            if not (isinstance(x, Tensor) and x.dim() == 3 and x.shape[-1] == width
+                    and x.dtype == dtype):
+                raise ValueError(f"each rank's input must be (batch, seq, d_model={width}) of "
+                                 f"{dtype}, the block's; got "
+                                 f"{getattr(x, 'dtype', type(x).__name__)} "
+                                 f"{tuple(getattr(x, 'shape', ()))} (x.to(dtype), or "
+                                 "x.unsqueeze(0) for one sequence).")
         if len({tuple(x.shape) for x in xs}) != 1:
             raise ValueError(f"inputs of different shapes {[tuple(x.shape) for x in xs]}: every "
                              "rank holds the same activations (TP) or an equal sequence shard (SP; "
@@ -223,8 +234,14 @@ def shard_sequence(x: Tensor, tp: int) -> list[Tensor]:
     """Split ``x (batch, seq, d)`` into ``tp`` sequence shards (sequence parallelism's layout).
 
     Raises:
-        ValueError: if ``tp`` does not divide the sequence length.
+        ValueError: for ``x`` that is not ``(batch, seq, d)``, or a ``tp`` that is not a positive
+            integer dividing the sequence length.
     """
+    if not (isinstance(x, Tensor) and x.dim() == 3):
+        raise ValueError(f"shard_sequence: x must be (batch, seq, d); got "
+                         f"{tuple(getattr(x, 'shape', ()))}.")
+    if isinstance(tp, bool) or not (isinstance(tp, int) and tp >= 1):
+        raise ValueError(f"shard_sequence: tp={tp!r} must be a positive integer.")
     if x.shape[1] % tp:
         raise ValueError(f"sequence parallelism: degree {tp} does not divide the sequence length "
                          f"{x.shape[1]}; pad the sequence.")

@@ -255,6 +255,7 @@ class Mesh:
     """
 
     def __init__(self, world: World, **degrees: int) -> None:
+        degrees = {axis: as_int(d) for axis, d in degrees.items()}  # numpy's integers too
         if not degrees or any(not isinstance(d, int) or isinstance(d, bool) or d < 1
                               for d in degrees.values()):
             raise ValueError(f"mesh degrees {degrees}: give positive integer degrees, e.g. dp=2, tp=2.")

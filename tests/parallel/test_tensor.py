@@ -86,3 +86,16 @@ def test_bad_degrees():
         shard_sequence(torch.zeros(1, 6, 16), 4)
     with pytest.raises(ValueError, match="3 inputs for TP degree 2"):
         TensorParallelBlock(block, World(2))([torch.zeros(1, 4, 16)] * 3)
+    # inputs the block cannot read: named, not layer_norm's or an unpacking error
+    two = TensorParallelBlock(block, World(2))
+    for xs, said in (([torch.zeros(1, 4, 8)] * 2, "(batch, seq, d_model=16)"),
+                     ([torch.zeros(4, 16)] * 2, "got torch.float32 (4, 16)"),
+                     ([torch.zeros(1, 4, 16, dtype=torch.float64)] * 2, "torch.float64")):
+        with pytest.raises(ValueError) as caught:
+            two(xs)
+        assert said in str(caught.value), str(caught.value)
+    for tp, said in ((0, "tp=0 must be a positive integer"), (2.0, "tp=2.0 must be")):
+        with pytest.raises(ValueError, match=said):
+            shard_sequence(torch.zeros(1, 4, 16), tp)
+    with pytest.raises(ValueError, match=r"x must be \(batch, seq, d\); got \(4,\)"):
+        shard_sequence(torch.zeros(4), 2)

@@ -208,3 +208,16 @@ def test_the_parallel_size_helpers_refuse_what_divides_nothing():
         with pytest.raises(ValueError) as caught:
             call()
         assert said in str(caught.value), str(caught.value)
+
+
+def test_meshes_moe_layers_and_work_depth_take_numpy_integers():
+    import numpy as np
+
+    from rlm_course.cost import workdepth as wd
+    from rlm_course.parallel.expert_parallel import MoELayer
+    from rlm_course.parallel.world import Mesh, World
+
+    assert Mesh(World(4), dp=np.int64(2), tp=2).degrees == {"dp": 2, "tp": 2}
+    assert MoELayer(8, 16, np.int64(4), k=np.int64(2)).k == 2
+    assert wd.matmul(np.int64(2), 3, 4).work == 2 * 2 * 3 * 4
+    assert wd.brent_bound(10, 2, np.int64(2)) == 10 / 2 + 2
