@@ -346,7 +346,7 @@ def _extra(spec: TransformerSpec, config: RLConfig, layout: Layout, seq_len: int
 
 
 def _best_trainers(spec, config, workload, device, devices, rates, keep=2):
-    seq = workload.prompt_len + workload.response_len  # the budget: any step may reach it
+    seq = workload.seq_len  # the budget: any step may reach it
     fitting, refused = trainer_layouts(spec, config, device, devices, seq, 2 * seq,
                                        rates.memory_fraction,
                                        max_dp=sequences_per_step(workload, config))
@@ -382,7 +382,7 @@ def generation_estimate(spec: TransformerSpec, workload: Workload, device: Devic
     mean, longest = max(1, round(w.mean_response_len)), w.max_response_len
     slots = kv_slots(spec, tp, device, w.prompt_len + mean, rates.memory_fraction, 0.0,
                      rates.max_batch, w.weight_bytes, w.kv_bytes,
-                     longest=w.prompt_len + w.response_len)
+                     longest=w.seq_len)
     per_replica = -(-w.responses // (devices // tp))
     batch, waves = min(per_replica, slots), -(-per_replica // slots)
     cost = DecodeCost(spec, device, tp, rates, fabric if tp > 1 else None, w)
@@ -417,7 +417,7 @@ def _generation_fits(spec, workload, device, devices, rates) -> tuple[bool, list
         try:
             kv_slots(spec, tp, device, seq, rates.memory_fraction, 0.0, rates.max_batch,
                      workload.weight_bytes, workload.kv_bytes,
-                     longest=workload.prompt_len + workload.response_len)
+                     longest=workload.seq_len)
             return True, refused
         except DoesNotFit as err:
             refused.append(advise(str(err), spec, device, devices, generation_tp=tp))
@@ -472,7 +472,7 @@ def fits_memory(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
     rates = _checked_search_args("fits_memory", spec, config, workload, device, gpus, rates,
                                  placements)
     gpus = int(gpus)
-    seq = workload.prompt_len + workload.response_len  # the budget: any step may reach it
+    seq = workload.seq_len  # the budget: any step may reach it
     misses = []
     pools = ([(gpus, gpus)] if "colocated" in placements else []) + (
         [(r, gpus - r) for r in _splits(gpus, device.devices_per_node)]
@@ -925,7 +925,7 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         return cache[rollout]
 
     def evaluate(rollout, tp, lay, name, offload=False) -> Candidate:
-        one = lay.micro_batch_tokens == workload.prompt_len + workload.response_len
+        one = lay.micro_batch_tokens == workload.seq_len
         label = (f"{pool_label(gpus, rollout)}, generation tp{tp}, trainer {lay.describe()}"
                  f"{ONE_SEQUENCE if one else ''}, {name}" + (OFFLOADED if offload else ""))
         for c in out.candidates:

@@ -408,7 +408,7 @@ def memory_plan(s: Scenario) -> dict:
     check_kinds([("scenario", s, Scenario, "Scenario(spec, config, workload, cluster)")],
                 "memory_plan: ")
     spec, w, dev, r = s.spec, s.workload, s.cluster.device, s.rates
-    seq = w.prompt_len + w.response_len  # the budget: any iteration may reach it
+    seq = w.seq_len  # the budget: any iteration may reach it
     lay = s.trainer_layout
     extra = {}
     if s.config.use_critic:
@@ -432,7 +432,7 @@ def memory_plan(s: Scenario) -> dict:
     draft_layers = 1 if r.speculative_tokens else 0
     slots = kv_slots(spec, s.generation_tp, dev, per_sequence, fraction, resident,
                      r.max_batch, w.weight_bytes, w.kv_bytes, draft_layers,
-                     longest=w.prompt_len + w.response_len)
+                     longest=w.seq_len)
     gen = generation_memory(spec, s.generation_tp, w.weight_bytes, w.kv_bytes, draft_layers)
     rollout = {"weights": gen["weights"], "kv cache": slots * per_sequence * gen["kv_per_token"]}
     if draft_layers:
