@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.cost.layouts import DoesNotFit, _degrees, _kinds, is_real, kv_slots, replica_decode_step_seconds
+from rlm_course.cost.layouts import DoesNotFit, _bandwidth_share, _degrees, _kinds, kv_slots, replica_decode_step_seconds
 
 __all__ = ['min_tokens_per_device', 'choose_generation_tp']
 
@@ -77,9 +77,7 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
         if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
             raise ValueError(f"choose_generation_tp: {name}={value!r} must be a positive integer.")
     candidates = _degrees("choose_generation_tp", "candidates", candidates)
-    if not (is_real(bandwidth_efficiency) and 0 < bandwidth_efficiency <= 1):
-        raise ValueError(f"choose_generation_tp: bandwidth_efficiency={bandwidth_efficiency!r} "
-                         "must be a share of the memory bandwidth in (0, 1] (0.7 is typical).")
+    _bandwidth_share("choose_generation_tp", bandwidth_efficiency)
     estimates: dict[int, float] = {}
     # TODO: for each candidate tp (skip those not dividing gpus, or that the model refuses: spec.allows("tp", tp)): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest
     raise NotImplementedError('not implemented yet: for each candidate tp (skip those not dividing gpus, or that the model refuses: spec.allows("tp", tp)): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest')

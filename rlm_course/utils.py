@@ -183,8 +183,8 @@ def plain_ints(obj) -> None:
 
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
-            object.__setattr__(obj, f.name, int(value))
+        if as_int(value) is not value:
+            object.__setattr__(obj, f.name, as_int(value))
 
 
 def as_int(value):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.cost.layouts import DoesNotFit, _degrees, _kinds, is_real, kv_slots, replica_decode_step_seconds
+from rlm_course.cost.layouts import DoesNotFit, _bandwidth_share, _degrees, _kinds, kv_slots, replica_decode_step_seconds
 
 __all__ = ['min_tokens_per_device', 'choose_generation_tp']
 
@@ -76,9 +76,7 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
         if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
             raise ValueError(f"choose_generation_tp: {name}={value!r} must be a positive integer.")
     candidates = _degrees("choose_generation_tp", "candidates", candidates)
-    if not (is_real(bandwidth_efficiency) and 0 < bandwidth_efficiency <= 1):
-        raise ValueError(f"choose_generation_tp: bandwidth_efficiency={bandwidth_efficiency!r} "
-                         "must be a share of the memory bandwidth in (0, 1] (0.7 is typical).")
+    _bandwidth_share("choose_generation_tp", bandwidth_efficiency)
     estimates: dict[int, float] = {}
     for tp in candidates:
         if gpus % tp or not spec.allows("tp", tp):  # the heads, and whole KV heads a rank

@@ -217,11 +217,11 @@ def calibrated_rates(which: str | Device | None = None) -> Rates:
                          f"{default_family(calibration)!r}), a Device or None.")
     if isinstance(which, str) and which not in rates:
         same = [family for family in rates if family.lower() == which.lower()]
-        devices = {key.lower(): key for key in load_catalog()}
+        devices = {key.lower(): device for key, device in load_catalog().items()}
         if same:
             which = same[0]
         elif which.lower() in devices:  # a device's name: the family declared for it
-            which = load_catalog()[devices[which.lower()]]
+            which = devices[which.lower()]
     name = which if isinstance(which, str) else device_family(which, calibration)
     if name not in rates:
         raise ValueError(f"no calibrated rates for family {name!r} in {rates_path()}; known: "

@@ -803,11 +803,17 @@ def _checked_search_args(owner, spec, config, workload, device, gpus, rates, pla
             or any(p not in ("colocated", "disaggregated") for p in placements)):
         raise ValueError(f"{owner}: placements={placements!r}: give colocated, disaggregated or "
                          "both.")
-    if rates is None:
-        from rlm_course.cluster.calibration import calibrated_rates
+    return _rates_or_calibrated(rates, device)
 
-        rates = calibrated_rates(device)
-    return rates
+
+def _rates_or_calibrated(rates: Rates | None, device: Device) -> Rates:
+    """``rates``, or when None the rates calibrated for ``device``
+    (:func:`rlm_course.cluster.calibration.calibrated_rates`)."""
+    if rates is not None:
+        return rates
+    from rlm_course.cluster.calibration import calibrated_rates
+
+    return calibrated_rates(device)
 
 
 def _check_types(spec, config, workload, device, rates) -> None:
@@ -854,10 +860,7 @@ def plan(spec: TransformerSpec, config: RLConfig, workload: Workload, device: De
         gpus = int(gpus)  # numpy's integers too
     if placements is None:
         raise ValueError("placements=None: give colocated, disaggregated or both.")
-    if rates is None:
-        from rlm_course.cluster.calibration import calibrated_rates
-
-        rates = calibrated_rates(device)
+    rates = _rates_or_calibrated(rates, device)
     if not (isinstance(staleness_penalty, (int, float)) and not isinstance(staleness_penalty, bool)
             and 0 <= staleness_penalty <= MAX_STALENESS_PENALTY):
         raise ValueError(f"staleness_penalty={staleness_penalty!r} must be a number from 0 to "
@@ -1347,10 +1350,7 @@ def sensitivity(spec: TransformerSpec, config: RLConfig, workload: Workload, dev
     from tqdm.auto import tqdm
 
     _check_types(spec, config, workload, device, rates)
-    if rates is None:
-        from rlm_course.cluster.calibration import calibrated_rates
-
-        rates = calibrated_rates(device)
+    rates = _rates_or_calibrated(rates, device)
     variations = SENSITIVITY if variations is None else variations
     if not isinstance(variations, dict):
         raise ValueError(f"sensitivity: variations={variations!r} must be {{rate: values to "

@@ -197,6 +197,12 @@ def _degrees(owner: str, name: str, values) -> list[int]:
     return [int(v) for v in values]
 
 
+def _bandwidth_share(owner: str, value) -> None:
+    if not (is_real(value) and 0 < value <= 1):
+        raise ValueError(f"{owner}: bandwidth_efficiency={value!r} must be a share of the memory "
+                         "bandwidth in (0, 1] (0.7 is typical for decode).")
+
+
 def _bytes_per_element(owner: str, name: str, value) -> None:
     if not (is_real(value) and math.isfinite(value) and value > 0):
         raise ValueError(f"{owner}: {name}={value!r} must be a positive number of bytes per "
@@ -504,9 +510,7 @@ def replica_decode_step_seconds(spec: TransformerSpec, device: Device, tp: int, 
     _kinds("replica_decode_step_seconds", spec=spec, device=device)
     spec.check_degree("tp", tp)
     tp = int(tp)  # numpy's integers too
-    if not (is_real(bandwidth_efficiency) and 0 < bandwidth_efficiency <= 1):
-        raise ValueError(f"bandwidth_efficiency={bandwidth_efficiency!r} must be a share of the "
-                         "device's memory bandwidth in (0, 1] (0.7 is typical for decode).")
+    _bandwidth_share("replica_decode_step_seconds", bandwidth_efficiency)
     if tp > 1 and link is None:
         raise ValueError(f"a tp={tp} replica needs the link its all-reduces cross; give link.")
     if isinstance(link, Fabric):
@@ -553,9 +557,7 @@ def choose_generation_tp(spec: TransformerSpec, device: Device, gpus: int, seque
         if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
             raise ValueError(f"choose_generation_tp: {name}={value!r} must be a positive integer.")
     candidates = _degrees("choose_generation_tp", "candidates", candidates)
-    if not (is_real(bandwidth_efficiency) and 0 < bandwidth_efficiency <= 1):
-        raise ValueError(f"choose_generation_tp: bandwidth_efficiency={bandwidth_efficiency!r} "
-                         "must be a share of the memory bandwidth in (0, 1] (0.7 is typical).")
+    _bandwidth_share("choose_generation_tp", bandwidth_efficiency)
     estimates: dict[int, float] = {}
     # BEGIN SOLUTION: for each candidate tp (skip those not dividing gpus, or that the model refuses: spec.allows("tp", tp)): replicas, sequences per replica, slots (kv_slots; skip on DoesNotFit), waves, then waves x steps x replica_decode_step_seconds at context tokens_per_sequence // 2 with min(per_replica, slots) sequences; keep the smallest
     for tp in candidates:
