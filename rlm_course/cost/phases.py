@@ -539,11 +539,14 @@ class DecodeCost:
             ValueError: for a step or sequence count that is not an integer >= 0, or a context
                 sum that is not a finite number >= 0.
         """
+        try:  # a comparison refuses text as cheaply as it passes a number (a hot path)
+            context_ok = 0 <= context_sum < math.inf
+        except TypeError:
+            context_ok = False
         if not (steps.__class__ is int or isinstance(steps, numbers.Integral)) or steps < 0 \
                 or not (active.__class__ is int or isinstance(active, numbers.Integral)) \
                 or active < 0 or isinstance(steps, bool) or isinstance(active, bool) \
-                or not (context_sum.__class__ is float or context_sum.__class__ is int
-                        or is_real(context_sum)) or not 0 <= context_sum < math.inf:
+                or not context_ok:
             raise ValueError(f"DecodeCost.seconds: steps={steps!r} and active={active!r} must be "
                              f"integers >= 0 and context_sum={context_sum!r} a finite number of "
                              "tokens >= 0.")
