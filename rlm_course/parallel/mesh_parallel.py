@@ -154,7 +154,7 @@ class MeshParallelGPT:
                              f"{tuple(getattr(tokens, 'shape', ()))}.")
         vocab = self.config.vocab_size
         if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
-            raise ValueError(f"tokens must be ids in 0..{self.config.vocab_size - 1} (the "
+            raise ValueError(f"tokens must be ids in 0..{vocab - 1} (the "
                              f"vocabulary); got {int(tokens.min())}..{int(tokens.max())}.")
         batch = tokens.shape[0]
         if batch % (self.dp * micro_batches):

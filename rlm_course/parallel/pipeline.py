@@ -22,12 +22,11 @@ table on the tiny transformer's blocks and gives the single-device gradients.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from rlm_course.utils import as_int
+from rlm_course.utils import as_int, is_real
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -42,23 +41,12 @@ def schedule_table(name: str, stages: int, micro_batches: int,
             interleaved schedule, or (interleaved) micro-batches that are not a multiple of the
             number of devices.
     """
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {SCHEDULES}.")
-    p, m, v = (as_int(x) for x in (stages, micro_batches, chunks))  # numpy's integers too
-    for label, value in (("stages", p), ("micro_batches", m), ("chunks", v)):
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            raise ValueError(f"{label}={value!r} must be a positive integer.")
-    if name != "interleaved" and v != 1:
-        raise ValueError(f"{name} runs one chunk per device; chunks={v} needs the interleaved "
-                         "schedule.")
+    p, m, v = _check_schedule(name, stages, micro_batches, chunks)
     if name == "gpipe":
         return [[("F", i, 0) for i in range(m)] + [("B", i, 0) for i in reversed(range(m))]
                 for _ in range(p)]
     if name == "1f1b":
         return one_f_one_b(p, m)
-    if m % p:
-        raise ValueError(f"the interleaved schedule needs micro_batches ({m}) to be a multiple of "
-                         f"the pipeline devices ({p}).")
     total = m * v
 
     def forward_task(k: int) -> tuple[str, int, int]:
@@ -80,6 +68,23 @@ def schedule_table(name: str, stages: int, micro_batches: int,
         order += [backward_task(k) for k in range(b, total)]
         table.append(order)
     return table
+
+
+def _check_schedule(name: str, stages, micro_batches, chunks) -> tuple[int, int, int]:
+    """``(p, m, v)`` as Python ints, or the ValueError of a schedule no table runs."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {SCHEDULES}.")
+    p, m, v = (as_int(x) for x in (stages, micro_batches, chunks))  # numpy's integers too
+    for label, value in (("stages", p), ("micro_batches", m), ("chunks", v)):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ValueError(f"{label}={value!r} must be a positive integer.")
+    if name != "interleaved" and v != 1:
+        raise ValueError(f"{name} runs one chunk per device; chunks={v} needs the interleaved "
+                         "schedule.")
+    if name == "interleaved" and m % p:
+        raise ValueError(f"the interleaved schedule needs micro_batches ({m}) to be a multiple of "
+                         f"the pipeline devices ({p}).")
+    return p, m, v
 
 
 def one_f_one_b(stages: int, micro_batches: int) -> list[list[tuple[str, int, int]]]:
@@ -196,8 +201,7 @@ def simulate(table: list[list[tuple[str, int, int]]], t_forward: float = 1.0,
     """
     _check_table(table)
     for label, value in (("t_forward", t_forward), ("t_backward", t_backward), ("t_comm", t_comm)):
-        if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
-                and 0 <= value < math.inf):  # NaN too
+        if not (is_real(value) and 0 <= value < math.inf):  # NaN too
             raise ValueError(f"simulate: {label}={value!r} must be a finite number >= 0.")
     p = len(table)
     v = 1 + max(c for order in table for _, _, c in order)
@@ -239,8 +243,7 @@ def bubble_formula(name: str, stages: int, micro_batches: int, chunks: int = 1) 
             are not positive integers, chunks without the interleaved schedule, interleaved
             micro-batches that are not a multiple of the devices).
     """
-    schedule_table(name, stages, micro_batches, chunks)  # its checks: the same schedules
-    p, m, v = stages, micro_batches, chunks
+    p, m, v = _check_schedule(name, stages, micro_batches, chunks)
     return (p - 1) / (v * m + p - 1) if name == "interleaved" else (p - 1) / (m + p - 1)
 
 
