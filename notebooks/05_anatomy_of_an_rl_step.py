@@ -664,7 +664,9 @@ assert calc.message == ""
 # 2. One sequence's cache: `(512 + 4,096) x 320 KiB = 1.51 GB`; the whole rollout's: `4,096 x
 #    1.51 GB = 6.2 TB`, more than the cluster's `64 x 80 GB = 5.1 TB`. A replica has
 #    `8 x 80 = 640 GB`, of which the weights take 141 GB: room for `499 / 1.51 = 330` sequences,
-#    but each replica serves `4,096 / 8 = 512`: **2 waves**. This assumes the training state
+#    but each replica serves `4,096 / 8 = 512`: **2 waves**. (The course's model counts the
+#    84.9e9 bytes CUDA reports of an H100 "80 GB", 80 GiB less what the driver keeps: 680 GB a
+#    replica, room for 356 sequences, the same 2 waves.) This assumes the training state
 #    (17.6 GB per GPU) and the reference are offloaded while generating, as colocated systems
 #    do; left resident they take about 160 GB of the replica, room for 225 sequences: 3 waves.
 # 3. With `N` = 70.6e9 and `64 x 989e12 = 6.3e16` FLOP/s:

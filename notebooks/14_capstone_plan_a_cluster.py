@@ -493,7 +493,7 @@ print("rates whose plausible range changes the best plan:", ", ".join(flips) or 
 # plan uses. (Each is the best of the candidates the search simulated under that restriction; the
 # search's pruning picks splits with the `async` mode, so these slowdowns are upper bounds.) A
 # restriction no plan satisfies is drawn as a cross at the top of the panel, "none fits": for
-# DeepSeek-V3 no generation TP below 32 holds its 1.3 TB of bf16 weights in 72 GB per device, so
+# DeepSeek-V3 no generation TP below 32 holds its 1.3 TB of bf16 weights in 76 GB per device, so
 # there is no "other generation tp" to compare with. Where the best colocated plan is also the best
 # synchronous one, the two restrictions give the same slowdown and their lines coincide (the
 # dashed line on the solid one).
@@ -581,8 +581,9 @@ planner.widget
 # asked up to it (whole nodes), smallest first, then the counts between the last miss and the
 # first fit, memory only, in a second or two. Every one: fitting is not monotonic in the count,
 # since a count that factors badly can miss where smaller ones fit (Llama-3.1-70B with this
-# workload misses on 13, 14 and 17 H100s and fits on 12, 15, 16 and 24: on 14 its only colocated
-# generation TP, 2, cannot hold one sequence of the budget's KV cache beside its weights):
+# workload misses on 13 and 17 H100s and fits on 12, 14, 15, 16 and 24: 13 and 17 are primes, so
+# a colocated engine would have generation TP 1, 141 GB of weights on one device, and every split
+# into two pools leaves a trainer of too few devices for its FSDP shards):
 
 # %%
 from rlm_course.cluster.planner import fits_memory, smallest_fitting_gpus
@@ -594,7 +595,7 @@ assert search.fits == 96 and search.below == 88
 fit = {n: fits_memory(get_spec("llama-3.1-70b"), grpo, r1_workload, h100, n, rates)[0]
        for n in (12, 13, 14, 15, 16, 17, 24)}
 print(f"Llama-3.1-70B fits memory on: {fit}")
-assert fit == {12: True, 13: False, 14: False, 15: True, 16: True, 17: False, 24: True}
+assert fit == {12: True, 13: False, 14: True, 15: True, 16: True, 17: False, 24: True}
 
 # %% [markdown]
 # ## Exercises

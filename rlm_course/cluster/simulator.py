@@ -422,9 +422,8 @@ def memory_plan(s: Scenario) -> dict:
         resident = sum(v for k, v in trainer.items() if k not in ("activations", "logits"))
     fraction = r.memory_fraction
     if r.rollout_memory_fraction is not None:  # the engine takes its share, the trainer the rest
-        # vLLM's gpu_memory_utilization is a share of the total CUDA reports (79.11 GiB on an
-        # H100 "80 GB"), expressed here as a share of the catalog's memory_bytes
-        fraction = r.rollout_memory_fraction * dev.engine_memory_bytes / dev.memory_bytes
+        # vLLM's gpu_memory_utilization: a share of the total CUDA reports, as usable() takes it
+        fraction = r.rollout_memory_fraction
         resident = 0.0
     per_sequence = w.prompt_len + w.mean_response_len
     # a speculative draft beside the model: one more layer, its weights and its KV cache

@@ -323,7 +323,7 @@ class StageCost:
         if not self.sequences:
             return 1
         def room(t: int) -> tuple[float, float]:  # (bytes beside the weights, one sequence's KV)
-            return t * device.memory_bytes - self.weights, self.kv_per_sequence * t / min(
+            return t * device.engine_memory_bytes - self.weights, self.kv_per_sequence * t / min(
                 t, self.kv_split)
 
         def holds(t: int) -> bool:
@@ -340,7 +340,7 @@ class StageCost:
                    f"no TP degree up to the {devices} devices holds them: use more devices or a "
                    "device with more memory")
             raise ValueError(f"{self.weights / 1e9:.0f} GB of weights plus one sequence's KV cache "
-                             f"do not fit in tp={tp} x {device.memory_bytes / 1e9:.0f} GB "
+                             f"do not fit in tp={tp} x {device.engine_memory_bytes / 1e9:.1f} GB "
                              f"({device.name}); {fix}.")
         per_replica = -(-self.sequences // (devices // tp))
         fit = int(capacity // per_sequence)

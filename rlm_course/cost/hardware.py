@@ -119,8 +119,10 @@ class Device:
 
     @property
     def engine_memory_bytes(self) -> float:
-        """Bytes an engine's memory share applies to: :attr:`reported_memory_bytes`, or
-        :attr:`memory_bytes` where the catalog has no reported total."""
+        """Bytes of the device a process can allocate from, of which an engine's memory share
+        (vLLM's ``gpu_memory_utilization``) and a trainer's usable fraction are taken:
+        :attr:`reported_memory_bytes`, or :attr:`memory_bytes` where the catalog has no reported
+        total."""
         return self.reported_memory_bytes or self.memory_bytes
 
     @property

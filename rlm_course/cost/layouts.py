@@ -347,8 +347,9 @@ def generation_memory(spec: TransformerSpec, tp: int, weight_bytes: int = 2,
 
 
 def usable(device: Device, memory_fraction: float) -> float:
-    """Bytes of a device that allocations may use (the rest: CUDA context, fragmentation,
-    workspaces).
+    """Bytes of a device that allocations may use: ``memory_fraction`` of the total CUDA reports
+    (:attr:`Device.engine_memory_bytes <rlm_course.cost.hardware.Device.engine_memory_bytes>`:
+    84.9e9 bytes of an H100 "80 GB"; the rest: CUDA context, fragmentation, workspaces).
 
     Raises:
         ValueError: for a ``memory_fraction`` outside (0, 1].
@@ -357,7 +358,7 @@ def usable(device: Device, memory_fraction: float) -> float:
     if not (is_real(memory_fraction) and 0 < memory_fraction <= 1):
         raise ValueError(f"memory_fraction={memory_fraction!r} must be a fraction in (0, 1] of "
                          "the device's memory (0.9 is typical).")
-    return device.memory_bytes * memory_fraction
+    return device.engine_memory_bytes * memory_fraction
 
 
 def _no_room(spec, tp, device, mem, resident, memory_fraction, kv, what) -> DoesNotFit:
@@ -487,7 +488,7 @@ def check_training(spec: TransformerSpec, layout: Layout, device: Device, seq_le
         raise DoesNotFit(f"{role} layout {layout.describe()} of {spec.name} needs "
                          f"{total / GB:,.1f} GB per {device.name} ({parts} GB) but a device has "
                          f"{room / GB:,.1f} GB usable ({memory_fraction:.0%} of "
-                         f"{device.memory_bytes / GB:,.0f} GB): {advice}.")
+                         f"{device.engine_memory_bytes / GB:,.1f} GB): {advice}.")
     return memory
 
 

@@ -412,10 +412,10 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
     def tree(ranks: int) -> int:
         return max(1, math.ceil(math.log2(max(ranks, 2))))
 
-    if shard > device.memory_bytes:  # a rollout device receives its whole generation shard
+    if shard > device.engine_memory_bytes:  # a rollout device receives its whole generation shard
         raise ValueError(f"a {'colocated ' if placement == 'colocated' else ''}generation shard "
                          f"of {spec.name} at tp={generation_tp} is {shard / 1e9:,.1f} GB, more "
-                         f"than a {device.name} holds ({device.memory_bytes / 1e9:,.0f} GB); "
+                         f"than a {device.name} holds ({device.engine_memory_bytes / 1e9:,.1f} GB); "
                          "raise the generation tp.")
     if placement == "colocated":
         if trainer is None:  # one training shard: the generation group gathers its shards

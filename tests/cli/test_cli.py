@@ -238,7 +238,7 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
     # no layout fits: the answer says how many GPUs would (doubling, then whole nodes between)
     (["--model", "deepseek-v3", "--gpus", "16"],
      "no layout of deepseek-v3 fits 16 x H100-SXM-80GB for this workload; the smallest count "
-     "that fits is 96 (on 88 the nearest layout misses by 14.4 GB)"),
+     "that fits is 96 (on 88 the nearest layout misses by 10.0 GB)"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "this-machine"],
      "--gpus 8 with --device this-machine: this-machine has no link between devices, so a plan "
      "holds at most 1; give --gpus 1"),
@@ -256,7 +256,7 @@ def test_plan_takes_a_model_and_a_device_in_any_case(capsys):
     # colocated on 4 GPUs; split into two pools, its trainer of 3 misses)
     (["--model", "qwen2.5-32b", "--gpus", "4", "--modes", "async"],
      "no layout of qwen2.5-32b fits 4 x H100-SXM-80GB for this workload; the smallest count "
-     "above 4 that fits is 5, of whole nodes 8 (on 4 the nearest layout misses by 14.9 GB)"),
+     "above 4 that fits is 5, of whole nodes 8 (on 4 the nearest layout misses by 10.5 GB)"),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--device", "TPU9"],
      "--device: unknown device 'TPU9'; choose one of "),
     # a name the user began, a close spelling: the one meant is named (a name in another case
@@ -318,11 +318,11 @@ def test_plan_errors_are_one_line_naming_the_flag_and_the_fix(capsys, argv, mess
 
 
 def test_a_memory_refusal_offers_shorter_sequences_only_where_they_would_do(capsys):
-    # Llama-3.1-70B on 2 H100s misses by 170 GB, 31 of them activations and logits: shorter
-    # sequences cannot cover it; DeepSeek-V3 on 88 misses by 14.4 GB, 23.5 of them: they can
+    # Llama-3.1-70B on 2 H100s misses by 166 GB, 31 of them activations and logits: shorter
+    # sequences cannot cover it; DeepSeek-V3 on 88 misses by 10.0 GB, 23.5 of them: they can
     assert main(["plan", "--model", "llama-3.1-70b", "--gpus", "2"]) == 2
     assert capsys.readouterr().err.endswith(
-        "Use 16 or more devices (12, not whole nodes, fits too) or a device with more memory.\n")
+        "Use 8 or more devices or a device with more memory.\n")
     assert main(["plan", "--model", "deepseek-v3", "--gpus", "88"]) == 2
     assert capsys.readouterr().err.endswith(
         "Use 96 or more devices, a device with more memory, or shorter sequences.\n")

@@ -310,7 +310,7 @@ def test_colocated_generation_memory_contention_and_offload():
 def test_a_reference_kept_in_host_memory_frees_the_device_and_pays_three_copies():
     """NeMo-RL's Megatron worker keeps the reference's weights on the CPU and swaps them in for
     its log-probs: Llama-3.1-8B on 8 H100s with data parallelism only (NeMo-RL v0.3's run) does
-    not fit with a resident reference (80.6 GB of 72 GB usable: the reference's 16.1 GB bf16
+    not fit with a resident reference (80.6 GB of 76.4 GB usable: the reference's 16.1 GB bf16
     weights among them) and fits without it; the scoring pays the device's 16.06 GB shard three
     times over the host link (the policy's out, the reference's in, the policy's back)."""
     from rlm_course.cluster.simulator import reference_swap_seconds

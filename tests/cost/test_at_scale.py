@@ -209,17 +209,17 @@ def test_a_colocated_sync_never_copies_more_than_a_device_holds():
                 cost = sync_cost(spec, H100, "colocated", generation_tp=tp, replicas=16 // tp,
                                  trainer=Layout(dp=1, tp=8, pp=2))
             except ValueError:
-                assert 2 * spec.params() / tp > H100.memory_bytes
+                assert 2 * spec.params() / tp > H100.engine_memory_bytes
                 continue
             shard = 2 * spec.params() / tp
-            assert shard <= H100.memory_bytes
+            assert shard <= H100.engine_memory_bytes
             assert cost.copies == pytest.approx(2 * shard / H100.memory_bandwidth)
             assert cost.network_bytes == 0 and cost.ideal <= cost.seconds
     with pytest.raises(ValueError, match="raise the generation tp"):
         sync_cost(LLAMA70, H100, "colocated", generation_tp=1)  # 141 GB on an 80 GB device
     # a separate rollout device receives its whole shard too (it was priced, 0.48 s)
     with pytest.raises(ValueError, match=r"a generation shard of .* is 141.1 GB, more than a "
-                                         r"H100-SXM-80GB holds \(80 GB\); raise the generation tp"):
+                                         r"H100-SXM-80GB holds \(84.9 GB\); raise the generation tp"):
         sync_cost(LLAMA70, H100, "disaggregated", generation_tp=1)
     # colocated, the trainer's devices are the engines' devices: 16 are not one engine of 8
     with pytest.raises(ValueError, match="give replicas=2 or a trainer of 8 devices"):
