@@ -30,6 +30,7 @@ term is the course's 0.005 (the papers use 0.001-0.04 on far larger models).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, fields
 
 # ---------------------------------------------------------------------------------- the options
@@ -314,6 +315,23 @@ class RLConfig:
         self._check_combination()
 
     def _check_values(self) -> None:
+        for f in fields(self):  # numpy's integers (a sweep's np.arange) as Python's
+            value = getattr(self, f.name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                object.__setattr__(self, f.name, int(value))
+        for name in ("normalize_std", "dynamic_sampling", "use_critic"):
+            if not isinstance(getattr(self, name), bool):  # "False" is a true string
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False.")
+        for name in ("lr", "min_lr_ratio", "temperature", "max_grad_norm", "clip_eps",
+                     "clip_eps_high", "dual_clip", "kl_coef", "entropy_coef", "gamma", "lam",
+                     "critic_lr", "value_clip", "value_coef", "correction_cap"):
+            value = getattr(self, name)
+            if not ((isinstance(value, numbers.Real) and not isinstance(value, bool))
+                    or (value is None and name in ("clip_eps_high", "dual_clip"))):
+                raise ValueError(f"{name}={value!r} must be a number, not a "
+                                 f"{type(value).__name__}.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r} must be an integer.")
         for name, allowed in (("advantage", ADVANTAGES), ("ratio_level", RATIO_LEVELS),
                               ("loss_agg", AGGREGATIONS), ("kl_mode", KL_MODES),
                               ("kl_estimator", KL_ESTIMATORS), ("correction", CORRECTIONS),
@@ -466,6 +484,10 @@ def preset(name: str, **overrides) -> RLConfig:
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; the settings are "
                          f"{', '.join(sorted(known))}.")
+    if "variant" in overrides and overrides["variant"] != name:
+        raise ValueError(f"preset({name!r}, variant={overrides['variant']!r}): the variant names "
+                         f"the preset the settings come from; call preset({overrides['variant']!r}"
+                         ", ...) for that one's settings.")
     settings = {**PRESETS[name], "variant": name, **overrides}
     if "kl_mode" in overrides and "kl_coef" not in overrides:
         # switching the KL off drops the preset's coefficient; switching it on gives it one

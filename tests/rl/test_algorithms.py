@@ -59,6 +59,16 @@ def test_preset_set_and_constructors():
         preset("ppo2")
     with pytest.raises(ValueError, match="unknown setting"):
         preset("grpo", clip=0.3)
+    # the variant names the run: GRPO's settings were labelled DAPO
+    with pytest.raises(ValueError, match=r"preset\('grpo', variant='dapo'\): the variant names "
+                                         r"the preset the settings come from; call "
+                                         r"preset\('dapo', \.\.\.\)"):
+        preset("grpo", variant="dapo")
+    assert preset("dapo", variant="dapo") == preset("dapo")
+    # numpy's integers (a sweep over np.arange) are integers
+    import numpy as np
+    sweep = preset("grpo", group_size=np.int64(8), seed=np.int64(3))
+    assert (sweep.group_size, sweep.seed) == (8, 3) and type(sweep.group_size) is int
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -79,6 +89,17 @@ def test_preset_set_and_constructors():
     (dict(minibatches=3), "does not divide"),
     (dict(critic_lr=1e9), "critic_lr=1000000000.0 is far too large for Adam"),
     (dict(temperature=1e-38), r"temperature=1e-38 is below 0.001"),
+    # a string is a true value: "False" kept the std division on, "false" turned DAPO's filter on
+    (dict(normalize_std="False"), "normalize_std='False' must be True or False"),
+    (dict(dynamic_sampling="false"), "dynamic_sampling='false' must be True or False"),
+    (dict(use_critic="no"), "use_critic='no' must be True or False"),
+    # True was taken as 1: a learning rate of 1, a KL coefficient 200 times the preset's
+    (dict(lr=True), "lr=True must be a number, not a bool"),
+    (dict(kl_coef=True), "kl_coef=True must be a number, not a bool"),
+    (dict(clip_eps="0.2"), "clip_eps='0.2' must be a number, not a str"),
+    (dict(gamma="1"), "gamma='1' must be a number, not a str"),
+    (dict(seed=1.5), "seed=1.5 must be an integer"),
+    (dict(seed=True), "seed=True must be an integer"),
 ])
 def test_conflicting_options_raise_a_clear_error(kw, match):
     with pytest.raises(ValueError, match=match):
