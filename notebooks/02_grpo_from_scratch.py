@@ -211,7 +211,8 @@ assert follows == {"k1": "0", "k2": "KL(pi_theta || pi_ref)", "k3": "KL(pi_ref |
 # k3 has a heavy tail: `rho - log(rho) - 1` grows like `exp(log rho)`. A token the policy now
 # finds very unlikely (`log pi_theta = -12`) but the reference does not (`log pi_ref = -1`) scores
 # `e^11 - 12`, about 60,000 nats, enough to swamp a whole batch. The trainer therefore caps each
-# token's k3 at 10 (`rlm_course.rl.kl.KL_CLAMP`), as verl does.
+# token's KL term in the loss at 10 (`rlm_course.rl.kl.KL_CLAMP`), as verl does for k3 (a KL put
+# into the reward instead, chapters 03-04, goes in as estimated).
 
 # %%
 print(kl_k3(torch.tensor([-12.0]), torch.tensor([-1.0])).item())
