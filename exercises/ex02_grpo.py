@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.rl.advantages import check_groups, constant_groups
-from rlm_course.rl.losses import check_dual_clip, math
-from rlm_course.rl.kl import exp_safe_limit
+from rlm_course.rl.advantages import check_groups, check_std_options, constant_groups
+from rlm_course.rl.losses import check_clip
+from rlm_course.rl.kl import check_log_ratio_inputs, exp_safe_limit
 
 __all__ = ['group_advantages', 'clipped_objective', 'kl_k3']
 
@@ -37,9 +37,12 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
         ``(num_prompts * group_size,)`` advantages.
 
     Raises:
-        ValueError: if ``group_size < 2`` or does not divide the number of rewards.
+        ValueError: if ``group_size < 2`` or does not divide the number of rewards,
+            ``normalize_std`` is not a bool or ``eps`` not a finite number >= 0 (a negative one
+            would flip the sign of a group whose spread is below it).
     """
     check_groups(rewards, group_size, "group_advantages")
+    check_std_options(normalize_std, eps, "group_advantages")
     # TODO: reshape so that each row is one group, compare each reward with its group's statistics, give the groups of equal rewards exactly 0 (constant_groups), and return the same shape as rewards
     raise NotImplementedError("not implemented yet: reshape so that each row is one group, compare each reward with its group's statistics, give the groups of equal rewards exactly 0 (constant_groups), and return the same shape as rewards")
 
@@ -70,14 +73,7 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
             negative advantage would never be clipped), or ``clip_c`` is not a finite number
             above 1.
     """
-    clip_high = clip_low if clip_high is None else clip_high
-    check_dual_clip(clip_c)
-    if not (0 <= clip_low <= clip_high < math.inf):  # NaN fails too
-        raise ValueError(f"clip bounds low={clip_low}, high={clip_high}: need 0 <= low <= high, "
-                         "finite (DAPO raises only the upper bound).")
-    if clip_low >= 1:
-        raise ValueError(f"clip bound low={clip_low}: the lower bound 1 - low would not be "
-                         "positive; use a value below 1 (0.2 is typical).")
+    clip_high = check_clip(ratio, advantages, clip_low, clip_high, clip_c, "clipped_objective")
     if advantages.dim() < ratio.dim():
         advantages = advantages.view(*advantages.shape, *([1] * (ratio.dim() - advantages.dim())))
     # TODO: clamp the ratio to [1 - clip_low, 1 + clip_high]; take the pessimistic (smaller) of the unclipped and clipped objectives, and negate it into `loss` (the dual clip below then bounds it)
@@ -110,6 +106,11 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
 
     Returns:
         ``(batch, R)`` non-negative estimates, exactly 0 where the log-probs are equal.
+
+    Raises:
+        ValueError: for log-probs of two shapes (one would broadcast over the other) or not of
+            one float dtype.
     """
+    check_log_ratio_inputs(log_probs, ref_log_probs, "kl_k3")
     # TODO: x = log rho is a difference of log-probs, clamped above at exp_safe_limit(its dtype) (and below at -finfo(dtype).max / 2, where -x - 1 is still finite); exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120
     raise NotImplementedError('not implemented yet: x = log rho is a difference of log-probs, clamped above at exp_safe_limit(its dtype) (and below at -finfo(dtype).max / 2, where -x - 1 is still finite); exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120')

@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.rl.advantages import check_groups, constant_groups
-from rlm_course.rl.losses import check_dual_clip, math
-from rlm_course.rl.kl import exp_safe_limit
+from rlm_course.rl.advantages import check_groups, check_std_options, constant_groups
+from rlm_course.rl.losses import check_clip
+from rlm_course.rl.kl import check_log_ratio_inputs, exp_safe_limit
 
 __all__ = ['group_advantages', 'clipped_objective', 'kl_k3']
 
@@ -36,9 +36,12 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
         ``(num_prompts * group_size,)`` advantages.
 
     Raises:
-        ValueError: if ``group_size < 2`` or does not divide the number of rewards.
+        ValueError: if ``group_size < 2`` or does not divide the number of rewards,
+            ``normalize_std`` is not a bool or ``eps`` not a finite number >= 0 (a negative one
+            would flip the sign of a group whose spread is below it).
     """
     check_groups(rewards, group_size, "group_advantages")
+    check_std_options(normalize_std, eps, "group_advantages")
     grouped = rewards.view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_std:
@@ -72,14 +75,7 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
             negative advantage would never be clipped), or ``clip_c`` is not a finite number
             above 1.
     """
-    clip_high = clip_low if clip_high is None else clip_high
-    check_dual_clip(clip_c)
-    if not (0 <= clip_low <= clip_high < math.inf):  # NaN fails too
-        raise ValueError(f"clip bounds low={clip_low}, high={clip_high}: need 0 <= low <= high, "
-                         "finite (DAPO raises only the upper bound).")
-    if clip_low >= 1:
-        raise ValueError(f"clip bound low={clip_low}: the lower bound 1 - low would not be "
-                         "positive; use a value below 1 (0.2 is typical).")
+    clip_high = check_clip(ratio, advantages, clip_low, clip_high, clip_c, "clipped_objective")
     if advantages.dim() < ratio.dim():
         advantages = advantages.view(*advantages.shape, *([1] * (ratio.dim() - advantages.dim())))
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -112,7 +108,12 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
 
     Returns:
         ``(batch, R)`` non-negative estimates, exactly 0 where the log-probs are equal.
+
+    Raises:
+        ValueError: for log-probs of two shapes (one would broadcast over the other) or not of
+            one float dtype.
     """
+    check_log_ratio_inputs(log_probs, ref_log_probs, "kl_k3")
     x = ref_log_probs - log_probs
     x = x.clamp(-torch.finfo(x.dtype).max / 2, exp_safe_limit(x.dtype))
     small = x.abs() < 0.1

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.rl.advantages import check_groups, constant_groups
-from rlm_course.rl.losses import AGGREGATIONS, LOG_RATIO_CLAMP, check_same_shape, masked_mean, sequence_mean, zero_padding
+from rlm_course.rl.losses import AGGREGATIONS, LOG_RATIO_CLAMP, check_mask, check_same_shape, masked_mean, math, sequence_mean, zero_padding
 
 __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
 
@@ -56,19 +56,25 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
       response length), which removes GRPO's length bias.
 
     Raises:
-        ValueError: for an unknown mode, a mask of another shape than ``per_token``, or the
-            Dr. GRPO mode without a positive constant length.
+        ValueError: for an unknown mode, a mask of another shape than ``per_token`` or with
+            values other than 0 and 1, or the Dr. GRPO mode without a constant length: a finite
+            number at least the longest response (the generation budget; a shorter one would
+            weigh a response's tokens above 1, inf would give no gradient).
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}.")
     check_same_shape(per_token, response_mask, "aggregate_loss", "per_token")
+    check_mask(response_mask, "aggregate_loss")
     per_token = zero_padding(per_token, response_mask)  # NaN at padding never reaches the sum
     mask = response_mask.to(per_token.dtype)
     if mode == "seq-mean-token-mean":
         return sequence_mean(per_token, response_mask)
     if mode == "token-mean":
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
-    if constant_length is None or constant_length <= 0:
-        raise ValueError("seq-mean-token-sum-norm needs constant_length > 0 (e.g. the maximum "
-                         "response length).")
+    longest = int(mask.sum(1).max()) if mask.numel() else 0
+    if not (isinstance(constant_length, (int, float)) and not isinstance(constant_length, bool)
+            and math.isfinite(constant_length) and constant_length >= max(longest, 1)):
+        raise ValueError(f"seq-mean-token-sum-norm needs constant_length={constant_length!r} to "
+                         f"be a finite number at least the longest response ({longest} tokens "
+                         "here): the generation budget, e.g. the maximum response length.")
     return (per_token * mask).sum() / (per_token.shape[0] * constant_length)

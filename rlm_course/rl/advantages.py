@@ -14,19 +14,28 @@ chapter 04 the rest.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from torch import Tensor
 
-from rlm_course.rl.masked import check_same_shape, masked_whiten, zero_padding
+from rlm_course.rl.masked import check_floats, check_same_shape, masked_whiten, zero_padding
 
 
 def check_groups(rewards: Tensor, group_size: int, who: str) -> None:
     """Raise ``ValueError`` unless ``rewards`` are one finite float per response, ``(batch,)``,
     that split into groups of ``group_size >= 2``: a NaN reward would make its whole group's
     advantages NaN, and the run would fail later as a divergence."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+    if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral):
+        raise ValueError(f"{who}: group_size={group_size!r} must be an integer, the responses "
+                         "per prompt.")
+    if group_size < 2:
         raise ValueError(f"{who}: group_size={group_size!r}; a group baseline needs at least 2 "
                          "responses per prompt.")
+    if not isinstance(rewards, Tensor):
+        raise ValueError(f"{who}: rewards is a {type(rewards).__name__}; give a torch tensor "
+                         "(torch.as_tensor(rewards, dtype=torch.float32)).")
     if rewards.dim() != 1:
         raise ValueError(f"{who}: rewards of shape {tuple(rewards.shape)}; give one reward per "
                          "response, (batch,) (a per-token tensor is summed or taken at the last "
@@ -41,6 +50,18 @@ def check_groups(rewards: Tensor, group_size: int, who: str) -> None:
     if rewards.numel() % group_size:
         raise ValueError(f"{who}: {rewards.numel()} rewards do not split into groups of "
                          f"{group_size}.")
+
+
+def check_std_options(normalize_std: bool, eps: float, who: str) -> None:
+    """Raise ``ValueError`` unless ``normalize_std`` is a bool (the string ``"False"`` is true) and
+    ``eps`` a finite number >= 0 (a negative one would flip the sign of a group whose spread is
+    below it)."""
+    if not isinstance(normalize_std, bool):
+        raise ValueError(f"{who}: normalize_std={normalize_std!r} must be True or False.")
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps)
+            and eps >= 0):
+        raise ValueError(f"{who}: eps={eps!r} must be a finite number >= 0 (1e-6 keeps a group "
+                         "of nearly equal rewards from dividing by 0).")
 
 
 def constant_groups(grouped: Tensor) -> Tensor:
@@ -71,9 +92,12 @@ def group_advantages(rewards: Tensor, group_size: int, normalize_std: bool = Tru
         ``(num_prompts * group_size,)`` advantages.
 
     Raises:
-        ValueError: if ``group_size < 2`` or does not divide the number of rewards.
+        ValueError: if ``group_size < 2`` or does not divide the number of rewards,
+            ``normalize_std`` is not a bool or ``eps`` not a finite number >= 0 (a negative one
+            would flip the sign of a group whose spread is below it).
     """
     check_groups(rewards, group_size, "group_advantages")
+    check_std_options(normalize_std, eps, "group_advantages")
     # BEGIN SOLUTION: reshape so that each row is one group, compare each reward with its group's statistics, give the groups of equal rewards exactly 0 (constant_groups), and return the same shape as rewards
     grouped = rewards.view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
@@ -115,10 +139,19 @@ def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor,
 
     Returns:
         ``(batch, R)`` advantages, 0 outside the mask.
+
+    Raises:
+        ValueError: if gamma is outside [0, 1], the rewards are not floats, or the two tensors
+            are not of one ``(batch, R)`` shape.
     """
+    if not (isinstance(gamma, (int, float)) and not isinstance(gamma, bool)
+            and 0.0 <= gamma <= 1.0):
+        raise ValueError(f"reinforce_pp_advantages: gamma={gamma!r} must be in [0, 1].")
+    check_same_shape(token_rewards, response_mask, "reinforce_pp_advantages", "token_rewards")
+    check_floats("reinforce_pp_advantages", token_rewards=token_rewards)
     mask = response_mask.to(token_rewards.dtype)
-    if gamma == 1.0:
-        returns = (token_rewards * mask).flip(1).cumsum(1).flip(1) * mask
+    if gamma == 1.0:  # a NaN or inf at a padded position stays out (inf x 0 would be NaN)
+        returns = zero_padding(token_rewards, response_mask).flip(1).cumsum(1).flip(1) * mask
     else:  # GAE with V = 0 and lambda = 1 is exactly the discounted return
         returns = gae(token_rewards, torch.zeros_like(token_rewards), response_mask, gamma, 1.0)[0]
     return masked_whiten(returns, response_mask)
@@ -141,8 +174,9 @@ def gae(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1
         ``(advantages, returns)``, each ``(batch, R)``, 0 outside the mask.
 
     Raises:
-        ValueError: if gamma or lam is outside [0, 1], or the three tensors are not of one
-            ``(batch, R)`` shape.
+        ValueError: if gamma or lam is outside [0, 1], the rewards or values are not floats
+            (integer values would truncate every advantage), or the three tensors are not of
+            one ``(batch, R)`` shape.
     """
     if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"gae: gamma={gamma} and lam={lam} must be in [0, 1].")
@@ -150,6 +184,7 @@ def gae(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1
         raise ValueError(f"gae: values of shape {tuple(values.shape)}; give (batch, R).")
     check_same_shape(values, response_mask, "gae", "values")
     check_same_shape(rewards, response_mask, "gae", "rewards")
+    check_floats("gae", rewards=rewards, values=values)
     # what padded positions hold (a critic's value there can be anything, even NaN) stays out
     values, rewards = zero_padding(values, response_mask), zero_padding(rewards, response_mask)
     mask = response_mask.to(values.dtype)

@@ -9,13 +9,14 @@ twice the trained weights, gradients and optimizer state of GRPO.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
 from rlm_course.lm.model import TinyGPT
-from rlm_course.rl.masked import masked_mean
+from rlm_course.rl.masked import check_same_shape, masked_mean
 
 
 class Critic(nn.Module):
@@ -61,7 +62,17 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, resp
     ``1/2 * max((V - R)^2, (clip(V, V_old - eps, V_old + eps) - R)^2)``.
 
     Inputs ``(batch, R)``; returns a scalar.
+
+    Raises:
+        ValueError: for a ``clip_eps`` that is not a finite number > 0 (a negative one would
+            clamp with its bounds swapped), or tensors not of the mask's shape.
     """
+    if not (isinstance(clip_eps, (int, float)) and not isinstance(clip_eps, bool)
+            and math.isfinite(clip_eps) and clip_eps > 0):
+        raise ValueError(f"clipped_value_loss: clip_eps={clip_eps!r} must be a finite number > 0 "
+                         "(0.2 is typical).")
+    for name, t in (("values", values), ("old_values", old_values), ("returns", returns)):
+        check_same_shape(t, response_mask, "clipped_value_loss", name)
     clipped = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
     loss = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
     return masked_mean(loss, response_mask)

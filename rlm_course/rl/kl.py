@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from rlm_course.algorithms import KL_ESTIMATORS, LOG_RATIO_CLAMP  # noqa: F401 (its old home)
+from rlm_course.rl.masked import check_floats, check_same_shape
 
 
 KL_CLAMP = 10.0
@@ -27,6 +28,17 @@ def exp_safe_limit(dtype: torch.dtype) -> float:
     to 0 and the estimate ``-x - 1`` stays exact): exact wherever the estimate is representable,
     and never inf, whose gradient times a zero would be NaN."""
     return math.log(torch.finfo(dtype).max) - 1.0
+
+
+def check_log_ratio_inputs(log_probs: Tensor, ref_log_probs: Tensor, where: str) -> None:
+    """Refuse two log-prob tensors that are not of one shape (a ``(batch, 1)`` reference would
+    broadcast over every token) or not of one float dtype.
+
+    Raises:
+        ValueError: naming ``where``, the shapes or dtypes.
+    """
+    check_floats(where, log_probs=log_probs, ref_log_probs=ref_log_probs)
+    check_same_shape(log_probs, ref_log_probs, where, "log_probs", "ref_log_probs")
 
 
 def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
@@ -52,7 +64,12 @@ def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
 
     Returns:
         ``(batch, R)`` non-negative estimates, exactly 0 where the log-probs are equal.
+
+    Raises:
+        ValueError: for log-probs of two shapes (one would broadcast over the other) or not of
+            one float dtype.
     """
+    check_log_ratio_inputs(log_probs, ref_log_probs, "kl_k3")
     # BEGIN SOLUTION: x = log rho is a difference of log-probs, clamped above at exp_safe_limit(its dtype) (and below at -finfo(dtype).max / 2, where -x - 1 is still finite); exp(x) - x - 1 cancels badly when x is near 0 (it can even come out negative): use torch.expm1(x) - x, and for |x| < 0.1 the series x^2/2 + x^3/6 + x^4/24 + x^5/120
     x = ref_log_probs - log_probs
     x = x.clamp(-torch.finfo(x.dtype).max / 2, exp_safe_limit(x.dtype))
@@ -71,10 +88,12 @@ def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, estimator: str = "k3")
     its gradient is the KL's), ``k3 = rho - log rho - 1`` (unbiased, >= 0; GRPO's choice).
 
     Raises:
-        ValueError: for an unknown estimator.
+        ValueError: for an unknown estimator, or log-probs of two shapes or not of one float
+            dtype.
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}.")
+    check_log_ratio_inputs(log_probs, ref_log_probs, "kl_estimate")
     log_rho = ref_log_probs - log_probs
     if estimator == "k1":
         return -log_rho

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from rlm_course.rl.masked import check_same_shape, masked_mean, zero_padding
+from rlm_course.rl.masked import check_mask, check_same_shape, masked_mean, zero_padding
 from rlm_course.algorithms import AGGREGATIONS, LOG_RATIO_CLAMP, check_dual_clip
 
 
@@ -35,6 +35,33 @@ def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tens
     mean = masked_mean(log_probs - old_log_probs, response_mask, dim=1)
     return torch.exp(mean.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     # END SOLUTION
+
+
+def check_clip(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float | None,
+               clip_c: float | None, where: str) -> float:
+    """The upper clip bound (``clip_low`` when ``clip_high`` is None), after refusing what
+    :func:`clipped_objective` and :func:`clipped_tokens` cannot read.
+
+    Raises:
+        ValueError: for bounds that are not numbers with ``0 <= clip_low <= clip_high``, finite,
+            ``clip_low < 1``, a ``clip_c`` that is not a finite number above 1, or advantages
+            neither of the ratio's shape nor ``(batch,)`` for its rows (another shape would
+            broadcast one response's advantage over another's tokens).
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    check_dual_clip(clip_c)
+    if not all(isinstance(b, (int, float)) and not isinstance(b, bool)
+               for b in (clip_low, clip_high)) or not (0 <= clip_low <= clip_high < math.inf):
+        raise ValueError(f"{where}: clip bounds low={clip_low!r}, high={clip_high!r}: need "
+                         "0 <= low <= high, finite (DAPO raises only the upper bound).")
+    if clip_low >= 1:
+        raise ValueError(f"{where}: clip bound low={clip_low}: the lower bound 1 - low would not "
+                         "be positive; use a value below 1 (0.2 is typical).")
+    rows = tuple(ratio.shape[:1])
+    if tuple(advantages.shape) not in (tuple(ratio.shape), rows):
+        raise ValueError(f"{where}: advantages {tuple(advantages.shape)} must be the ratio's "
+                         f"shape {tuple(ratio.shape)} or one per response, {rows}.")
+    return clip_high
 
 
 def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
@@ -63,14 +90,7 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_low: float,
             negative advantage would never be clipped), or ``clip_c`` is not a finite number
             above 1.
     """
-    clip_high = clip_low if clip_high is None else clip_high
-    check_dual_clip(clip_c)
-    if not (0 <= clip_low <= clip_high < math.inf):  # NaN fails too
-        raise ValueError(f"clip bounds low={clip_low}, high={clip_high}: need 0 <= low <= high, "
-                         "finite (DAPO raises only the upper bound).")
-    if clip_low >= 1:
-        raise ValueError(f"clip bound low={clip_low}: the lower bound 1 - low would not be "
-                         "positive; use a value below 1 (0.2 is typical).")
+    clip_high = check_clip(ratio, advantages, clip_low, clip_high, clip_c, "clipped_objective")
     if advantages.dim() < ratio.dim():
         advantages = advantages.view(*advantages.shape, *([1] * (ratio.dim() - advantages.dim())))
     # BEGIN SOLUTION: clamp the ratio to [1 - clip_low, 1 + clip_high]; take the pessimistic (smaller) of the unclipped and clipped objectives, and negate it into `loss` (the dual clip below then bounds it)
@@ -87,9 +107,13 @@ def clipped_tokens(ratio: Tensor, advantages: Tensor, clip_low: float,
     """Where the clipped objective removed the gradient: the ratio above ``1 + clip_high`` with a
     positive advantage, or below ``1 - clip_low`` with a negative one (or, with a dual clip
     ``clip_c``, above it with a negative one). ``ratio (batch, R)``; ``advantages (batch,)``
-    (broadcast over tokens) or ``(batch, R)``. Returns a bool tensor."""
-    clip_high = clip_low if clip_high is None else clip_high
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    (broadcast over tokens) or ``(batch, R)``. Returns a bool tensor.
+
+    Raises:
+        ValueError: as :func:`clipped_objective` (:func:`check_clip`), so that the tokens it
+            marks are the ones that loss clips."""
+    clip_high = check_clip(ratio, advantages, clip_low, clip_high, clip_c, "clipped_tokens")
+    adv = advantages[:, None] if advantages.dim() < ratio.dim() else advantages
     clipped = ((ratio > 1 + clip_high) & (adv > 0)) | ((ratio < 1 - clip_low) & (adv < 0))
     if clip_c is not None:
         clipped = clipped | ((ratio > clip_c) & (adv < 0))
@@ -120,12 +144,15 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
       response length), which removes GRPO's length bias.
 
     Raises:
-        ValueError: for an unknown mode, a mask of another shape than ``per_token``, or the
-            Dr. GRPO mode without a positive constant length.
+        ValueError: for an unknown mode, a mask of another shape than ``per_token`` or with
+            values other than 0 and 1, or the Dr. GRPO mode without a constant length: a finite
+            number at least the longest response (the generation budget; a shorter one would
+            weigh a response's tokens above 1, inf would give no gradient).
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}.")
     check_same_shape(per_token, response_mask, "aggregate_loss", "per_token")
+    check_mask(response_mask, "aggregate_loss")
     per_token = zero_padding(per_token, response_mask)  # NaN at padding never reaches the sum
     mask = response_mask.to(per_token.dtype)
     if mode == "seq-mean-token-mean":
@@ -134,9 +161,12 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
         # BEGIN SOLUTION: sum the loss over every real token of the batch and divide by the number of real tokens
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
         # END SOLUTION
-    if constant_length is None or constant_length <= 0:
-        raise ValueError("seq-mean-token-sum-norm needs constant_length > 0 (e.g. the maximum "
-                         "response length).")
+    longest = int(mask.sum(1).max()) if mask.numel() else 0
+    if not (isinstance(constant_length, (int, float)) and not isinstance(constant_length, bool)
+            and math.isfinite(constant_length) and constant_length >= max(longest, 1)):
+        raise ValueError(f"seq-mean-token-sum-norm needs constant_length={constant_length!r} to "
+                         f"be a finite number at least the longest response ({longest} tokens "
+                         "here): the generation budget, e.g. the maximum response length.")
     return (per_token * mask).sum() / (per_token.shape[0] * constant_length)
 
 
@@ -174,6 +204,10 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
             :func:`aggregate_loss`.
     """
     clip_high = clip_low if clip_high is None else clip_high
+    if log_probs.dim() != 2:
+        raise ValueError(f"policy_loss: log_probs of shape {tuple(log_probs.shape)}; give "
+                         "(batch, R) over the response tokens (one response is (1, R): "
+                         "log_probs[None]).")
     check_same_shape(log_probs, response_mask, "policy_loss", "log_probs")
     check_same_shape(old_log_probs, response_mask, "policy_loss", "old_log_probs")
     if weights is not None:  # (batch,) would broadcast over the tokens, not the responses

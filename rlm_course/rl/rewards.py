@@ -4,6 +4,8 @@ learning signal. Chapter 04."""
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
@@ -16,12 +18,18 @@ def overlong_penalty(lengths: Tensor, max_length: int, cache_length: int) -> Ten
     ``max_length``, and -1 beyond. ``lengths (batch,)`` -> ``(batch,)``.
 
     Raises:
-        ValueError: unless ``0 < cache_length <= max_length``.
+        ValueError: unless ``cache_length`` and ``max_length`` are integers with ``0 <
+            cache_length <= max_length`` (a bool, a float or an infinite length is refused), and
+            the lengths are ``>= 0``.
     """
-    if not 0 < cache_length <= max_length:
-        raise ValueError(f"overlong_penalty: need 0 < cache_length ({cache_length}) <= max_length "
-                         f"({max_length}).")
-    lengths = lengths.to(torch.float32)
+    if not (all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                for v in (cache_length, max_length)) and 0 < cache_length <= max_length):
+        raise ValueError(f"overlong_penalty: need integers 0 < cache_length ({cache_length!r}) <= "
+                         f"max_length ({max_length!r}).")
+    if lengths.numel() and bool((lengths < 0).any()):
+        raise ValueError(f"overlong_penalty: a length of {lengths.min().item()} tokens; lengths "
+                         "count the tokens of each response, >= 0.")
+    lengths = lengths.to(torch.float32 if not lengths.is_floating_point() else lengths.dtype)
     soft = ((max_length - cache_length) - lengths) / cache_length
     return torch.clamp(soft, min=-1.0, max=0.0)
 

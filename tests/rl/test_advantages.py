@@ -139,3 +139,72 @@ def test_groups_of_equal_rewards_get_exactly_zero(value, group_size, prompts):
 def test_all_wrong_group_hand_example():
     assert advantages.group_advantages(torch.full((8,), 0.1), 8).tolist() == [0.0] * 8
     assert advantages.rloo_advantages(torch.full((8,), 0.7), 8).tolist() == [0.0] * 8
+
+
+def test_a_batch_of_equal_returns_whitens_to_exactly_zero():
+    """Every response earning the same reward (0.1, a well-formatted wrong answer, on the last
+    token): each token's return is 0.1, which carries no signal; whitened as written, its float
+    mean is one ulp off and the near-zero standard deviation gave every token -0.0074."""
+    m = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]).bool()
+    tr = torch.zeros(3, 4)
+    tr[torch.arange(3), m.sum(1) - 1] = 0.1
+    assert torch.equal(advantages.reinforce_pp_advantages(tr, m), torch.zeros(3, 4))
+    assert torch.equal(masked.masked_whiten(torch.full((1, 7), 0.1), torch.ones(1, 7)),
+                       torch.zeros(1, 7))
+    # one reward apart: whitened as before, mean 0 and population std 1 over the real tokens
+    tr[2, 3] = 0.7
+    a = advantages.reinforce_pp_advantages(tr, m)
+    assert masked.masked_mean(a, m).item() == pytest.approx(0.0, abs=1e-6)
+    assert masked.masked_mean(a ** 2, m).item() == pytest.approx(1.0, rel=1e-4)
+
+
+def test_reinforce_pp_keeps_padding_out_and_refuses_what_it_cannot_read():
+    m = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    nan_pad = torch.tensor([[1.0, 0.0, float("nan")], [0.0, 1.0, 0.0]])
+    zero_pad = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    # the returns [1, 0 | 1, 1] whitened: mean 0.75, population std sqrt(3)/4
+    expected = torch.tensor([[1 / 3 ** 0.5, -3 ** 0.5, 0.0], [1 / 3 ** 0.5, 1 / 3 ** 0.5, 0.0]])
+    for rewards in (nan_pad, zero_pad):
+        assert torch.allclose(advantages.reinforce_pp_advantages(rewards, m), expected, atol=1e-5)
+    for call, message in (
+            (lambda: advantages.reinforce_pp_advantages(torch.rand(3, 4), torch.ones(3)),
+             r"reinforce_pp_advantages: token_rewards \(3, 4\) and response_mask \(3,\)"),
+            (lambda: advantages.reinforce_pp_advantages(torch.rand(2, 3), m, gamma=2.0),
+             r"reinforce_pp_advantages: gamma=2.0 must be in \[0, 1\]"),
+            (lambda: advantages.reinforce_pp_advantages(torch.ones(2, 3, dtype=torch.long), m),
+             "token_rewards of dtype torch.int64; give floats"),
+            # integer values truncated every advantage: (0, 0) for the hand recursion's (1.3 -
+            # 0.95 x 0.4, -0.4) = (0.92, -0.4)
+            (lambda: advantages.gae(torch.tensor([[0.3, 0.6]]), torch.tensor([[0, 1]]),
+                                    torch.tensor([[1, 1]])), "values of dtype torch.int64"),
+            (lambda: advantages.gae(torch.rand(1, 2, dtype=torch.float64), torch.rand(1, 2),
+                                    torch.ones(1, 2)),
+             "rewards torch.float64, values torch.float32; give them one float dtype"),
+            (lambda: advantages.group_advantages(torch.tensor([1.0, 0, 0, 1]), 2,
+                                                 normalize_std="False"),
+             "normalize_std='False' must be True or False"),
+            (lambda: advantages.group_advantages(torch.tensor([1.0, 1 + 1e-7]).double(), 2,
+                                                 eps=-1e-6), "eps=-1e-06 must be a finite"),
+            (lambda: advantages.group_advantages(torch.tensor([1.0, 0.0]), 2, eps=math.nan),
+             "eps=nan"),
+            (lambda: masked.masked_mean(torch.tensor([[2.0, 4.0]]), torch.tensor([[2, 2]])),
+             "masked_mean: response_mask holds 2; a mask marks each position 1"),
+            (lambda: masked.masked_whiten(torch.ones(1, 2), torch.tensor([[0.5, 0.5]])),
+             "masked_whiten: response_mask holds 0.5")):
+        with pytest.raises(ValueError, match=message):
+            call()
+    assert advantages.gae(torch.tensor([[0.3, 0.6]]), torch.tensor([[0.0, 1.0]]),
+                          torch.tensor([[1, 1]]))[0][0].tolist() == pytest.approx([0.92, -0.4])
+
+
+def test_group_baselines_take_numpy_group_sizes_and_refuse_arrays():
+    import numpy as np
+
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    assert torch.equal(advantages.group_advantages(r, np.int64(2)),
+                       advantages.group_advantages(r, 2))
+    assert advantages.rloo_advantages(r, np.int64(2)).tolist() == [1.0, -1.0, -1.0, 1.0]
+    with pytest.raises(ValueError, match="group_size=2.0 must be an integer"):
+        advantages.group_advantages(r, 2.0)
+    with pytest.raises(ValueError, match=r"rewards is a ndarray; give a torch tensor"):
+        advantages.group_advantages(np.array([1.0, 0.0]), 2)

@@ -55,3 +55,17 @@ def test_k3_is_exact_for_a_large_negative_log_ratio_and_keeps_its_gradient(dtype
     # an impossible token under the reference: a finite estimate, never NaN
     inf = kl.kl_k3(torch.zeros(1), torch.tensor([-math.inf]))
     assert torch.isfinite(inf).all() and inf.item() > 1e37
+
+
+def test_the_estimators_refuse_log_probs_they_would_broadcast_or_truncate():
+    for call, message in (
+            (lambda: kl.kl_estimate(torch.zeros(4, 1), torch.zeros(4), "k3"),
+             r"kl_estimate: log_probs \(4, 1\) and ref_log_probs \(4,\) must have one shape"),
+            (lambda: kl.kl_k3(torch.zeros(2, 3), torch.zeros(2, 1)),
+             r"kl_k3: log_probs \(2, 3\) and ref_log_probs \(2, 1\)"),
+            (lambda: kl.kl_k3(torch.tensor([[-1, -2]]), torch.tensor([[-2, -1]])),
+             "kl_k3: log_probs of dtype torch.int64; give floats"),
+            (lambda: kl.kl_estimate(torch.zeros(2), torch.zeros(2).double(), "k1"),
+             "kl_estimate: log_probs torch.float32, ref_log_probs torch.float64")):
+        with pytest.raises(ValueError, match=message):
+            call()

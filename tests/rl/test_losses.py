@@ -251,3 +251,54 @@ def test_masks_of_another_shape_are_refused_and_padding_never_leaks():
                            torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"advantages \(3, 1\) must be \(batch,\)"):
         losses.policy_loss(lp, lp, torch.ones(3, 1), torch.ones(3, 3, dtype=torch.bool))
+
+
+def test_losses_refuse_masks_bounds_and_shapes_they_would_misread():
+    x, ones = torch.tensor([[2.0, 4.0]]), torch.ones(2, 3)
+    for call, message in (
+            # a mask of 2s was counted twice (1.5 for the mean of 2 and 4), of 0.5s half (6.0)
+            (lambda: losses.aggregate_loss(x, torch.tensor([[2, 2]]), "token-mean"),
+             "aggregate_loss: response_mask holds 2"),
+            (lambda: losses.aggregate_loss(ones, ones, "seq-mean-token-sum-norm", math.nan),
+             r"constant_length=nan to be a finite number at least the longest response \(3 "),
+            (lambda: losses.aggregate_loss(ones, ones, "seq-mean-token-sum-norm", math.inf),
+             "constant_length=inf"),
+            (lambda: losses.aggregate_loss(ones, ones, "seq-mean-token-sum-norm", 1),
+             "constant_length=1"),
+            (lambda: losses.aggregate_loss(ones, ones, "seq-mean-token-sum-norm", True),
+             "constant_length=True"),
+            # a sequence ratio per response against a (3, 3) advantage: column j took ratio j
+            (lambda: losses.clipped_objective(torch.tensor([1.5, 0.5, 1.0]), torch.ones(3, 3),
+                                              0.2),
+             r"clipped_objective: advantages \(3, 3\) must be the ratio's shape \(3,\)"),
+            (lambda: losses.clipped_tokens(torch.ones(2, 2), torch.ones(3), 0.2),
+             r"clipped_tokens: advantages \(3,\)"),
+            (lambda: losses.clipped_tokens(torch.tensor([[1.1]]), torch.tensor([-1.0]), -0.2),
+             "clipped_tokens: clip bounds low=-0.2"),
+            (lambda: critic_loss(-0.2), "clipped_value_loss: clip_eps=-0.2 must be a finite"),
+            (lambda: critic_loss(math.nan), "clip_eps=nan"),
+            # one response as (R,): its 3 tokens were read as a batch of 3
+            (lambda: losses.policy_loss(torch.tensor([-1.0, -2, -3]),
+                                        torch.tensor([-1.1, -2.1, -3.1]), torch.ones(1),
+                                        torch.ones(3).bool()),
+             r"policy_loss: log_probs of shape \(3,\); give \(batch, R\)")):
+        with pytest.raises(ValueError, match=message):
+            call()
+    # what they take: Dr. GRPO divides by the budget, 4 here: (2 + 4) / (1 x 4)
+    assert losses.aggregate_loss(x, torch.ones(1, 2), "seq-mean-token-sum-norm", 4).item() == 1.5
+    assert losses.clipped_tokens(torch.tensor([[1.5, 0.5]]), torch.tensor([1.0]), 0.2).tolist() \
+        == [[True, False]]
+
+
+def critic_loss(clip_eps):
+    from rlm_course.rl.critic import clipped_value_loss
+
+    values, old, returns = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.5, 0.5]]), \
+        torch.tensor([[2.0, 0.0]])
+    return clipped_value_loss(values, old, returns, torch.ones(1, 2), clip_eps)
+
+
+def test_the_clipped_value_loss_is_verls():
+    # 1/2 max((V - R)^2, (clip(V, V_old -+ 0.2) - R)^2): token 1 max(1, 1.69) = 1.69, token 2
+    # max(0, 0.09) = 0.09; the mean of the halves 0.445
+    assert critic_loss(0.2).item() == pytest.approx(0.445)

@@ -13,6 +13,18 @@ def test_overlong_penalty():
                           torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0]))
     with pytest.raises(ValueError, match="cache_length"):
         rewards.overlong_penalty(lengths, 20, 0)
+    # True was a cache of 1 token, an infinite budget no penalty at all, 16.5 a budget no
+    # response has; a negative length is no response's
+    for max_length, cache_length, said in ((20, True, r"cache_length \(True\)"),
+                                           (float("inf"), 4, r"max_length \(inf\)"),
+                                           (16.5, 4, r"max_length \(16.5\)")):
+        with pytest.raises(ValueError, match="need integers 0 < .*" + said):
+            rewards.overlong_penalty(lengths, max_length, cache_length)
+    with pytest.raises(ValueError, match="a length of -1 tokens"):
+        rewards.overlong_penalty(torch.tensor([-1, 2]), 20, 4)
+    # float64 lengths keep their precision
+    assert rewards.overlong_penalty(torch.tensor([18.0], dtype=torch.float64), 20, 4).dtype \
+        == torch.float64
 
 
 def test_dynamic_sampling_keeps_groups_with_signal():
