@@ -21,14 +21,62 @@ def save_checkpoint(path: str | Path, model: TinyGPT, **extra) -> None:
     ``extra`` may hold optimizer state dicts, the step, the task key, the command that made it.
     The payload carries its SHA-256 digest (:func:`payload_digest`), which
     :func:`load_checkpoint` checks: a damaged byte inside an optimizer state loads without any
-    error from torch, and would surface steps later as a "diverged" loss.
+    error from torch, and would surface steps later as a "diverged" loss. A ``torch.compile``'d
+    model is saved as the model it wraps.
+
+    Raises:
+        ValueError: before anything is written (the file at ``path`` stays as it was) for what
+            :func:`load_checkpoint` would refuse: weights that are not finite, an ``extra`` named
+            as one of the checkpoint's own entries, a set (its order, and so the digest, changes
+            from one process to the next), or a value ``torch.load(weights_only=True)`` cannot
+            read back (numpy's scalars and arrays, paths, namespaces).
     """
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the model it compiled
+    reserved = sorted(set(extra) & {"format", "model_config", "state_dict", "digest", "model"})
+    if reserved:
+        raise ValueError(f"save_checkpoint: {', '.join(map(repr, reserved))} names the "
+                         "checkpoint's own entry; store the value under another name.")
+    bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()),
+               None)
+    if bad is not None:
+        raise ValueError(f"save_checkpoint: the model holds non-finite weights (NaN or inf in "
+                         f"{bad}), which no run can resume from; save an earlier state.")
+    for key, value in extra.items():
+        _check_entry(key, value)
     payload = {"format": FORMAT, "model_config": model.config.to_dict(),
                "state_dict": model.state_dict(), **extra}
     payload["digest"] = payload_digest(payload)
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     atomic_write_bytes(path, buffer.getvalue())
+
+
+def _check_entry(key: str, value) -> None:
+    """Refuse an ``extra`` entry :func:`load_checkpoint` would not read back the same."""
+    def has_set(obj) -> bool:
+        if isinstance(obj, (set, frozenset)):
+            return True
+        if isinstance(obj, dict):
+            return any(has_set(k) or has_set(v) for k, v in obj.items())
+        return isinstance(obj, (list, tuple)) and any(has_set(v) for v in obj)
+
+    if has_set(value):
+        raise ValueError(f"save_checkpoint: entry {key!r} holds a set, whose order (and so the "
+                         "checkpoint's digest) changes from one process to the next; store "
+                         "sorted(...) instead.")
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            torch.load(buffer, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 (what torch's safe unpickler refuses varies by type)
+        raise ValueError(f"save_checkpoint: entry {key!r} holds a {type(value).__name__} (or "
+                         "something inside it) that a checkpoint cannot hold safely "
+                         "(torch.load(weights_only=True) refuses it); store Python numbers, "
+                         "strings, lists, dicts and tensors (float(x), x.tolist(), str(path), "
+                         "vars(namespace)).") from None
 
 
 def payload_digest(payload: dict) -> str:
@@ -73,6 +121,9 @@ def load_checkpoint(path: str | Path) -> dict:
         ValueError: if the file is missing, unreadable, not a course checkpoint, or damaged (its
             digest does not match; files written before digests load without the check).
     """
+    if not isinstance(path, (str, Path)):
+        raise ValueError(f"load_checkpoint: path={path!r} must be a file's path (a str or a "
+                         "Path).")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"checkpoint {path} is a folder; pass the .pt file inside it (e.g. "
@@ -108,7 +159,11 @@ def load_checkpoint(path: str | Path) -> dict:
         with torch.device("cpu"):  # on the CPU whatever the default device: .to() moves it
             model = TinyGPT(ModelConfig(**payload["model_config"]))
         model.load_state_dict(payload["state_dict"])
-    except (KeyError, TypeError, RuntimeError, ValueError) as err:
+        dtypes = {t.dtype for t in payload["state_dict"].values()
+                  if isinstance(t, torch.Tensor) and t.is_floating_point()}
+        if len(dtypes) == 1:  # a bf16 model comes back bf16, its outputs as they were
+            model.to(dtypes.pop())
+    except (KeyError, TypeError, RuntimeError, ValueError, AttributeError) as err:
         why = (f"no {err.args[0]!r} entry" if isinstance(err, KeyError) else
                _shortened(" ".join(str(err).split())))
         raise ValueError(f"checkpoint {path} does not hold a valid model ({why}); "
