@@ -14,6 +14,7 @@ Layout of a rollout batch (``P`` prompt columns, left-padded; ``R`` response col
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,8 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
     Args:
         prompt_tokens, prompt_mask: ``(batch, P)`` left-padded prompts and their real-token mask.
         temperature: softmax temperature (> 0); ignored when ``greedy``.
+        eos_id: the token that ends a sequence (``tokenizer.eos_id``); -1: none, every sequence
+            runs ``max_new_tokens`` (the benchmarks' fixed lengths).
         top_k: keep only the ``top_k`` most likely tokens before sampling (None: all); the
             rollout's log-probs are then those of the truncated distribution, which
             :func:`response_log_probs` (no top-k) does not score: RL runs sample without it.
@@ -92,12 +95,28 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
 
     Raises:
         ValueError: for a temperature that is not positive and finite (or so small that the
-            logits divided by it overflow), a non-positive ``max_new_tokens``, or a sequence
-            longer than the model's ``max_seq_len``.
+            logits divided by it overflow), a ``max_new_tokens`` that is not a positive integer,
+            a ``top_k`` that is not None or a positive integer, an ``eos_id`` (but -1) or a prompt
+            token outside the model's vocabulary, a prompt mask that is not a bool ``(batch, P)`` whose
+            last column is real (prompts are left-padded), or a sequence longer than the model's
+            ``max_seq_len``.
         FloatingPointError: if the model produces NaN or infinite logits.
     """
-    if max_new_tokens <= 0:
-        raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be positive.")
+    vocab = model.config.vocab_size
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) \
+            or max_new_tokens <= 0:
+        raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be a positive "
+                         "integer.")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)
+                              or top_k < 1):
+        raise ValueError(f"generate: top_k={top_k!r} must be a positive integer (or None: every "
+                         "token).")
+    if isinstance(eos_id, bool) or not isinstance(eos_id, numbers.Integral) \
+            or not -1 <= eos_id < vocab:
+        raise ValueError(f"generate: eos_id={eos_id!r} must be a token id of the model's "
+                         f"vocabulary (0..{vocab - 1}; tokenizer.eos_id), or -1 for every "
+                         "sequence to run max_new_tokens (another id would never end one).")
+    check_prompts(prompt_tokens, prompt_mask, vocab, "generate")
     if not greedy and not 0 < temperature < float("inf"):  # NaN fails too
         raise ValueError(f"generate: temperature={temperature} must be positive and finite (or "
                          "use greedy=True).")
@@ -123,52 +142,97 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
 
         was_training = model.training
         model.eval()
-        logits = model(prompt_tokens, prompt_mask, cache)[:, -1]  # prefill
-        # a decoding step's position is the count of real tokens before it, and its query may see
-        # every real key so far: both kept up to date here instead of recomputed from the whole mask
-        positions = prompt_mask.sum(-1, keepdim=True)  # (batch, 1)
-        steps = 0
-        for t in range(max_new_tokens):
-            pos = prompt_len + t
-            if not torch.isfinite(logits).all():
-                raise FloatingPointError("generate: the policy's logits are not finite (NaN or "
-                                         "inf): its weights have diverged; lower the learning "
-                                         "rate.")
-            if greedy:
-                next_token = logits.argmax(-1)
-                step_log_probs = log_probs.new_zeros(batch)
-            else:
-                scaled = _filter_logits(logits.to(log_probs.dtype), temperature, top_k)
-                step_logp = F.log_softmax(scaled, dim=-1)
-                # finite logits over a temperature below the runs' floor can overflow (NaN here);
-                # above it they cannot, so the decode loop pays no extra check
-                if temperature < MIN_TEMPERATURE and bool(torch.isnan(step_logp).any()):
-                    raise ValueError(f"generate: temperature={temperature} divides the logits past "
-                                     "float range; sample at 1e-3 or more, or use greedy=True.")
-                next_token = torch.multinomial(step_logp.exp(), 1, generator=generator).squeeze(-1)
-                step_log_probs = step_logp.gather(-1, next_token[:, None]).squeeze(-1)
-            alive = ~finished
-            tokens[:, pos] = torch.where(alive, next_token, pad_id)
-            attention_mask[:, pos] = alive
-            log_probs[:, t] = torch.where(alive, step_log_probs, 0.0)
-            finished = finished | (next_token == eos_id)
-            steps = t + 1
-            if bool(finished.all()) or t == max_new_tokens - 1:
-                break
-            if use_cache:
-                # (batch, 1, 1, ctx), a view: the prompt's real tokens keep every row non-empty
-                key_mask = attention_mask[:, None, None, :pos + 1]
-                logits = model(tokens[:, pos:pos + 1], attention_mask[:, :pos + 1], cache,
-                               positions=positions, attn_mask=key_mask)[:, -1]
-                positions = positions + 1
-            else:
-                logits = model(tokens[:, :pos + 1], attention_mask[:, :pos + 1])[:, -1]
-        model.train(was_training)
+        try:
+            steps = _decode(model, prompt_tokens, prompt_mask, cache, tokens, attention_mask,
+                            log_probs, finished, max_new_tokens, eos_id, pad_id, temperature,
+                            top_k, greedy, generator, use_cache)
+        finally:  # an error (diverged logits) leaves the model in the mode it was given in
+            model.train(was_training)
 
     end = prompt_len + steps
     response_mask = attention_mask[:, prompt_len:end].clone()
     return Rollout(tokens[:, :end].clone(), attention_mask[:, :end].clone(), response_mask,
                    log_probs[:, :steps].clone(), prompt_len)
+
+
+def check_prompts(prompt_tokens: Tensor, prompt_mask: Tensor, vocab: int, where: str) -> None:
+    """Refuse prompts :func:`generate` would misread.
+
+    Raises:
+        ValueError: for tokens that are not a 2-D integer tensor of ids below ``vocab``, a mask
+            that is not a bool tensor of their shape, or a last column that is not real in every
+            row (left padding: generation continues from the last column).
+    """
+    if not (isinstance(prompt_tokens, Tensor) and prompt_tokens.dim() == 2
+            and not prompt_tokens.is_floating_point() and prompt_tokens.dtype != torch.bool):
+        shape = tuple(prompt_tokens.shape) if isinstance(prompt_tokens, Tensor) else None
+        raise ValueError(f"{where}: prompt_tokens must be a (batch, P) tensor of token ids (got "
+                         f"{type(prompt_tokens).__name__} {shape or ''}); "
+                         "tokenizer.encode_prompts([...]) makes one.")
+    if not (isinstance(prompt_mask, Tensor) and prompt_mask.dtype == torch.bool
+            and prompt_mask.shape == prompt_tokens.shape):
+        what = (f"{prompt_mask.dtype} {tuple(prompt_mask.shape)}"
+                if isinstance(prompt_mask, Tensor) else type(prompt_mask).__name__)
+        raise ValueError(f"{where}: prompt_mask must be a bool tensor of the prompts' shape "
+                         f"{tuple(prompt_tokens.shape)} (got {what}); use the mask "
+                         "tokenizer.encode_prompts returns, or mask.bool().")
+    if prompt_tokens.numel() and (int(prompt_tokens.min()) < 0 or int(prompt_tokens.max()) >= vocab):
+        raise ValueError(f"{where}: prompt token ids span {int(prompt_tokens.min())}.."
+                         f"{int(prompt_tokens.max())}, outside the model's vocabulary of {vocab}: "
+                         "encode with the tokenizer the model was built for.")
+    if prompt_mask.shape[1] == 0 or not bool(prompt_mask[:, -1].all()):
+        raise ValueError(f"{where}: every prompt's last column must be a real token (prompts are "
+                         "left-padded, and generation continues from the last column); "
+                         "tokenizer.encode_prompts pads them so.")
+
+
+def _decode(model, prompt_tokens, prompt_mask, cache, tokens, attention_mask, log_probs,
+            finished, max_new_tokens, eos_id, pad_id, temperature, top_k, greedy, generator,
+            use_cache) -> int:
+    """:func:`generate`'s prefill and decode loop (under its inference mode): writes the sampled
+    tokens, mask and log-probs in place; returns the number of steps taken."""
+    batch, prompt_len = prompt_tokens.shape
+    logits = model(prompt_tokens, prompt_mask, cache)[:, -1]  # prefill
+    # a decoding step's position is the count of real tokens before it, and its query may see
+    # every real key so far: both kept up to date here instead of recomputed from the whole mask
+    positions = prompt_mask.sum(-1, keepdim=True)  # (batch, 1)
+    steps = 0
+    for t in range(max_new_tokens):
+        pos = prompt_len + t
+        if not torch.isfinite(logits).all():
+            raise FloatingPointError("generate: the policy's logits are not finite (NaN or "
+                                     "inf): its weights have diverged; lower the learning "
+                                     "rate.")
+        if greedy:
+            next_token = logits.argmax(-1)
+            step_log_probs = log_probs.new_zeros(batch)
+        else:
+            scaled = _filter_logits(logits.to(log_probs.dtype), temperature, top_k)
+            step_logp = F.log_softmax(scaled, dim=-1)
+            # finite logits over a temperature below the runs' floor can overflow (NaN here);
+            # above it they cannot, so the decode loop pays no extra check
+            if temperature < MIN_TEMPERATURE and bool(torch.isnan(step_logp).any()):
+                raise ValueError(f"generate: temperature={temperature} divides the logits past "
+                                 "float range; sample at 1e-3 or more, or use greedy=True.")
+            next_token = torch.multinomial(step_logp.exp(), 1, generator=generator).squeeze(-1)
+            step_log_probs = step_logp.gather(-1, next_token[:, None]).squeeze(-1)
+        alive = ~finished
+        tokens[:, pos] = torch.where(alive, next_token, pad_id)
+        attention_mask[:, pos] = alive
+        log_probs[:, t] = torch.where(alive, step_log_probs, 0.0)
+        finished = finished | (next_token == eos_id)
+        steps = t + 1
+        if bool(finished.all()) or t == max_new_tokens - 1:
+            break
+        if use_cache:
+            # (batch, 1, 1, ctx), a view: the prompt's real tokens keep every row non-empty
+            key_mask = attention_mask[:, None, None, :pos + 1]
+            logits = model(tokens[:, pos:pos + 1], attention_mask[:, :pos + 1], cache,
+                           positions=positions, attn_mask=key_mask)[:, -1]
+            positions = positions + 1
+        else:
+            logits = model(tokens[:, :pos + 1], attention_mask[:, :pos + 1])[:, -1]
+    return steps
 
 
 def response_log_probs(model: TinyGPT, tokens: Tensor, attention_mask: Tensor, prompt_len: int,
@@ -192,8 +256,16 @@ def response_log_probs(model: TinyGPT, tokens: Tensor, attention_mask: Tensor, p
         response mask hold values of padding; mask them out.
 
     Raises:
-        ValueError: for a temperature that is not positive and finite.
+        ValueError: for a temperature that is not positive and finite, or a ``prompt_len`` that
+            is not an integer with at least one prompt and one response column (1 <= P < P + R).
     """
+    width = tokens.shape[1] if isinstance(tokens, Tensor) and tokens.dim() == 2 else None
+    if (isinstance(prompt_len, bool) or not isinstance(prompt_len, numbers.Integral)
+            or width is None or not 1 <= prompt_len < width):
+        raise ValueError(f"response_log_probs: prompt_len={prompt_len!r} must be an integer in "
+                         f"1..{'P + R - 1' if width is None else width - 1} for tokens "
+                         f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else tokens!r} "
+                         "(the Rollout's prompt_len).")
     if not (0 < temperature < float("inf")):
         raise ValueError(f"response_log_probs: temperature={temperature} must be positive and "
                          "finite (the one the rollout was sampled at).")

@@ -83,8 +83,12 @@ class CharTokenizer:
             tokens: ``(batch, max_len)`` int64; attention_mask: ``(batch, max_len)`` bool.
 
         Raises:
-            ValueError: for no prompts, and the errors of :meth:`encode`.
+            ValueError: for no prompts, a single string (its characters would be read as
+                one-character prompts), and the errors of :meth:`encode`.
         """
+        if isinstance(prompts, str):
+            raise ValueError(f"encode_prompts: give a list of prompts, e.g. [{prompts[:20]!r}] "
+                             "(a string is read as one prompt per character).")
         rows = [self.encode(p, bos=True) for p in prompts]
         if not rows:
             raise ValueError("encode_prompts: no prompts; give at least one.")

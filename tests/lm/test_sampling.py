@@ -165,3 +165,45 @@ def test_token_forwards_with_and_without_the_cache(use_cache):
     finally:
         hook.remove()
     assert sum(seen) == (p + t - 1 if use_cache else t * p + t * (t - 1) // 2)
+
+
+def test_generate_refuses_what_it_would_misread_and_restores_the_mode():
+    tok = CharTokenizer()
+    torch.manual_seed(0)
+    model = TinyGPT(ModelConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=1, d_model=8,
+                                max_seq_len=32))
+    prompts, mask = tok.encode_prompts(["1+2=", "12+34="])
+    eos = tok.eos_id
+    rollout = generate(model, prompts, mask, 5, eos, generator=torch.Generator().manual_seed(0))
+    right_padded = torch.tensor([[1, 4, 13, 5, 19, 0, 0]])
+    small = TinyGPT(ModelConfig(vocab_size=10, n_layer=1, n_head=1, d_model=8, max_seq_len=32))
+    for call, said in (
+            (lambda: generate(model, prompts, mask, 5, eos, top_k=0), "top_k=0 must be a positive"),
+            (lambda: generate(model, prompts, mask, 5, eos, top_k=True), "top_k=True"),
+            (lambda: generate(model, prompts, mask, 5, None), "eos_id=None must be a token id"),
+            (lambda: generate(model, prompts, mask, 5, 999), "eos_id=999"),
+            (lambda: generate(model, prompts, mask, 5, -2), "eos_id=-2"),
+            (lambda: generate(model, prompts, mask, True, eos), "max_new_tokens=True must be a "
+                                                                "positive integer"),
+            (lambda: generate(model, prompts, mask, 2.5, eos), "max_new_tokens=2.5"),
+            (lambda: generate(model, prompts, mask.long(), 5, eos),
+             r"prompt_mask must be a bool tensor of the prompts' shape \(2, 7\) \(got torch.int64"),
+            (lambda: generate(model, prompts[0], mask[0], 5, eos),
+             r"prompt_tokens must be a \(batch, P\) tensor"),
+            (lambda: generate(model, right_padded, right_padded > 0, 5, eos),
+             "every prompt's last column must be a real token"),
+            (lambda: generate(small, prompts, mask, 5, 3), "outside the model's vocabulary of 10"),
+            (lambda: response_log_probs(model, rollout.tokens, rollout.attention_mask, 0),
+             r"prompt_len=0 must be an integer in 1..11"),
+            (lambda: response_log_probs(model, rollout.tokens, rollout.attention_mask, 100),
+             "prompt_len=100"),
+            (lambda: tok.encode_prompts("12+3="), r"give a list of prompts, e.g. \['12\+3='\]")):
+        with pytest.raises(ValueError, match=said):
+            call()
+    # a diverged model raises, and is left in the mode it came in (it was left in eval mode)
+    model.train()
+    with torch.no_grad():
+        model.tok_emb.weight.fill_(float("nan"))
+    with pytest.raises(FloatingPointError):
+        generate(model, prompts, mask, 5, eos)
+    assert model.training
