@@ -15,6 +15,7 @@ class Addition(Task):
     digits: int = 3
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.name = "addition"
         if not isinstance(self.digits, int) or not 1 <= self.digits <= 9:
             raise ValueError(f"Addition: digits={self.digits!r} must be an integer in 1..9.")

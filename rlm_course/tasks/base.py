@@ -15,8 +15,9 @@ leading zero unless the number is ``0`` itself ("042" and "01" are malformed).
 from __future__ import annotations
 
 import json
+import numbers
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,26 @@ class Task:
 
     format_weight: float = 0.1
     name: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        """Check the settings every task has; subclasses call it first, then check their own.
+
+        Raises:
+            ValueError: for a setting that is not a number (a bool, a string), or a
+                ``format_weight`` outside [0, 1] (the reward would leave [0, 1]: 2.0 paid a wrong
+                answer 2, NaN a right one NaN).
+        """
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "name":
+                continue
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                object.__setattr__(self, f.name, int(value))  # numpy's integers
+            elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{type(self).__name__}: {f.name}={value!r} must be a number.")
+        if not 0.0 <= self.format_weight <= 1.0:  # NaN fails too
+            raise ValueError(f"{type(self).__name__}: format_weight={self.format_weight!r} must "
+                             "be in [0, 1], the share of the reward a well-formed answer earns.")
 
     @property
     def key(self) -> str:
@@ -136,7 +157,12 @@ class Task:
         """
         if n < 0:
             raise ValueError(f"problems: n={n} must be non-negative.")
-        rng, out, seen, failed = random.Random(seed), [], set(exclude or ()), 0
+        excluded = set() if exclude is None or isinstance(exclude, str) else set(exclude)
+        if isinstance(exclude, str) or not all(isinstance(p, str) for p in excluded):
+            raise ValueError("problems: exclude must be a collection of prompt strings (e.g. "
+                             "{p.prompt for p in held_out}); a Problem or a single string "
+                             "excluded nothing.")
+        rng, out, seen, failed = random.Random(seed), [], set(excluded), 0
         while len(out) < n:
             p = self.make_problem(rng)
             if p.prompt in seen:
@@ -146,7 +172,7 @@ class Task:
                     raise ValueError(
                         f"task {self.key}: {MAX_FAILED_DRAWS:,} draws in a row found no new "
                         f"problem after {len(out)} of the {n} {kind}problems asked for "
-                        f"({len(exclude or ())} excluded, e.g. the held-out set); its problem "
+                        f"({len(excluded)} excluded, e.g. the held-out set); its problem "
                         f"space (at most {self.problem_space():,}) is too small: choose larger "
                         f"settings ({self.settings_hint()}).")
                 continue

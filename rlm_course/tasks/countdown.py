@@ -137,6 +137,7 @@ class Countdown(Task):
     max_target: int = 100
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.name = "countdown"
         if not isinstance(self.n_numbers, int) or not 2 <= self.n_numbers <= 6:
             raise ValueError(f"Countdown: n_numbers={self.n_numbers!r} must be an integer in 2..6.")

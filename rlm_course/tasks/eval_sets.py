@@ -42,16 +42,29 @@ def load_eval_set(task: Task) -> list[Problem]:
     that have none, the same problems generated from ``EVAL_SEED``.
 
     Raises:
-        ValueError: if the file exists but is not valid JSONL of problems.
+        ValueError: if the file exists but is not valid JSONL of problems of ``task`` (each
+            line's prompt and answer strings, and its own answer verified correct: a countdown
+            line without its numbers would score every response 0), or holds another count
+            than :data:`EVAL_SIZE` (a cut file).
     """
     path = eval_set_path(task)
     if not path.exists():
         return make_eval_set(task)
     problems = []
+    fix = "regenerate the file with `python -m rlm_course make-eval-sets`."
     for i, line in enumerate(path.read_text().splitlines(), 1):
         try:
-            problems.append(Problem.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"{path}:{i}: not a problem ({err}); regenerate the file with "
-                             "`python -m rlm_course make-eval-sets`.") from None
+            problem = Problem.from_dict(json.loads(line))
+            if not (isinstance(problem.prompt, str) and isinstance(problem.answer, str)):
+                raise TypeError("prompt and answer must be strings")
+            verdict = task.verify(problem, task.demonstration(problem))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"{path}:{i}: not a problem of {task.key} ({err}); {fix}") from None
+        if not verdict.correct:
+            raise ValueError(f"{path}:{i}: its own answer does not verify for {task.key} "
+                             f"({verdict.reason}); {fix}")
+        problems.append(problem)
+    if len(problems) != EVAL_SIZE:
+        raise ValueError(f"{path}: {len(problems)} problems, not the {EVAL_SIZE} of a held-out "
+                         f"set; {fix}")
     return problems

@@ -76,6 +76,7 @@ class ScratchpadAddition(Task):
     decay: float = 0.5
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.name = "scratchpad"
         if not isinstance(self.max_digits, int) or not 1 <= self.max_digits <= 8:
             raise ValueError(f"ScratchpadAddition: max_digits={self.max_digits!r} must be an "

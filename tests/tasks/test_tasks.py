@@ -145,6 +145,55 @@ def test_corrupt_eval_set_is_a_clear_error(tmp_path, monkeypatch):
         load_eval_set(ADD)
 
 
+def test_an_eval_set_of_wrong_or_missing_problems_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLM_COURSE_DATA", str(tmp_path))
+    (tmp_path / "eval").mkdir()
+    countdown = get_task("countdown")
+    good = make_eval_set(countdown)
+    path = eval_set_path(countdown)
+    # a line without its numbers loaded, and every response, the right one too, scored 0
+    lines = [json.dumps({"prompt": good[0].prompt, "answer": good[0].answer})]
+    lines += [p.to_json() for p in good[1:]]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r":1: its own answer does not verify for countdown"):
+        load_eval_set(countdown)
+    path.write_text(json.dumps({"prompt": 5, "answer": 7}) + "\n")
+    with pytest.raises(ValueError, match=r":1: not a problem of countdown"):
+        load_eval_set(countdown)
+    path.write_text("".join(p.to_json() + "\n" for p in good[:150]))  # a cut file
+    with pytest.raises(ValueError, match=f"150 problems, not the {EVAL_SIZE} of a held-out set"):
+        load_eval_set(countdown)
+    path.write_text("".join(p.to_json() + "\n" for p in good))
+    assert load_eval_set(countdown) == good
+
+
+def test_task_settings_and_exclusions_are_checked():
+    import numpy as np
+
+    right = Problem("1+1=", "2")
+    assert get_task("addition", format_weight=0.2).verify(right, "3").reward == 0.2
+    # a reward outside [0, 1]: 2.0 paid a wrong answer 2, NaN a right one NaN
+    for weight in (2.0, -1, float("nan")):
+        with pytest.raises(ValueError, match=f"format_weight={weight!r} must be in \\[0, 1\\]"):
+            get_task("addition", format_weight=weight)
+    for kw in ({"format_weight": True}, {"format_weight": "0.1"}, {"digits": True}):
+        with pytest.raises(ValueError, match=f"{next(iter(kw))}={next(iter(kw.values()))!r} "
+                                             "must be a number"):
+            get_task("addition", **kw)
+    with pytest.raises(ValueError, match="decay='0.5' must be a number"):
+        get_task("scratchpad", decay="0.5")
+    assert get_task("addition", digits=np.int64(2)).key == "addition-2"
+    task = get_task("addition", digits=1)
+    held_out = task.problems(50, 5, distinct=True)
+    # a list of Problems, or one prompt string, excluded nothing (49 of 50 held-out prompts
+    # came back in 500 draws)
+    for exclude in (held_out, "1+1="):
+        with pytest.raises(ValueError, match="exclude must be a collection of prompt strings"):
+            task.problems(10, 0, exclude=exclude)
+    prompts = {p.prompt for p in held_out}
+    assert not prompts & {p.prompt for p in task.problems(200, 0, exclude=prompts)}
+
+
 @pytest.mark.parametrize("name,kw,match", [("chess", {}, "unknown task"),
                                            ("addition", {"digits": 0}, "digits"),
                                            ("addition", {"colour": 1}, "bad settings"),
