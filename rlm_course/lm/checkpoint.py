@@ -27,12 +27,14 @@ def save_checkpoint(path: str | Path, model: TinyGPT, **extra) -> None:
     Raises:
         ValueError: before anything is written (the file at ``path`` stays as it was) for what
             :func:`load_checkpoint` would refuse: weights that are not finite, an ``extra`` named
-            as one of the checkpoint's own entries, a set (its order, and so the digest, changes
+            as one of the checkpoint's own entries (but ``digest``, which a loaded checkpoint's
+            entries passed back hold: it is recomputed), a set (its order, and so the digest, changes
             from one process to the next), or a value ``torch.load(weights_only=True)`` cannot
             read back (numpy's scalars and arrays, paths, namespaces).
     """
     model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the model it compiled
-    reserved = sorted(set(extra) & {"format", "model_config", "state_dict", "digest", "model"})
+    extra.pop("digest", None)  # a loaded checkpoint's entries passed back: it is recomputed
+    reserved = sorted(set(extra) & {"format", "model_config", "state_dict", "model"})
     if reserved:
         raise ValueError(f"save_checkpoint: {', '.join(map(repr, reserved))} names the "
                          "checkpoint's own entry; store the value under another name.")

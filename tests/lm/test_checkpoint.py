@@ -35,7 +35,7 @@ def test_what_a_checkpoint_cannot_hold_is_refused_and_the_file_kept(tmp_path):
                         (dict(seen={"1+1=", "2+2="}), "entry 'seen' holds a set"),
                         (dict(meta={"k": [1, {2, 3}]}), "entry 'meta' holds a set"),
                         (dict(format="mine"), "'format' names the checkpoint's own entry"),
-                        (dict(digest="abc"), "'digest' names the checkpoint's own entry")):
+                        (dict(state_dict={}), "'state_dict' names the checkpoint's own entry")):
         with pytest.raises(ValueError, match="save_checkpoint: " + said):
             save_checkpoint(path, model, **extra)
     with torch.no_grad():
@@ -44,6 +44,13 @@ def test_what_a_checkpoint_cannot_hold_is_refused_and_the_file_kept(tmp_path):
     with pytest.raises(ValueError, match=r"non-finite weights \(NaN or inf in tok_emb.weight\)"):
         save_checkpoint(path, broken)
     assert path.read_bytes() == before and load_checkpoint(path)["step"] == 3
+    # a loaded checkpoint's entries saved back, its digest among them: recomputed
+    state = load_checkpoint(path)
+    state["step"] = 4
+    save_checkpoint(path, state.pop("model"), **{k: v for k, v in state.items()
+                                                   if k not in ("format", "model_config",
+                                                                "state_dict")})
+    assert load_checkpoint(path)["step"] == 4
     with pytest.raises(ValueError, match="load_checkpoint: path=None must be a file's path"):
         load_checkpoint(None)
 
