@@ -6,6 +6,7 @@ is six tokens, its answer ``"132"`` three more plus ``<eos>``.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -50,9 +51,13 @@ class CharTokenizer:
         return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
 
     def decode(self, ids: Sequence[int] | Tensor, stop_at_eos: bool = True) -> str:
-        """Text of ``ids``; specials are dropped and decoding stops at the first ``<eos>``."""
-        if isinstance(ids, Tensor):
-            ids = ids.tolist()
+        """Text of ``ids``; specials are dropped and decoding stops at the first ``<eos>``.
+
+        Raises:
+            ValueError: for ids that are not one row of integers of the vocabulary (see
+                :meth:`_id_list`).
+        """
+        ids = self._id_list(ids, "decode")
         out = []
         for i in ids:
             if i == self.eos_id and stop_at_eos:
@@ -61,13 +66,36 @@ class CharTokenizer:
                 out.append(self.itos[i])
         return "".join(out)
 
+    def _id_list(self, ids: Sequence[int] | Tensor, where: str) -> list[int]:
+        """``ids`` as a list of ints, after refusing what would decode to the wrong text.
+
+        Raises:
+            ValueError: for a tensor of more than one row (decode each row), or an id outside
+                ``0 .. vocab_size - 1`` (a negative one would wrap to the vocabulary's end).
+        """
+        if isinstance(ids, Tensor):
+            if ids.dim() > 1:
+                raise ValueError(f"{where}: ids of shape {tuple(ids.shape)}; decode one row at "
+                                 f"a time ([tokenizer.{where}(row) for row in ids]).")
+            ids = ids.tolist()
+        ids = list(ids)
+        bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)
+                    or not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"{where}: id {bad!r} is not a token of this tokenizer (ids "
+                             f"0..{self.vocab_size - 1}): decode the ids of a model built for it.")
+        return ids
+
     def decode_response(self, ids: Sequence[int] | Tensor) -> str:
         """The text of a generated response, as the verifier must see it: up to the first
         ``<eos>`` (what follows is padding), with any other special token the policy sampled kept
         visible by name. (Dropping them, as :meth:`decode` does, would verify ``"4<pad>2"`` as the
-        answer ``"42"``.)"""
-        if isinstance(ids, Tensor):
-            ids = ids.tolist()
+        answer ``"42"``.)
+
+        Raises:
+            ValueError: as :meth:`decode`.
+        """
+        ids = self._id_list(ids, "decode_response")
         out = []
         for i in ids:
             if i == self.eos_id:

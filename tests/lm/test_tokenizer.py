@@ -1,4 +1,5 @@
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -48,3 +49,20 @@ def test_a_special_token_inside_a_response_stays_visible_to_the_verifier():
 def test_an_empty_batch_of_prompts_is_refused_by_name():
     with pytest.raises(ValueError, match="no prompts"):
         TOK.encode_prompts([])
+
+
+def test_decoding_refuses_ids_it_would_misread():
+    import numpy as np
+
+    tok = CharTokenizer()
+    ids = tok.encode("12+3=", bos=True)
+    assert tok.decode(np.array(ids)) == tok.decode(torch.tensor(ids)) == "12+3="
+    # a negative id wrapped to the vocabulary's last character ("1 " for [4, -1])
+    with pytest.raises(ValueError, match="decode_response: id -1 is not a token of this "
+                                         r"tokenizer \(ids 0..23\)"):
+        tok.decode_response([4, -1])
+    with pytest.raises(ValueError, match=r"decode: ids of shape \(2, 6\); decode one row at a "
+                                         "time"):
+        tok.decode(torch.tensor([ids, ids]))
+    with pytest.raises(ValueError, match="decode: id 99"):
+        tok.decode([99])
