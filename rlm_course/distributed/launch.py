@@ -121,6 +121,41 @@ class OversubscriptionWarning(Note):
     """More rank threads than cores: the ranks share cores and run slower than they would alone."""
 
 
+#: Resident bytes one CPU rank takes: a Python process with torch and gloo (about 150 MB measured
+#: with ``ps`` for the hello worker), plus room for the course's tiny models and their states.
+RANK_BYTES = 0.25e9
+
+
+def available_memory_bytes() -> float | None:
+    """Bytes the kernel says new processes can take without swapping (``MemAvailable`` of
+    ``/proc/meminfo``); None where that is not known (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_rank_memory(nprocs: int, where: str) -> None:
+    """Refuse more CPU ranks than this machine's memory holds at :data:`RANK_BYTES` each: started
+    anyway, hundreds of ranks fill the memory before the first one reports (a machine of 24 GB
+    held 166 ranks of ``hello --nproc 1000``) and every other program on it stalls.
+
+    Raises:
+        ValueError: naming ``where``'s count, the memory it needs and the most that fit.
+    """
+    available = available_memory_bytes()
+    if available is not None and nprocs * RANK_BYTES > available:
+        most = max(1, int(available // RANK_BYTES))
+        raise ValueError(f"{where} {nprocs}: {nprocs:,} CPU ranks take about "
+                         f"{nprocs * RANK_BYTES / 1e9:,.0f} GB ({RANK_BYTES / 1e9:.2f} GB each: a "
+                         f"Python process with torch), and this machine has "
+                         f"{available / 1e9:,.1f} GB available; give at most {most:,}.")
+
+
 def oversubscription(nprocs: int, threads: int) -> str | None:
     """What running ``nprocs`` CPU ranks of ``threads`` threads each on this machine costs, when
     they need more cores than it has (None when they fit)."""
@@ -577,6 +612,8 @@ def start(worker, nprocs: int = 2, args: tuple = (), kwargs: dict | None = None,
         port = free_port()
     else:
         check_port(port)
+    if device == "cpu":
+        check_rank_memory(nprocs, "nprocs")
     note = oversubscription(nprocs, threads) if device == "cpu" else None
     if note:
         warnings.warn(note, OversubscriptionWarning, stacklevel=3)

@@ -117,8 +117,8 @@ def run_torchrun(worker: str, nproc: int, rest: list[str] | None = None) -> int:
             cannot run on ``nproc`` ranks, a port in use: one line, before anything starts.
     """
     from rlm_course.distributed.__main__ import check_worker_options
-    from rlm_course.distributed.launch import (DEBUG_ENV, check_port, debug_enabled,
-                                               oversubscription, resolve_device)
+    from rlm_course.distributed.launch import (DEBUG_ENV, check_port, check_rank_memory,
+                                               debug_enabled, oversubscription, resolve_device)
 
     if worker in ("-h", "--help"):
         launcher_parser().print_help()
@@ -156,8 +156,11 @@ def run_torchrun(worker: str, nproc: int, rest: list[str] | None = None) -> int:
                 "pass port=None to pick a free port", "leave out --port for a free one")
                 .replace(f"port {launcher.port} is ", "")) from None
     threads = int(common[common.index("--threads") + 1]) if "--threads" in common else 1
+    on_cpu = resolve_device(launcher.device or "auto") == "cpu"
+    if on_cpu:
+        check_rank_memory(nproc, "--nproc")
     note = oversubscription(nproc, threads)
-    if note and resolve_device(launcher.device or "auto") == "cpu":
+    if note and on_cpu:
         print(f"Note: {note}", file=sys.stderr)
     command = torchrun_command(worker, nproc, options, port=launcher.port, common=common)
     multi = torchrun_command(worker, nproc, options, nnodes=2, endpoint="HOST:29400",

@@ -450,6 +450,23 @@ def test_cli_nproc_refusals(capsys):
     assert "--resume: no run to resume" in capsys.readouterr().err
 
 
+def test_more_ranks_than_the_memory_holds_are_refused_before_any_starts(monkeypatch, capsys):
+    """hello --nproc 1000 on a 24 GB machine started ranks until the memory ran out (166 of
+    them, 147 MB each) and everything else on the machine stalled."""
+    from rlm_course.cli import main
+    from rlm_course.distributed import launch as launch_module
+
+    monkeypatch.setattr(launch_module, "available_memory_bytes", lambda: 1e9)  # 1 GB free
+    with pytest.raises(ValueError, match=r"nprocs 5: 5 CPU ranks take about 1 GB \(0.25 GB each: "
+                                         r"a Python process with torch\), and this machine has "
+                                         r"1.0 GB available; give at most 4\."):
+        start(hello, 5)
+    assert main(["distributed", "hello", "--nproc", "5"]) == 2
+    assert "--nproc 5: 5 CPU ranks take about 1 GB" in capsys.readouterr().err
+    monkeypatch.setattr(launch_module, "available_memory_bytes", lambda: None)  # not known
+    launch_module.check_rank_memory(10_000, "nprocs")  # no refusal on a guess
+
+
 # ---------------------------------------------------------------------------- torchrun
 @pytest.mark.slow
 @pytest.mark.multiprocess
