@@ -228,6 +228,10 @@ def main(check: bool = False, force: bool = False) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             if path in edited:  # --force: the learner's version is kept beside the fresh stub
                 backup = path.with_name(path.name + ".bak")
+                copies = 1
+                while backup.exists():  # an earlier --force's copy is kept too
+                    copies += 1
+                    backup = path.with_name(f"{path.name}.bak{copies}")
                 backup.write_bytes(path.read_bytes())
                 print(f"saved your version of {path.relative_to(root)} as "
                       f"{backup.relative_to(root)}")
@@ -238,6 +242,7 @@ def main(check: bool = False, force: bool = False) -> int:
         one = len(kept) == 1
         print(f"kept {names}: {'it differs' if one else 'they differ'} from the generated stub "
               f"and may hold your work. --force replaces {'it' if one else 'them'} with a fresh "
-              f"stub and saves {'it' if one else 'each'} as <name>.bak.", file=sys.stderr)
+              f"stub and saves {'it' if one else 'each'} as <name>.bak (.bak2, ... beside an "
+              "earlier one).", file=sys.stderr)
         return 1
     return 0

@@ -238,6 +238,12 @@ def test_regenerating_keeps_edited_exercises_unless_forced(tmp_path, monkeypatch
     assert "# my work" in (tmp_path / "exercises" / "ex02_grpo.py.bak").read_text()
     assert "saved your version of exercises/ex02_grpo.py as exercises/ex02_grpo.py.bak" in \
         capsys.readouterr().out
+    # a second --force keeps the first copy (it was overwritten by the second edit)
+    mine.write_text(mine.read_text() + "\n# my second try\n")
+    assert exercisegen.main(force=True) == 0
+    assert "# my work" in (tmp_path / "exercises" / "ex02_grpo.py.bak").read_text()
+    assert "# my second try" in (tmp_path / "exercises" / "ex02_grpo.py.bak2").read_text()
+    assert "as exercises/ex02_grpo.py.bak2" in capsys.readouterr().out
     notebook = tmp_path / "exercises" / "ex04_grpo_family.ipynb"  # a run's outputs, notes
     notebook.write_text(notebook.read_text().replace('"outputs": []', '"outputs": ["mine"]', 1))
     assert exercisegen.main() == 1
