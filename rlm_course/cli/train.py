@@ -85,6 +85,15 @@ def _sft(args) -> int:
         raise ValueError("--out and --store: give one (--store replaces the warm start in "
                          f"{default_sft_checkpoint(task).parent}; --out writes elsewhere).")
     stored = default_sft_checkpoint(task)
+    if args.out:
+        given = Path(args.out)
+        if given.suffix == ".json":
+            raise ValueError(f"--out {args.out}: the checkpoint's note is written beside it as "
+                             f"<name>.json, which would replace the checkpoint; give a .pt path.")
+        if given.is_file():
+            raise ValueError(f"--out {args.out} exists (a checkpoint, or another file) and is not "
+                             "replaced; give a new path, or remove it first (the committed warm "
+                             "starts are replaced with --store).")
     # the first warm start of these task settings goes where the RL commands look for it; an
     # existing one (the course's committed ones among them) is replaced only when asked
     out = Path(args.out) if args.out else (
@@ -142,6 +151,9 @@ def _family(args) -> int:
     if args.out and Path(args.out).is_dir():  # before an hour of runs, not when it saves
         raise ValueError(f"--out {args.out} is a folder; give the results file's path (e.g. "
                          f"{Path(args.out) / 'family.json'}).")
+    if args.out and Path(args.out).is_file():  # the stored results are replaced with --store
+        raise ValueError(f"--out {args.out} exists and is not replaced; give a new path, or "
+                         "remove it first (the stored results are replaced with --store).")
     if args.runs_dir and Path(args.runs_dir).exists() and not Path(args.runs_dir).is_dir():
         raise ValueError(f"--runs-dir {args.runs_dir} is a file; give a folder for the runs.")
     twice = sorted({v for v in args.variants or [] if args.variants.count(v) > 1})

@@ -394,7 +394,9 @@ def run_folder(out_dir: str | Path, name: str) -> Path:
     """``out_dir / name``, the folder of a run, after checking both.
 
     Raises:
-        ValueError: for a name that is not a plain folder name, or an ``out_dir`` that is a file.
+        ValueError: for a name that is not a plain folder name (a hidden one among them: the
+            names ``--overwrite`` sets runs aside under start with a dot), or an ``out_dir`` that
+            is a file.
     """
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"--name {name!r}: give a plain folder name (not empty, . or .., no "
@@ -410,10 +412,13 @@ def run_folder(out_dir: str | Path, name: str) -> Path:
             else "a dash at its start (commands such as rm and ls read it as an option)"
             if name.startswith("-")
             else "a name Windows reserves for a device"
-            if name.split(".")[0].upper() in _RESERVED_NAMES else None)
+            if name.split(".")[0].upper() in _RESERVED_NAMES
+            else "a dot at its start (hidden, and .<run>.replaced is where --overwrite sets a run "
+                 "aside)" if name.startswith(".") else None)
     if what:
         raise ValueError(f"--name {name!r} has {what}, which some systems do not allow in a "
-                         "folder name; use letters, digits, - _ and ., e.g. my-run.")
+                         "folder name or the course keeps for itself; use letters, digits, - _ "
+                         "and ., e.g. my-run.")
     if not str(out_dir).strip():
         raise ValueError("--out '': give a folder for the runs (default runs; . for this one).")
     out_dir = Path(out_dir)

@@ -123,6 +123,10 @@ def test_ctrl_c_keeps_checkpoint_and_resume_repeats_the_uninterrupted_run(tmp_pa
     (["--task", "addition", "--name", " run"], "spaces at its start or end"),
     (["--task", "addition", "--name", "..."], "a dot at its end"),
     (["--task", "addition", "--name", "con.txt"], "a name Windows reserves for a device"),
+    # the name --overwrite sets a run aside under: the real run was then blocked, and the advice
+    # printed for it deleted the run
+    (["--task", "addition", "--name", ".grpo-addition-3-seed0.replaced"], "a dot at its start"),
+    (["--task", "addition", "--name", ".hidden"], "a dot at its start"),
     (["--task", "addition", "--name=-dash"], "--name '-dash' has a dash at its start"),
     (["--task", "addition", "--name", "x" * 201], "--name of 201 bytes: give at most 200"),
     (["--task", "addition", "--name", "é" * 101], "--name of 202 bytes: give at most 200"),
@@ -321,6 +325,18 @@ def test_unwritable_outputs_fail_before_any_training(tmp_path, capsys, monkeypat
     assert "cannot write to" in capsys.readouterr().err
     assert main(["grpo", "--task", "addition", "--out", str(folder), "--no-progress"]) == 2
     assert "cannot write to" in capsys.readouterr().err
+    # an existing file is not replaced (the committed warm start, a run's checkpoint: neither
+    # asked --store), nor is a .pt its own .json note would replace
+    existing = tmp_path / "kept.pt"
+    existing.write_bytes(b"mine")
+    for argv, said in ((["sft", "--out", str(existing)], "exists (a checkpoint, or another file) "
+                                                         "and is not replaced"),
+                       (["sft", "--out", str(tmp_path / "ck.json")], "which would replace the "
+                                                                     "checkpoint; give a .pt"),
+                       (["family", "--out", str(existing)], "exists and is not replaced")):
+        assert main([*argv, "--task", "addition", "--no-progress"]) == 2
+        assert said in capsys.readouterr().err
+    assert existing.read_bytes() == b"mine"
 
 
 def test_resume_with_other_options_is_refused(tmp_path, capsys):
