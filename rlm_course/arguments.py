@@ -196,6 +196,18 @@ def add_device_arg(parser: argparse.ArgumentParser) -> None:
                              "else the CPU; a run records it)")
 
 
+def path_arg(text: str) -> str:
+    """argparse ``type`` of a path option: an empty one (``--out ""``) is refused instead of being
+    taken as "not given" and replaced by the default.
+
+    Raises:
+        argparse.ArgumentTypeError: for an empty or blank path.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give a path (it was empty)")
+    return text
+
+
 def add_rl_run_args(parser: argparse.ArgumentParser, variant: str) -> None:
     """Everything a ``grpo``/``ppo`` command takes: the task, every RLConfig field (``--variant``
     defaulting to ``variant``), and the run's folder, resume and threads."""
@@ -211,7 +223,7 @@ def add_rl_run_args(parser: argparse.ArgumentParser, variant: str) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run from its checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
-    parser.add_argument("--sft-checkpoint", default=None,
+    parser.add_argument("--sft-checkpoint", default=None, type=path_arg,
                         help="warm-start checkpoint (default data/checkpoints/sft-<task>.pt, made "
                              "if missing)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 from rlm_course.algorithms import PRESETS
+from rlm_course.arguments import path_arg
 
 
 def _systems(args) -> int:
@@ -349,7 +350,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", action="store_true",
                    help="replace the stored data/experiments/systems-<experiment>.json that the "
                         "notebooks read (default: write to --runs-dir)")
-    p.add_argument("--runs-dir", default=None,
+    p.add_argument("--runs-dir", default=None, type=path_arg,
                    help="folder of the results file when not --store, and of the async and "
                         "mismatch experiments' run folders (<runs-dir>/systems-<experiment>/<run>/) "
                         "either way (default runs/systems)")

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlm_course.arguments import (add_device_arg, add_rl_run_args, add_task_args, flag,
+from rlm_course.arguments import (add_device_arg, add_rl_run_args, add_task_args, flag, path_arg,
                                   rl_config_from_args, task_from_args, task_settings)
 
 
@@ -186,12 +186,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sft", help="make the supervised warm-start checkpoint")
     add_task_args(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", default=None, type=path_arg,
                    help="checkpoint path (default data/checkpoints/sft-<task>.pt when it does not "
                         "exist yet, otherwise <runs-dir>/sft-<task>.pt)")
     p.add_argument("--store", action="store_true",
                    help="replace the warm start in data/checkpoints/ that the RL commands use")
-    p.add_argument("--runs-dir", default="runs/sft",
+    p.add_argument("--runs-dir", default="runs/sft", type=path_arg,
                    help="where a new warm start goes when data/checkpoints/ has one (default "
                         "runs/sft)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -202,7 +202,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
     add_task_args(p)
-    p.add_argument("--checkpoint", required=True,
+    p.add_argument("--checkpoint", required=True, type=path_arg,
                    help="a checkpoint written by sft or grpo (e.g. runs/demo/checkpoint.pt or "
                         "data/checkpoints/sft-addition-3.pt)")
     p.add_argument("--show", type=int, default=5, help="print this many responses")
@@ -215,12 +215,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--variants", nargs="+", default=None, help="default: every preset")
-    p.add_argument("--out", default=None,
+    p.add_argument("--out", default=None, type=path_arg,
                    help="results file (default <runs-dir>/family-<task>.json)")
     p.add_argument("--store", action="store_true",
                    help="replace the stored data/experiments/family-<task>.json that notebook 04 "
                         "reads")
-    p.add_argument("--runs-dir", default="runs/family",
+    p.add_argument("--runs-dir", default="runs/family", type=path_arg,
                    help="folder of the runs (default runs/family; runs of the same variant and "
                         "seed there are replaced)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -549,3 +549,21 @@ def test_systems_async_run_folders_follow_the_runs_dir(tmp_path, monkeypatch, ca
     assert seen == {"steps": 3, "seed": 0, "run_dir": runs / "systems-async"}
     assert json.loads((runs / "systems-async.json").read_text())["runs"] == {}
     assert f"wrote {runs / 'systems-async.json'}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["sft", "--task", "addition", "--out", ""], "--out"),
+    (["sft", "--task", "addition", "--runs-dir", " "], "--runs-dir"),
+    (["family", "--task", "addition", "--runs-dir", ""], "--runs-dir"),
+    (["family", "--task", "addition", "--out", ""], "--out"),
+    (["systems", "async", "--runs-dir", ""], "--runs-dir"),
+    (["eval", "--task", "addition", "--checkpoint", ""], "--checkpoint"),
+    (["grpo", "--task", "addition", "--sft-checkpoint", ""], "--sft-checkpoint"),
+])
+def test_an_empty_path_is_refused_not_taken_as_the_default(argv, flag, capsys):
+    # sft --out "" trained into the default path; family --runs-dir "" failed an hour later
+    # blaming --out; systems --runs-dir "" started Ray
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert f"argument {flag}: give a path (it was empty)" in capsys.readouterr().err
