@@ -96,10 +96,10 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
     Raises:
         ValueError: for a temperature that is not positive and finite (or so small that the
             logits divided by it overflow), a ``max_new_tokens`` that is not a positive integer,
-            a ``top_k`` that is not None or a positive integer, an ``eos_id`` (but -1) or a prompt
-            token outside the model's vocabulary, a prompt mask that is not a bool ``(batch, P)`` whose
-            last column is real (prompts are left-padded), or a sequence longer than the model's
-            ``max_seq_len``.
+            a ``top_k`` that is not None or a positive integer, an ``eos_id`` (but -1) or a
+            prompt token outside the model's vocabulary, a prompt mask that is not a bool
+            ``(batch, P)`` whose last column is real (prompts are left-padded), or a sequence
+            longer than the model's ``max_seq_len``.
         FloatingPointError: if the model produces NaN or infinite logits.
     """
     vocab = model.config.vocab_size
@@ -143,9 +143,49 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
         was_training = model.training
         model.eval()
         try:
-            steps = _decode(model, prompt_tokens, prompt_mask, cache, tokens, attention_mask,
-                            log_probs, finished, max_new_tokens, eos_id, pad_id, temperature,
-                            top_k, greedy, generator, use_cache)
+            logits = model(prompt_tokens, prompt_mask, cache)[:, -1]  # prefill
+            # a decoding step's position is the count of real tokens before it, and its query may
+            # see every real key so far: both kept up to date here instead of recomputed from the
+            # whole mask
+            positions = prompt_mask.sum(-1, keepdim=True)  # (batch, 1)
+            steps = 0
+            for t in range(max_new_tokens):
+                pos = prompt_len + t
+                if not torch.isfinite(logits).all():
+                    raise FloatingPointError("generate: the policy's logits are not finite (NaN or "
+                                             "inf): its weights have diverged; lower the learning "
+                                             "rate.")
+                if greedy:
+                    next_token = logits.argmax(-1)
+                    step_log_probs = log_probs.new_zeros(batch)
+                else:
+                    scaled = _filter_logits(logits.to(log_probs.dtype), temperature, top_k)
+                    step_logp = F.log_softmax(scaled, dim=-1)
+                    # finite logits over a temperature below the runs' floor can overflow (NaN
+                    # here); above it they cannot, so the decode loop pays no extra check
+                    if temperature < MIN_TEMPERATURE and bool(torch.isnan(step_logp).any()):
+                        raise ValueError(f"generate: temperature={temperature} divides the logits "
+                                         "past float range; sample at 1e-3 or more, or use "
+                                         "greedy=True.")
+                    next_token = torch.multinomial(step_logp.exp(), 1,
+                                                   generator=generator).squeeze(-1)
+                    step_log_probs = step_logp.gather(-1, next_token[:, None]).squeeze(-1)
+                alive = ~finished
+                tokens[:, pos] = torch.where(alive, next_token, pad_id)
+                attention_mask[:, pos] = alive
+                log_probs[:, t] = torch.where(alive, step_log_probs, 0.0)
+                finished = finished | (next_token == eos_id)
+                steps = t + 1
+                if bool(finished.all()) or t == max_new_tokens - 1:
+                    break
+                if use_cache:
+                    # (batch, 1, 1, ctx), a view: the prompt's real tokens keep every row non-empty
+                    key_mask = attention_mask[:, None, None, :pos + 1]
+                    logits = model(tokens[:, pos:pos + 1], attention_mask[:, :pos + 1], cache,
+                                   positions=positions, attn_mask=key_mask)[:, -1]
+                    positions = positions + 1
+                else:
+                    logits = model(tokens[:, :pos + 1], attention_mask[:, :pos + 1])[:, -1]
         finally:  # an error (diverged logits) leaves the model in the mode it was given in
             model.train(was_training)
 
@@ -176,7 +216,8 @@ def check_prompts(prompt_tokens: Tensor, prompt_mask: Tensor, vocab: int, where:
         raise ValueError(f"{where}: prompt_mask must be a bool tensor of the prompts' shape "
                          f"{tuple(prompt_tokens.shape)} (got {what}); use the mask "
                          "tokenizer.encode_prompts returns, or mask.bool().")
-    if prompt_tokens.numel() and (int(prompt_tokens.min()) < 0 or int(prompt_tokens.max()) >= vocab):
+    if prompt_tokens.numel() and (int(prompt_tokens.min()) < 0
+                                  or int(prompt_tokens.max()) >= vocab):
         raise ValueError(f"{where}: prompt token ids span {int(prompt_tokens.min())}.."
                          f"{int(prompt_tokens.max())}, outside the model's vocabulary of {vocab}: "
                          "encode with the tokenizer the model was built for.")
@@ -184,55 +225,6 @@ def check_prompts(prompt_tokens: Tensor, prompt_mask: Tensor, vocab: int, where:
         raise ValueError(f"{where}: every prompt's last column must be a real token (prompts are "
                          "left-padded, and generation continues from the last column); "
                          "tokenizer.encode_prompts pads them so.")
-
-
-def _decode(model, prompt_tokens, prompt_mask, cache, tokens, attention_mask, log_probs,
-            finished, max_new_tokens, eos_id, pad_id, temperature, top_k, greedy, generator,
-            use_cache) -> int:
-    """:func:`generate`'s prefill and decode loop (under its inference mode): writes the sampled
-    tokens, mask and log-probs in place; returns the number of steps taken."""
-    batch, prompt_len = prompt_tokens.shape
-    logits = model(prompt_tokens, prompt_mask, cache)[:, -1]  # prefill
-    # a decoding step's position is the count of real tokens before it, and its query may see
-    # every real key so far: both kept up to date here instead of recomputed from the whole mask
-    positions = prompt_mask.sum(-1, keepdim=True)  # (batch, 1)
-    steps = 0
-    for t in range(max_new_tokens):
-        pos = prompt_len + t
-        if not torch.isfinite(logits).all():
-            raise FloatingPointError("generate: the policy's logits are not finite (NaN or "
-                                     "inf): its weights have diverged; lower the learning "
-                                     "rate.")
-        if greedy:
-            next_token = logits.argmax(-1)
-            step_log_probs = log_probs.new_zeros(batch)
-        else:
-            scaled = _filter_logits(logits.to(log_probs.dtype), temperature, top_k)
-            step_logp = F.log_softmax(scaled, dim=-1)
-            # finite logits over a temperature below the runs' floor can overflow (NaN here);
-            # above it they cannot, so the decode loop pays no extra check
-            if temperature < MIN_TEMPERATURE and bool(torch.isnan(step_logp).any()):
-                raise ValueError(f"generate: temperature={temperature} divides the logits past "
-                                 "float range; sample at 1e-3 or more, or use greedy=True.")
-            next_token = torch.multinomial(step_logp.exp(), 1, generator=generator).squeeze(-1)
-            step_log_probs = step_logp.gather(-1, next_token[:, None]).squeeze(-1)
-        alive = ~finished
-        tokens[:, pos] = torch.where(alive, next_token, pad_id)
-        attention_mask[:, pos] = alive
-        log_probs[:, t] = torch.where(alive, step_log_probs, 0.0)
-        finished = finished | (next_token == eos_id)
-        steps = t + 1
-        if bool(finished.all()) or t == max_new_tokens - 1:
-            break
-        if use_cache:
-            # (batch, 1, 1, ctx), a view: the prompt's real tokens keep every row non-empty
-            key_mask = attention_mask[:, None, None, :pos + 1]
-            logits = model(tokens[:, pos:pos + 1], attention_mask[:, :pos + 1], cache,
-                           positions=positions, attn_mask=key_mask)[:, -1]
-            positions = positions + 1
-        else:
-            logits = model(tokens[:, :pos + 1], attention_mask[:, :pos + 1])[:, -1]
-    return steps
 
 
 def response_log_probs(model: TinyGPT, tokens: Tensor, attention_mask: Tensor, prompt_len: int,
