@@ -28,9 +28,9 @@ def save_checkpoint(path: str | Path, model: TinyGPT, **extra) -> None:
         ValueError: before anything is written (the file at ``path`` stays as it was) for what
             :func:`load_checkpoint` would refuse: weights that are not finite, an ``extra`` named
             as one of the checkpoint's own entries (but ``digest``, which a loaded checkpoint's
-            entries passed back hold: it is recomputed), a set (its order, and so the digest, changes
-            from one process to the next), or a value ``torch.load(weights_only=True)`` cannot
-            read back (numpy's scalars and arrays, paths, namespaces).
+            entries passed back hold: it is recomputed), a set (its order, and so the digest,
+            changes from one process to the next), or a value ``torch.load(weights_only=True)``
+            cannot read back (numpy's scalars and arrays, paths, namespaces).
     """
     model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the model it compiled
     extra.pop("digest", None)  # a loaded checkpoint's entries passed back: it is recomputed
@@ -38,47 +38,60 @@ def save_checkpoint(path: str | Path, model: TinyGPT, **extra) -> None:
     if reserved:
         raise ValueError(f"save_checkpoint: {', '.join(map(repr, reserved))} names the "
                          "checkpoint's own entry; store the value under another name.")
-    bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()),
-               None)
+    bad = _non_finite_parameter(model)
     if bad is not None:
         raise ValueError(f"save_checkpoint: the model holds non-finite weights (NaN or inf in "
                          f"{bad}), which no run can resume from; save an earlier state.")
     for key, value in extra.items():
-        _check_entry(key, value)
+        if _has_set(value):
+            raise ValueError(f"save_checkpoint: entry {key!r} holds a set, whose order (and so "
+                             "the checkpoint's digest) changes from one process to the next; "
+                             "store sorted(...) instead.")
     payload = {"format": FORMAT, "model_config": model.config.to_dict(),
                "state_dict": model.state_dict(), **extra}
     payload["digest"] = payload_digest(payload)
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
-
-
-def _check_entry(key: str, value) -> None:
-    """Refuse an ``extra`` entry :func:`load_checkpoint` would not read back the same."""
-    def has_set(obj) -> bool:
-        if isinstance(obj, (set, frozenset)):
-            return True
-        if isinstance(obj, dict):
-            return any(has_set(k) or has_set(v) for k, v in obj.items())
-        return isinstance(obj, (list, tuple)) and any(has_set(v) for v in obj)
-
-    if has_set(value):
-        raise ValueError(f"save_checkpoint: entry {key!r} holds a set, whose order (and so the "
-                         "checkpoint's digest) changes from one process to the next; store "
-                         "sorted(...) instead.")
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    buffer.seek(0)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            torch.load(buffer, map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 (what torch's safe unpickler refuses varies by type)
+    data = _serialized(payload)
+    if not _safely_loadable(data):  # name the entry torch's safe loader refuses
+        key = next((k for k, v in extra.items() if not _safely_loadable(_serialized(v))), None)
+        value = extra.get(key)
         raise ValueError(f"save_checkpoint: entry {key!r} holds a {type(value).__name__} (or "
                          "something inside it) that a checkpoint cannot hold safely "
                          "(torch.load(weights_only=True) refuses it); store Python numbers, "
                          "strings, lists, dicts and tensors (float(x), x.tolist(), str(path), "
-                         "vars(namespace)).") from None
+                         "vars(namespace)).")
+    atomic_write_bytes(path, data)
+
+
+def _serialized(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _safely_loadable(data: bytes) -> bool:
+    """Whether ``torch.load(weights_only=True)``, as :func:`load_checkpoint` reads, reads
+    ``data``."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 (what torch's safe unpickler refuses varies by type)
+        return False
+    return True
+
+
+def _has_set(obj) -> bool:
+    if isinstance(obj, (set, frozenset)):
+        return True
+    if isinstance(obj, dict):
+        return any(_has_set(k) or _has_set(v) for k, v in obj.items())
+    return isinstance(obj, (list, tuple)) and any(_has_set(v) for v in obj)
+
+
+def _non_finite_parameter(model: TinyGPT) -> str | None:
+    """The name of the first parameter holding a NaN or an inf, or None."""
+    return next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()),
+                None)
 
 
 def payload_digest(payload: dict) -> str:
@@ -170,8 +183,7 @@ def load_checkpoint(path: str | Path) -> dict:
                _shortened(" ".join(str(err).split())))
         raise ValueError(f"checkpoint {path} does not hold a valid model ({why}); "
                          "make it again with the command that wrote it.") from None
-    bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()),
-               None)
+    bad = _non_finite_parameter(model)
     if bad is not None:
         raise ValueError(f"checkpoint {path} holds non-finite weights (NaN or inf in {bad}): the "
                          "file is damaged, or the run that saved it diverged; make it again with "
