@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.rl.advantages import check_groups, constant_groups
-from rlm_course.rl.losses import AGGREGATIONS, LOG_RATIO_CLAMP, check_mask, check_same_shape, masked_mean, math, sequence_mean, zero_padding
+from rlm_course.rl.losses import AGGREGATIONS, LOG_RATIO_CLAMP, check_mask, check_same_shape, is_real, masked_mean, math, sequence_mean, zero_padding
 
 __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
 
@@ -73,8 +73,8 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
         # TODO: sum the loss over every real token of the batch and divide by the number of real tokens
         raise NotImplementedError('not implemented yet: sum the loss over every real token of the batch and divide by the number of real tokens')
     longest = int(mask.sum(1).max()) if mask.numel() else 0
-    if not (isinstance(constant_length, (int, float)) and not isinstance(constant_length, bool)
-            and math.isfinite(constant_length) and constant_length >= max(longest, 1)):
+    if not (is_real(constant_length) and math.isfinite(constant_length)
+            and constant_length >= max(longest, 1)):
         raise ValueError(f"seq-mean-token-sum-norm needs constant_length={constant_length!r} to "
                          f"be a finite number at least the longest response ({longest} tokens "
                          "here): the generation budget, e.g. the maximum response length.")

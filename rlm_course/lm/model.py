@@ -20,7 +20,6 @@ Karpathy's nanoGPT for the layout.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import asdict, dataclass
 
 import torch
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlm_course.lm.attention import attention
+from rlm_course.utils import plain_ints
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,9 @@ class ModelConfig:
     mlp_ratio: int = 4
 
     def __post_init__(self) -> None:
+        plain_ints(self)  # numpy's integers: the checkpoint's config stays plain
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "mlp_ratio"):
             value = getattr(self, name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
-                value = int(value)  # numpy's integers: the checkpoint's config stays plain
-                object.__setattr__(self, name, value)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive integer.")
         if self.d_model % self.n_head:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from rlm_course.rl.masked import check_floats, check_same_shape, masked_whiten, zero_padding
+from rlm_course.utils import is_real
 
 
 def check_groups(rewards: Tensor, group_size: int, who: str) -> None:
@@ -58,8 +59,7 @@ def check_std_options(normalize_std: bool, eps: float, who: str) -> None:
     below it)."""
     if not isinstance(normalize_std, bool):
         raise ValueError(f"{who}: normalize_std={normalize_std!r} must be True or False.")
-    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps)
-            and eps >= 0):
+    if not (is_real(eps) and math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{who}: eps={eps!r} must be a finite number >= 0 (1e-6 keeps a group "
                          "of nearly equal rewards from dividing by 0).")
 
@@ -144,8 +144,7 @@ def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor,
         ValueError: if gamma is outside [0, 1], the rewards are not floats, or the two tensors
             are not of one ``(batch, R)`` shape.
     """
-    if not (isinstance(gamma, (int, float)) and not isinstance(gamma, bool)
-            and 0.0 <= gamma <= 1.0):
+    if not (is_real(gamma) and 0.0 <= gamma <= 1.0):
         raise ValueError(f"reinforce_pp_advantages: gamma={gamma!r} must be in [0, 1].")
     check_same_shape(token_rewards, response_mask, "reinforce_pp_advantages", "token_rewards")
     check_floats("reinforce_pp_advantages", token_rewards=token_rewards)

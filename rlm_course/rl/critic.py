@@ -17,6 +17,7 @@ from torch import Tensor
 
 from rlm_course.lm.model import TinyGPT
 from rlm_course.rl.masked import check_same_shape, masked_mean
+from rlm_course.utils import is_real
 
 
 class Critic(nn.Module):
@@ -67,8 +68,7 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, resp
         ValueError: for a ``clip_eps`` that is not a finite number > 0 (a negative one would
             clamp with its bounds swapped), or tensors not of the mask's shape.
     """
-    if not (isinstance(clip_eps, (int, float)) and not isinstance(clip_eps, bool)
-            and math.isfinite(clip_eps) and clip_eps > 0):
+    if not (is_real(clip_eps) and math.isfinite(clip_eps) and clip_eps > 0):
         raise ValueError(f"clipped_value_loss: clip_eps={clip_eps!r} must be a finite number > 0 "
                          "(0.2 is typical).")
     for name, t in (("values", values), ("old_values", old_values), ("returns", returns)):

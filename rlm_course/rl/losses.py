@@ -21,6 +21,7 @@ from torch import Tensor
 
 from rlm_course.rl.masked import check_mask, check_same_shape, masked_mean, zero_padding
 from rlm_course.algorithms import AGGREGATIONS, LOG_RATIO_CLAMP, check_dual_clip
+from rlm_course.utils import is_real
 
 
 
@@ -50,8 +51,7 @@ def check_clip(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: fl
     """
     clip_high = clip_low if clip_high is None else clip_high
     check_dual_clip(clip_c)
-    if not all(isinstance(b, (int, float)) and not isinstance(b, bool)
-               for b in (clip_low, clip_high)) or not (0 <= clip_low <= clip_high < math.inf):
+    if not (is_real(clip_low) and is_real(clip_high) and 0 <= clip_low <= clip_high < math.inf):
         raise ValueError(f"{where}: clip bounds low={clip_low!r}, high={clip_high!r}: need "
                          "0 <= low <= high, finite (DAPO raises only the upper bound).")
     if clip_low >= 1:
@@ -162,8 +162,8 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
         # END SOLUTION
     longest = int(mask.sum(1).max()) if mask.numel() else 0
-    if not (isinstance(constant_length, (int, float)) and not isinstance(constant_length, bool)
-            and math.isfinite(constant_length) and constant_length >= max(longest, 1)):
+    if not (is_real(constant_length) and math.isfinite(constant_length)
+            and constant_length >= max(longest, 1)):
         raise ValueError(f"seq-mean-token-sum-norm needs constant_length={constant_length!r} to "
                          f"be a finite number at least the longest response ({longest} tokens "
                          "here): the generation budget, e.g. the maximum response length.")

@@ -15,9 +15,10 @@ leading zero unless the number is ``0`` itself ("042" and "01" are malformed).
 from __future__ import annotations
 
 import json
-import numbers
 import random
 from dataclasses import asdict, dataclass, field, fields
+
+from rlm_course.utils import is_real, plain_ints
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,10 @@ class Task:
                 ``format_weight`` outside [0, 1] (the reward would leave [0, 1]: 2.0 paid a wrong
                 answer 2, NaN a right one NaN).
         """
+        plain_ints(self)  # numpy's integers
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "name":
-                continue
-            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
-                object.__setattr__(self, f.name, int(value))  # numpy's integers
-            elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+            if f.name != "name" and not is_real(value):
                 raise ValueError(f"{type(self).__name__}: {f.name}={value!r} must be a number.")
         if not 0.0 <= self.format_weight <= 1.0:  # NaN fails too
             raise ValueError(f"{type(self).__name__}: format_weight={self.format_weight!r} must "
