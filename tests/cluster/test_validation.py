@@ -543,9 +543,6 @@ def test_every_nemo_rl_table_row_agrees_with_its_setup():
             # the assumptions quote the table's layout and say why
             assert f"table prints the training layout {train}" in fig["assumptions"], fig["id"]
             mismatched.append(fig["id"])
-    # v0.6's DeepSeek-V3 rows on 512 H100s and 256 GB200s repeat the 256/128-GPU rows' layout
-    # (v0.7's table gives EP 32, as the recipes set); its GB200 Qwen3-30B-A3B one-step-off row
-    # puts EP 16 on an 8-GPU trainer
     # training at the family's rate but where the trainer lacks a fusion its calibration runs
     # have: v0.3's and v0.4's Qwen3 rows, built by NeMo's and Megatron-Bridge's Qwen3 configs with
     # bias_activation_fusion off (NeMo-RL sets it on from v0.5: PR #1241, "~25% speedup"); FP8
@@ -559,6 +556,9 @@ def test_every_nemo_rl_table_row_agrees_with_its_setup():
             assert factor == 0.8 and "bias_activation_fusion" in fig["assumptions"], fig["id"]
         else:
             assert factor == (2.0 if "-fp8-" in fig["id"] else 1.0), fig["id"]
+    # v0.6's DeepSeek-V3 rows on 512 H100s and 256 GB200s repeat the 256/128-GPU rows' layout
+    # (v0.7's table gives EP 32, as the recipes set); its GB200 Qwen3-30B-A3B one-step-off row
+    # puts EP 16 on an 8-GPU trainer
     assert sorted(mismatched) == ["nemo-rl-v0.6-gb200-bf16-grpo-deepseekv3-onpolicy-256",
                                   "nemo-rl-v0.6-gb200-bf16-grpo-qwen3-30b3a-1stepoff-16",
                                   "nemo-rl-v0.6-h100-bf16-grpo-deepseekv3-onpolicy-512"]
