@@ -145,7 +145,8 @@ class Rates:
         colocated_tensor_seconds: the same per tensor for a colocated hand-over (converting each
             tensor to the engine's layout and passing it in process or by CUDA IPC, a different
             code path from a network sync's); default 0.
-        sync_transport: ``broadcast`` (rank 0 sends whole tensors) or ``sharded``.
+        sync_transport: ``broadcast`` (rank 0 sends whole tensors, one collective a tensor),
+            ``packed`` (rank 0 sends them packed in buckets) or ``sharded``.
         reward_seconds: verifier seconds per response (on CPUs, serial per trainer); default 0.
         iteration_overhead: fixed seconds per iteration on the trainer (controller, data
             movement, logging); default 0.

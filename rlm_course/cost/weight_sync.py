@@ -14,12 +14,14 @@ adds five terms, each with its source:
   arXiv:2409.19256, Table 2, where the generation TP divides the training TP; a PP stage's
   layers are not a TP shard, so PP always moves bytes), or from every FSDP rank
   (``full_tensor()``) when the trainer is ZeRO-3. Disaggregated, a
-  rank-0 ``broadcast`` first assembles whole tensors (FSDP's ``full_tensor()``, Megatron's TP and
-  EP gathers per pipeline stage); a ``sharded`` transfer sends the trainer's shards as they are
+  rank-0 ``broadcast`` (one collective per tensor) or ``packed`` broadcast (tensors packed into
+  buckets) first assembles whole tensors (FSDP's ``full_tensor()``, Megatron's TP and EP gathers
+  per pipeline stage); a ``sharded`` transfer sends the trainer's shards as they are
   (checkpoint-engine, NeMo-RL's ``nccl_reshard`` refit), no gather;
 * **transfer**: none colocated (CUDA IPC handles or the same process); disaggregated, a
   pipelined broadcast of the whole model from one rank to every rollout device (verl's
-  one-step-off and fully-async recipes, NeMo-RL's NCCL refit): ``B x ceil(log2(r + 1)) x alpha +
+  one-step-off and fully-async recipes; packed, NeMo-RL's NCCL refit up to v0.7,
+  ``packed_broadcast_producer``): ``B x ceil(log2(r + 1)) x alpha +
   M / beta`` over the group's link, ``B`` buckets, ``r`` receivers, across nodes at all of a
   node's network cards together (:func:`broadcast_link`); or shard-parallel, every region of the
   model leaving the trainer once and every rollout device receiving its ``M / generation_tp``
@@ -37,9 +39,11 @@ adds five terms, each with its source:
   ``tensors x tensor_seconds x ceil(log2 n)`` (``n`` ranks in the per-tensor collectives: the
   Python loop over the state dict, one gather and one broadcast launch and one ``load_weights``
   call per tensor; an MoE of 128 experts has about 400 tensors per layer, which is why MoE syncs
-  are slow); a sharded transfer sends each shard point to point, and a colocated hand-over
-  converts each tensor in the same process or passes it by a CUDA IPC handle: ``tensors x
-  tensor_seconds``, no tree (the simulator's rates give the colocated path its own rate);
+  are slow); packed into buckets, a tensor is packed once on the sender and loaded once on every
+  receiver at the same time, a sharded transfer sends each shard point to point, and a colocated
+  hand-over converts each tensor in the same process or passes it by a CUDA IPC handle:
+  ``tensors x tensor_seconds``, no tree (the simulator's rates give the colocated path its own
+  rate);
 * **fixed**: pausing and draining the engine, clearing and re-allocating its KV cache, resuming
   (``fixed_seconds``).
 
@@ -69,7 +73,7 @@ from rlm_course.vocabulary import PLACEMENTS
 if TYPE_CHECKING:
     from rlm_course.cost.layouts import Layout
 
-TRANSPORTS = ("broadcast", "sharded")
+TRANSPORTS = ("broadcast", "packed", "sharded")
 BUCKET_BYTES = 512 * 2**20  # slime's and verl's bucket size
 
 
@@ -341,8 +345,10 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
         placement: ``colocated`` (a hybrid engine: the same devices train and generate) or
             ``disaggregated`` (separate pools).
         fabric: the cluster's links (default: the device's catalog links).
-        transport: ``broadcast`` (rank 0 sends every whole tensor to every rollout device) or
-            ``sharded`` (every trainer device sends its share of the model); a colocated
+        transport: ``broadcast`` (rank 0 sends every whole tensor to every rollout device, one
+            collective a tensor), ``packed`` (the same in buckets of packed tensors: a tensor's
+            software cost paid once, not per tree level) or ``sharded`` (every trainer device
+            sends its share of the model); a colocated
             hand-over sends nothing over the network and ignores it.
         bucket_bytes: bytes per message of the transfer.
         weight_bytes: bytes per weight the rollout holds (1: fp8; no term prices quantizing on the
@@ -442,11 +448,11 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
                         received / near.beta if received else 0.0)
     messages = max(1, math.ceil(total / bucket_bytes))
     ranks = trainer_devices + rollout_devices
-    wire = link or (broadcast_link(fabric, ranks) if transport == "broadcast"
-                    else fabric.link(ranks))
+    wire = link or (fabric.link(ranks) if transport == "sharded"
+                    else broadcast_link(fabric, ranks))
     # the split a device trains: the dense part over tp x pp, the experts over ep x pp (or tp)
     split = ep if ep > 1 else tp
-    if transport == "broadcast":
+    if transport != "sharded":
         if zero3:
             gather = all_gather_seconds(total, dp, fabric.ring_link(dp, tp * trainer.cp))
         else:  # Megatron's TP gathers (the experts' over EP instead), per pipeline stage
@@ -457,7 +463,9 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
                                              fabric.link(split, tp if ep > 1 else 1))
         transfer = broadcast_seconds(total, messages, wire, rollout_devices, pipelined)
         sent, packed, unpacked = total, total, total
-        software = tensors * tensor_seconds * tree(ranks)
+        # one broadcast call per tensor pays its launch at every level of the tree; tensors
+        # packed into buckets pay their packing and loading once, every receiver at once
+        software = tensors * tensor_seconds * (tree(ranks) if transport == "broadcast" else 1)
     else:  # each region leaves once: to one engine from its first holder, to several in
         # stripes shared by min(copies, engines) of the devices that hold it
         if zero3:  # every device holds a distinct slice

@@ -10,7 +10,7 @@ from rlm_course.cost import workdepth as wd
 from rlm_course.cost.anatomy import Workload, iteration_report
 from rlm_course.cost.comm import Fabric
 from rlm_course.cost.layouts import Layout
-from rlm_course.cost.weight_sync import broadcast_link, sync_cost
+from rlm_course.cost.weight_sync import broadcast_link, sync_cost, tensor_count
 from rlm_course.cost.architectures import SPECS, get_spec
 from rlm_course.cost.hardware import get_device
 from rlm_course.lm.tokenizer import CharTokenizer
@@ -135,6 +135,23 @@ def test_a_broadcast_gathers_the_experts_over_ep_first():
     assert ep.gather == pytest.approx(7 * (link.alpha + experts / 8 / link.beta))
 
 
+def test_a_packed_broadcast_pays_each_tensor_once():
+    """NeMo-RL's non-colocated refit up to v0.7 (packed_broadcast_producer from rank 0) moves the
+    bytes as a broadcast does but packs each tensor once and loads it once on every receiver at
+    the same time; one collective a tensor (verl's) pays its launch at every level of the tree."""
+    v3, h100 = SPECS["deepseek-v3"], get_device("H100-SXM-80GB")
+    kwargs = dict(generation_tp=32, replicas=1, trainer=Layout(pp=16, ep=16, dp=16),
+                  tensor_seconds=1e-4)
+    one_by_one = sync_cost(v3, h100, transport="broadcast", **kwargs)
+    packed = sync_cost(v3, h100, transport="packed", **kwargs)
+    assert packed.tensors == one_by_one.tensors == tensor_count(v3)
+    for term in ("gather", "transfer", "copies", "fixed"):
+        assert getattr(packed, term) == getattr(one_by_one, term), term
+    # 256 trainer and 32 rollout devices: a 9-level tree (ceil(log2 288)) against one pass
+    assert one_by_one.software == pytest.approx(9 * tensor_count(v3) * 1e-4)
+    assert packed.software == pytest.approx(tensor_count(v3) * 1e-4)
+    assert packed.transport == "packed" and packed.seconds < one_by_one.seconds
+
 def test_weight_sync_refuses_bad_input_with_a_value_error():
     from rlm_course.cost.phases import weight_sync
     from rlm_course.cost.weight_sync import (broadcast_seconds, predict_transition,
@@ -182,13 +199,13 @@ def test_the_ideal_is_a_lower_bound_on_every_node_size(device):
     dev, checked = get_device(device), 0
     for model, gtp, replicas, (dp, tp, pp), transport in itertools.product(
             ("llama-3.1-70b", "qwen3-30b-a3b"), (4, 8), (1, 16), ((16, 8, 1), (2, 8, 4)),
-            ("broadcast", "sharded")):
+            ("broadcast", "packed", "sharded")):
         cost = sync_cost(get_spec(model), dev, "disaggregated", generation_tp=gtp,
                          replicas=replicas, trainer=Layout(dp=dp, tp=tp, pp=pp),
                          transport=transport)
         assert 0 < cost.ideal <= cost.seconds, (model, gtp, replicas, dp, tp, pp, transport)
         checked += 1
-    assert checked == 32
+    assert checked == 48
     one = sync_cost(get_spec("llama-3.1-70b"), get_device("GB200-NVL72-186GB"), "disaggregated",
                     generation_tp=1, replicas=1, trainer=Layout(dp=16, tp=8))
     # the replica's whole copy over its own NVLink: 141.1 GB at 900 GB/s
