@@ -829,8 +829,8 @@ def test_a_count_with_few_divisors_is_told_when_the_round_count_below_plans_chea
     note = next(line for line in out.splitlines() if line.startswith("note: "))
     assert note.startswith("note: 16 of these 17 GPUs plan a cheaper step: colocated, generation "
                            "tp8, trainer dp16 fsdp recompute, fused, offload while generating, "
-                           "1,352.2 s per step against 1,493.6 s above; layouts need degrees that "
-                           "divide the pools"), note
+                           "1,341.7 s per step priced for staleness against 1,473.5 s above; "
+                           "layouts need degrees that divide the pools"), note
     spec, grpo = get_spec("llama-3.1-8b"), algorithm("grpo", minibatches=4)
     for round_count in (16, 24, 4):
         assert fewer_devices(spec, grpo, WORKLOAD, H100, round_count, Plan()) is None
