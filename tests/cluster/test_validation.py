@@ -564,6 +564,21 @@ def test_every_nemo_rl_table_row_agrees_with_its_setup():
                                   "nemo-rl-v0.6-h100-bf16-grpo-deepseekv3-onpolicy-512"]
 
 
+def test_each_nemo_rl_refit_uses_the_transport_its_version_ran():
+    # up to v0.7.0 NeMo-RL's non-colocated refit was broadcast_weights_for_collective ->
+    # packed_broadcast_producer(src=0): rank 0's whole tensors packed into buckets; the
+    # shard-to-shard nccl_reshard refit came after v0.7.0 (e40aa046e, 2026-07-28)
+    nemo = [f for f in FIGURES if f["family"].startswith("nemo-rl")]
+    async_rows = [f for f in nemo if f["what"] == "step_seconds"
+                  and f["setup"].get("placement") == "disaggregated"]
+    assert len(async_rows) == 35
+    for fig in async_rows + [BY_ID["nemo-rl-refit-nccl-broadcast-dsv3-bf16"]]:
+        assert fig["setup"]["rates"]["sync_transport"] == "packed", fig["id"]
+    reshard = [f for f in nemo if f["system"] == "NeMo-RL (nccl_reshard refit)"]
+    assert len(reshard) == 5 and all(f["setup"]["rates"]["sync_transport"] == "sharded"
+                                     for f in reshard)
+
+
 def test_rates_and_figures_are_found_in_any_case_and_bad_ones_refused_by_name():
     gb200 = get_device("GB200-NVL72-186GB")
     # a family in any case, a device by its name as by its Device (the family declared for it)
