@@ -254,9 +254,9 @@ def check_run_state(state: dict, path: Path) -> None:
     if not isinstance(state.get("config", {}), dict):
         problems.append("the run's options (config)")
     if problems:
-        raise ValueError(f"--resume: {path} lacks or has an invalid {'; '.join(problems)}: the "
-                         "file is damaged or from another version of the course; start the run "
-                         "again with --overwrite.")
+        raise ValueError(f"--resume: {path} is missing, or holds an invalid value for: "
+                         f"{'; '.join(problems)}. The file is damaged or from another version of "
+                         "the course; start the run again with --overwrite.")
 
 
 def load_trainer_state(trainer, state: dict, path: Path) -> None:

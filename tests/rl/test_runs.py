@@ -406,8 +406,10 @@ def test_a_damaged_run_checkpoint_is_named_before_anything_resumes(tmp_path, cap
     def nan_moment(p):
         next(iter(p["trainer"]["optimizer"]["state"].values()))["exp_avg_sq"].fill_(float("nan"))
 
-    assert "lacks or has an invalid trainer step '1' (an integer >= 0)" in edited(step_as_text)
-    assert "lacks or has an invalid the run's totals" in edited(lost_totals)
+    assert "is missing, or holds an invalid value for: trainer step '1' (an integer >= 0). " \
+        in edited(step_as_text)
+    assert "is missing, or holds an invalid value for: the run's totals. The file is damaged" \
+        in edited(lost_totals)
     assert "optimizer state in" in edited(wrong_shape) and "is damaged (its exp_avg has shape" in \
         edited(wrong_shape)
     assert "is damaged (its exp_avg_sq holds NaN or inf)" in edited(nan_moment)
