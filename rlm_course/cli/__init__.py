@@ -3,8 +3,9 @@
 One module per group of commands: :mod:`~rlm_course.cli.train` (the RL jobs),
 :mod:`~rlm_course.cli.cluster` (systems experiments, plan, validate) and
 :mod:`~rlm_course.cli.tools` (benchmarks, grading, exercises, hardware); the flags of an RL run
-are generated from the configuration's fields (:mod:`rlm_course.arguments`). Answering ``--help``
-imports nothing heavy: torch and the training code are imported by the command that needs them.
+are generated from the configuration's fields (:mod:`rlm_course.arguments`). Building the parser
+imports the cost model (``plan --mode`` lists the simulator's modes), and with it torch; the
+trainer and Ray are imported by the command that needs them.
 """
 
 from __future__ import annotations
@@ -43,12 +44,27 @@ def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPars
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
 
 
+def _version() -> str:
+    """The course's version and the installed torch's, read without importing torch."""
+    from importlib import metadata
+
+    from rlm_course import __version__
+
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "not installed"
+    return f"rlm_course {__version__} (torch {torch})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command (whole option names only: :class:`ExactArgumentParser`)."""
     parser = ExactArgumentParser(prog="python -m rlm_course", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error (also RLM_COURSE_DEBUG=1); "
                              "before or after the command")
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="show the course's version and torch's, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     train.add_parsers(sub)
     cluster.add_parsers(sub)

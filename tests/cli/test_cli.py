@@ -427,6 +427,19 @@ def test_every_command_help_opens_with_what_the_command_list_says(capsys):
     assert "rewrite data/eval/*.jsonl (fixed seeds)" in capsys.readouterr().out
 
 
+def test_version_names_the_course_and_torch(capsys):
+    from importlib import metadata
+
+    import rlm_course
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == (
+        f"rlm_course {rlm_course.__version__} (torch {metadata.version('torch')})")
+    assert rlm_course.__version__ == metadata.version("rlm_course")  # pyproject.toml's
+
+
 def test_bench_help_describes_every_benchmark_it_accepts():
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
