@@ -22,6 +22,19 @@ def check_same_shape(x: Tensor, mask: Tensor, where: str, x_name: str = "values"
                          "tokens.")
 
 
+def check_tensors(where: str, **tensors: Tensor) -> None:
+    """Refuse what is not a torch tensor (a numpy array or a list has no ``.bool()``, and its
+    arithmetic with a tensor gives numpy's or torch's rules by the order of the operands).
+
+    Raises:
+        ValueError: naming ``where``, the argument and its type.
+    """
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{where}: {name} is a {type(t).__name__}; give a torch tensor "
+                             f"(torch.as_tensor({name})).")
+
+
 def check_floats(where: str, **tensors: Tensor) -> None:
     """Refuse a tensor of integers or bools where floats belong (integer values or log-probs
     would truncate every result), and floats of different precisions (the result would take one
@@ -30,11 +43,9 @@ def check_floats(where: str, **tensors: Tensor) -> None:
     Raises:
         ValueError: naming ``where``, the tensor and its dtype.
     """
+    check_tensors(where, **tensors)
     dtypes = {}
     for name, t in tensors.items():
-        if not isinstance(t, Tensor):
-            raise ValueError(f"{where}: {name} is a {type(t).__name__}; give a torch tensor "
-                             f"(torch.as_tensor({name}, dtype=torch.float32)).")
         if not t.is_floating_point():
             raise ValueError(f"{where}: {name} of dtype {t.dtype}; give floats ({name}.float()).")
         dtypes[name] = t.dtype
@@ -72,8 +83,10 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     A row with no True entry gives 0 rather than NaN.
 
     Raises:
-        ValueError: for a mask of another shape than ``x``, or with values other than 0 and 1.
+        ValueError: for ``x`` or ``mask`` that is not a tensor, a mask of another shape than
+            ``x``, or with values other than 0 and 1.
     """
+    check_tensors("masked_mean", values=x, response_mask=mask)
     check_same_shape(x, mask, "masked_mean")
     check_mask(mask, "masked_mean")
     kept, mask = zero_padding(x, mask), mask.to(x.dtype)
@@ -95,14 +108,21 @@ def masked_whiten(x: Tensor, response_mask: Tensor, eps: float = 1e-6) -> Tensor
     would blow up to -0.0074 on every token, as
     :func:`rlm_course.rl.advantages.constant_groups` says of group baselines.
 
+    A NaN or inf at a padded position stays out of the result and of its gradient (the padding
+    is replaced by 0 before any arithmetic: ``0 x NaN`` in the backward pass of a later mask
+    would be NaN).
+
     Raises:
-        ValueError: for a mask of another shape than ``x``, or with values other than 0 and 1.
+        ValueError: for ``x`` or ``response_mask`` that is not a tensor, a mask of another shape
+            than ``x``, or with values other than 0 and 1.
     """
+    check_tensors("masked_whiten", values=x, response_mask=response_mask)
     check_same_shape(x, response_mask, "masked_whiten")
     check_mask(response_mask, "masked_whiten")
     kept = x[response_mask != 0]
     if kept.numel() and bool((kept == kept[0]).all()):
         return torch.zeros_like(x)
+    x = zero_padding(x, response_mask)
     mean = masked_mean(x, response_mask)
     std = masked_mean((x - mean) ** 2, response_mask).sqrt()
     return zero_padding((x - mean) / (std + eps), response_mask)

@@ -72,6 +72,23 @@ def test_masked_whiten_hand_example():
     w = masked.masked_whiten(x, mask)  # over 1, 3, 5: mean 3, population std sqrt(8/3)
     assert torch.allclose(w[mask], torch.tensor([-2.0, 0.0, 2.0]) / math.sqrt(8 / 3), atol=1e-5)
     assert w[1, 1] == 0
+    # a NaN at the padded position changes neither the values nor the gradient of the real
+    # tokens (it gave NaN gradients everywhere: 0 x NaN through the mean's backward pass)
+    grads = []
+    for pad in (100.0, float("nan")):
+        leaf = torch.tensor([[1.0, 3.0], [5.0, pad]], requires_grad=True)
+        out = masked.masked_whiten(leaf, mask)
+        assert torch.equal(out, w)
+        (out * torch.tensor([[1.0, 2.0], [3.0, 4.0]])).sum().backward()
+        grads.append(leaf.grad)
+    assert torch.isfinite(grads[1]).all() and torch.equal(grads[0], grads[1])
+    assert grads[1][1, 1] == 0
+    # numpy arrays are refused by name (masked_mean raised AttributeError: no .bool())
+    for fn in (masked.masked_mean, masked.masked_whiten):
+        with pytest.raises(ValueError, match=r"values is a ndarray; give a torch tensor"):
+            fn(x.numpy(), mask)
+        with pytest.raises(ValueError, match=r"response_mask is a ndarray; give a torch tensor"):
+            fn(x, mask.numpy())
 
 
 def naive_gae(rewards, values, lengths, gamma, lam):
