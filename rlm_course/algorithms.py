@@ -30,8 +30,9 @@ term is the course's 0.005 (the papers use 0.001-0.04 on far larger models).
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field, fields
+
+from rlm_course.utils import is_real, plain_ints
 
 # ---------------------------------------------------------------------------------- the options
 # Plain tuples of names, so that the command line can list them (and answer --help) at once; the
@@ -315,10 +316,7 @@ class RLConfig:
         self._check_combination()
 
     def _check_values(self) -> None:
-        for f in fields(self):  # numpy's integers (a sweep's np.arange) as Python's
-            value = getattr(self, f.name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
-                object.__setattr__(self, f.name, int(value))
+        plain_ints(self)  # numpy's integers (a sweep's np.arange) as Python's
         for name in ("normalize_std", "dynamic_sampling", "use_critic"):
             if not isinstance(getattr(self, name), bool):  # "False" is a true string
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False.")
@@ -326,8 +324,7 @@ class RLConfig:
                      "clip_eps_high", "dual_clip", "kl_coef", "entropy_coef", "gamma", "lam",
                      "critic_lr", "value_clip", "value_coef", "correction_cap"):
             value = getattr(self, name)
-            if not ((isinstance(value, numbers.Real) and not isinstance(value, bool))
-                    or (value is None and name in ("clip_eps_high", "dual_clip"))):
+            if not (is_real(value) or (value is None and name in ("clip_eps_high", "dual_clip"))):
                 raise ValueError(f"{name}={value!r} must be a number, not a "
                                  f"{type(value).__name__}.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

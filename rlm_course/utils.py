@@ -1,4 +1,5 @@
-"""Small shared helpers: cores and ports, seeding, atomic file writes, stage timers."""
+"""Small shared helpers: cores and ports, seeding, atomic file writes, stage timers. Imports
+neither torch nor numpy at the top (the tasks and :mod:`rlm_course.arguments` use it)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,6 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-
-import numpy as np
-import torch
 
 
 class Note(UserWarning):
@@ -80,6 +78,9 @@ def choose_threads(requested: int | None = None) -> tuple[int, str]:
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch so that CPU runs repeat exactly on the same machine with the
     same thread count (other kernels or threads round differently: :mod:`rlm_course.numerics`)."""
+    import numpy as np  # here: the tasks and the command line's arguments import this module
+    import torch  # and must not import torch (rlm_course.arguments)
+
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

@@ -178,3 +178,17 @@ def test_durations_are_shown_in_units_that_keep_their_digits():
     assert seconds_text(1.0) == "1.0 s" and seconds_text(475.25, 0) == "475 s"
     assert seconds_text(96475.7) == "96,475.7 s (26.8 h)"
     assert seconds_text(3599.0, 0) == "3,599 s"
+
+
+def test_the_arguments_the_tasks_and_the_presets_import_no_torch():
+    """rlm_course.arguments (the command line's flags, the torchrun worker's parser), the tasks
+    and the presets stay light: importing torch takes about a second on a laptop (tasks/base
+    once reached it through utils' top-level import)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rlm_course.arguments, rlm_course.tasks, rlm_course.algorithms, "
+            "rlm_course.utils; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=repo_root()).stdout
+    assert out.strip() == "[]"
