@@ -309,7 +309,8 @@ def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = Fals
         ValueError: ``resume`` with ``overwrite`` or an ``sft_checkpoint``; ``resume`` without a
             checkpoint; a folder that holds files, without ``resume`` or ``overwrite``; a folder
             holding files a run does not write (``--overwrite`` would delete them); the old run
-            an earlier ``--overwrite`` set aside and never replaced (:class:`SetAside`).
+            an earlier ``--overwrite`` set aside and never replaced (:class:`SetAside`); an
+            ``sft_checkpoint`` inside the folder ``overwrite`` replaces.
     """
     ckpt = run_dir / "checkpoint.pt"
     has_files = run_dir.is_dir() and any(run_dir.iterdir())
@@ -328,6 +329,12 @@ def check_run_folder(run_dir: Path, resume: bool = False, overwrite: bool = Fals
     if resume and sft_checkpoint is not None:
         raise ValueError("--sft-checkpoint is not used with --resume (the run's checkpoint holds "
                          "the policy); drop one of them.")
+    if overwrite and has_files and sft_checkpoint is not None \
+            and Path(sft_checkpoint).resolve().is_relative_to(run_dir.resolve()):
+        raise ValueError(f"--sft-checkpoint {sft_checkpoint} lies inside the run folder {run_dir} "
+                         "that --overwrite replaces (the run would start without it); copy it "
+                         "out first (e.g. to runs/warm-start.pt) and pass the copy, or choose "
+                         "another --name; nothing was changed.")
     if resume and not ckpt.exists():
         hint = (" It holds files of a run that stopped before its first checkpoint: start it again "
                 "with --overwrite." if has_files else " Start it without --resume.")

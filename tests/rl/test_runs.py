@@ -436,6 +436,20 @@ def test_overwrite_never_deletes_files_a_run_does_not_write(tmp_path, capsys):
     assert (docs / "notes.txt").read_text() == "important" and (docs / "sub").is_dir()
 
 
+def test_a_warm_start_inside_the_folder_overwrite_replaces_is_refused_first(tmp_path, capsys):
+    # --overwrite set the folder aside, then the run said its --sft-checkpoint did not exist
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"earlier run")
+    assert main(["grpo", "--task", "addition", "--steps", "1", "--out", str(tmp_path),
+                 "--name", "r", "--no-progress", *SMALL, "--overwrite",
+                 "--sft-checkpoint", str(run / "checkpoint.pt")]) == 2
+    assert (f"--sft-checkpoint {run / 'checkpoint.pt'} lies inside the run folder {run} that "
+            "--overwrite replaces") in capsys.readouterr().err
+    assert (run / "checkpoint.pt").read_bytes() == b"earlier run"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # nothing set aside
+
+
 def test_a_run_set_aside_and_forgotten_is_named_even_when_its_folder_is_empty(tmp_path, capsys):
     run, aside = tmp_path / "r", tmp_path / ".r.replaced"
     run.mkdir()
