@@ -130,8 +130,10 @@ def ensure_writable_folder(folder: str | Path, flag: str) -> None:
         ValueError: naming the folder, the operating system's reason and the flag to change.
     """
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"cannot write to {folder}: it is a file, not a folder; choose another "
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():  # the folder, or a parent, is a file
+        what = "it is" if existing == folder else f"{existing} is"
+        raise ValueError(f"cannot write to {folder}: {what} a file, not a folder; choose another "
                          f"{flag}.")
     try:
         folder.mkdir(parents=True, exist_ok=True)

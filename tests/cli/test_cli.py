@@ -517,7 +517,13 @@ def test_family_refuses_paths_and_variants_it_would_fail_on_after_its_runs(tmp_p
     afile.write_text("keep me")
     for argv, message in (
             (["--out", str(tmp_path)], f"--out {tmp_path} is a folder; give the results file's"),
-            (["--runs-dir", str(afile)], f"--runs-dir {afile} is a file"),
+            (["--runs-dir", str(afile)], f"cannot write to {afile}: it is a file, not a folder; "
+                                         "choose another --runs-dir."),
+            # a path through a file: the operating system said "File exists" / "Not a directory"
+            (["--runs-dir", str(afile / "runs")], f"cannot write to {afile / 'runs'}: {afile} is "
+                                                  "a file, not a folder; choose another --runs-dir."),
+            (["--out", str(afile / "family.json")], f"cannot write to {afile}: it is a file, not a "
+                                                    "folder; choose another --out."),
             (["--variants", "grpo", "rloo", "grpo"], "--variants names grpo more than once")):
         assert main(["family", "--task", "addition", "--steps", "1", "--seeds", "0",
                      "--no-progress", *argv]) == 2
