@@ -5,6 +5,29 @@ import pytest
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+def _start_a_dead_kernel_again():
+    """nbval starts each notebook's kernel once; a kernel that dies before it answers (the port
+    race of jupyter_client's random ports when two xdist workers and the distributed tests bind
+    ports at once: ZMQError "Address already in use", nbmake issue #129) failed a notebook that
+    never ran. Such a start is tried once more; a kernel that dies twice still fails."""
+    from nbval import kernel
+
+    start = kernel.start_new_kernel
+
+    def start_new_kernel(*args, **kwargs):
+        try:
+            return start(*args, **kwargs)
+        except RuntimeError as err:
+            if "Kernel died before replying" not in str(err):
+                raise
+            return start(*args, **kwargs)
+
+    kernel.start_new_kernel = start_new_kernel
+
+
+_start_a_dead_kernel_again()
+
+
 def pytest_collectstart(collector):
     # nbval: never compare stderr (kernel warnings, tqdm bars); correctness lives in cell asserts.
     if collector.fspath and str(collector.fspath).endswith(".ipynb"):
