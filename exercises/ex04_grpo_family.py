@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from rlm_course.rl.advantages import check_groups, constant_groups
-from rlm_course.rl.losses import AGGREGATIONS, LOG_RATIO_CLAMP, check_mask, check_same_shape, is_real, masked_mean, math, sequence_mean, zero_padding
+from rlm_course.rl.losses import AGGREGATIONS, LOG_RATIO_CLAMP, check_mask, check_same_shape, check_tensors, is_real, masked_mean, math, sequence_mean, zero_padding
 
 __all__ = ['rloo_advantages', 'sequence_ratio', 'aggregate_loss']
 
@@ -39,7 +39,15 @@ def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tens
     ``s_i = (pi_theta(o_i) / pi_old(o_i)) ** (1/|o_i|) = exp(mean_t (logp - old_logp))``, the
     mean clamped to ``+-LOG_RATIO_CLAMP`` before ``exp`` (:data:`rlm_course.rl.kl.LOG_RATIO_CLAMP`).
     Inputs ``(batch, R)``; returns ``(batch,)``.
+
+    Raises:
+        ValueError: for arguments that are not tensors, or log-probs of another shape than the
+            mask.
     """
+    check_tensors("sequence_ratio", log_probs=log_probs, old_log_probs=old_log_probs,
+                  response_mask=response_mask)
+    check_same_shape(log_probs, response_mask, "sequence_ratio", "log_probs")
+    check_same_shape(old_log_probs, response_mask, "sequence_ratio", "old_log_probs")
     # TODO: average the per-token log-ratios over each response's real tokens, clamp the mean to +-LOG_RATIO_CLAMP, then exponentiate
     raise NotImplementedError("not implemented yet: average the per-token log-ratios over each response's real tokens, clamp the mean to +-LOG_RATIO_CLAMP, then exponentiate")
 
@@ -56,13 +64,20 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
       response length), which removes GRPO's length bias.
 
     Raises:
-        ValueError: for an unknown mode, a mask of another shape than ``per_token`` or with
-            values other than 0 and 1, or the Dr. GRPO mode without a constant length: a finite
+        ValueError: for an unknown mode, arguments that are not tensors, a mask of another
+            shape than ``per_token`` or with values other than 0 and 1, a ``constant_length``
+            that is neither None nor a finite number > 0, or the Dr. GRPO mode without a
+            constant length: a finite
             number at least the longest response (the generation budget; a shorter one would
             weigh a response's tokens above 1, inf would give no gradient).
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}.")
+    if mode != "seq-mean-token-sum-norm" and constant_length is not None and not (
+            is_real(constant_length) and 0 < constant_length < math.inf):  # (that mode: below)
+        raise ValueError(f"aggregate_loss: constant_length={constant_length!r} must be None or "
+                         "a finite number of tokens > 0 (the generation budget).")
+    check_tensors("aggregate_loss", per_token=per_token, response_mask=response_mask)
     check_same_shape(per_token, response_mask, "aggregate_loss", "per_token")
     check_mask(response_mask, "aggregate_loss")
     per_token = zero_padding(per_token, response_mask)  # NaN at padding never reaches the sum

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from rlm_course.rl.advantages import check_floats, check_same_shape, zero_padding
+from rlm_course.rl.advantages import check_floats, check_mask, check_same_shape, check_tensors, is_real, zero_padding
 
 __all__ = ['gae']
 
@@ -33,16 +33,19 @@ def gae(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1
         ``(advantages, returns)``, each ``(batch, R)``, 0 outside the mask.
 
     Raises:
-        ValueError: if gamma or lam is outside [0, 1], the rewards or values are not floats
-            (integer values would truncate every advantage), or the three tensors are not of
-            one ``(batch, R)`` shape.
+        ValueError: if gamma or lam is not a number in [0, 1], an argument is not a tensor, the
+            rewards or values are not floats (integer values would truncate every advantage),
+            the three tensors are not of one ``(batch, R)`` shape, or the mask holds values
+            other than 0 and 1 (a mask of 2s scaled every advantage).
     """
-    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
-        raise ValueError(f"gae: gamma={gamma} and lam={lam} must be in [0, 1].")
+    if not (is_real(gamma) and is_real(lam) and 0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gae: gamma={gamma!r} and lam={lam!r} must be numbers in [0, 1].")
+    check_tensors("gae", rewards=rewards, values=values, response_mask=response_mask)
     if values.dim() != 2:
         raise ValueError(f"gae: values of shape {tuple(values.shape)}; give (batch, R).")
     check_same_shape(values, response_mask, "gae", "values")
     check_same_shape(rewards, response_mask, "gae", "rewards")
+    check_mask(response_mask, "gae")
     check_floats("gae", rewards=rewards, values=values)
     # what padded positions hold (a critic's value there can be anything, even NaN) stays out
     values, rewards = zero_padding(values, response_mask), zero_padding(rewards, response_mask)

@@ -19,7 +19,8 @@ import math
 import torch
 from torch import Tensor
 
-from rlm_course.rl.masked import check_mask, check_same_shape, masked_mean, zero_padding
+from rlm_course.rl.masked import (check_floats, check_mask, check_same_shape, check_tensors,
+                                  masked_mean, zero_padding)
 from rlm_course.algorithms import AGGREGATIONS, LOG_RATIO_CLAMP, check_dual_clip
 from rlm_course.utils import is_real
 
@@ -31,7 +32,15 @@ def sequence_ratio(log_probs: Tensor, old_log_probs: Tensor, response_mask: Tens
     ``s_i = (pi_theta(o_i) / pi_old(o_i)) ** (1/|o_i|) = exp(mean_t (logp - old_logp))``, the
     mean clamped to ``+-LOG_RATIO_CLAMP`` before ``exp`` (:data:`rlm_course.rl.kl.LOG_RATIO_CLAMP`).
     Inputs ``(batch, R)``; returns ``(batch,)``.
+
+    Raises:
+        ValueError: for arguments that are not tensors, or log-probs of another shape than the
+            mask.
     """
+    check_tensors("sequence_ratio", log_probs=log_probs, old_log_probs=old_log_probs,
+                  response_mask=response_mask)
+    check_same_shape(log_probs, response_mask, "sequence_ratio", "log_probs")
+    check_same_shape(old_log_probs, response_mask, "sequence_ratio", "old_log_probs")
     # BEGIN SOLUTION: average the per-token log-ratios over each response's real tokens, clamp the mean to +-LOG_RATIO_CLAMP, then exponentiate
     mean = masked_mean(log_probs - old_log_probs, response_mask, dim=1)
     return torch.exp(mean.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -49,6 +58,7 @@ def check_clip(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: fl
             neither of the ratio's shape nor ``(batch,)`` for its rows (another shape would
             broadcast one response's advantage over another's tokens).
     """
+    check_tensors(where, ratio=ratio, advantages=advantages)
     clip_high = clip_low if clip_high is None else clip_high
     check_dual_clip(clip_c)
     if not (is_real(clip_low) and is_real(clip_high) and 0 <= clip_low <= clip_high < math.inf):
@@ -144,13 +154,20 @@ def aggregate_loss(per_token: Tensor, response_mask: Tensor, mode: str,
       response length), which removes GRPO's length bias.
 
     Raises:
-        ValueError: for an unknown mode, a mask of another shape than ``per_token`` or with
-            values other than 0 and 1, or the Dr. GRPO mode without a constant length: a finite
+        ValueError: for an unknown mode, arguments that are not tensors, a mask of another
+            shape than ``per_token`` or with values other than 0 and 1, a ``constant_length``
+            that is neither None nor a finite number > 0, or the Dr. GRPO mode without a
+            constant length: a finite
             number at least the longest response (the generation budget; a shorter one would
             weigh a response's tokens above 1, inf would give no gradient).
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}.")
+    if mode != "seq-mean-token-sum-norm" and constant_length is not None and not (
+            is_real(constant_length) and 0 < constant_length < math.inf):  # (that mode: below)
+        raise ValueError(f"aggregate_loss: constant_length={constant_length!r} must be None or "
+                         "a finite number of tokens > 0 (the generation budget).")
+    check_tensors("aggregate_loss", per_token=per_token, response_mask=response_mask)
     check_same_shape(per_token, response_mask, "aggregate_loss", "per_token")
     check_mask(response_mask, "aggregate_loss")
     per_token = zero_padding(per_token, response_mask)  # NaN at padding never reaches the sum
@@ -199,11 +216,17 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
         whose objective was clipped (no gradient through them).
 
     Raises:
-        ValueError: for an unknown ratio level, tensors whose shapes do not match, a sequence
-            ratio with per-token advantages, or the errors of :func:`clipped_objective` and
-            :func:`aggregate_loss`.
+        ValueError: for an unknown ratio level, arguments that are not tensors, log-probs or
+            advantages that are not floats (or log-probs of two precisions), tensors whose
+            shapes do not match, a mask of values other than 0 and 1, a sequence ratio with
+            per-token advantages, or the errors of :func:`clipped_objective` and
+            :func:`aggregate_loss`. A NaN or inf at a padded position (of the log-probs, the
+            advantages or the weights) changes neither the loss nor its gradient.
     """
     clip_high = clip_low if clip_high is None else clip_high
+    check_tensors("policy_loss", log_probs=log_probs, old_log_probs=old_log_probs,
+                  advantages=advantages, response_mask=response_mask,
+                  **({} if weights is None else {"weights": weights}))
     if log_probs.dim() != 2:
         raise ValueError(f"policy_loss: log_probs of shape {tuple(log_probs.shape)}; give "
                          "(batch, R) over the response tokens (one response is (1, R): "
@@ -212,11 +235,17 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
     check_same_shape(old_log_probs, response_mask, "policy_loss", "old_log_probs")
     if weights is not None:  # (batch,) would broadcast over the tokens, not the responses
         check_same_shape(weights, response_mask, "policy_loss", "weights")
+    check_mask(response_mask, "policy_loss")
+    # integer log-probs truncated the ratio; two precisions silently dropped one
+    check_floats("policy_loss", log_probs=log_probs, old_log_probs=old_log_probs)
+    check_floats("policy_loss", advantages=advantages)
     # the old (or proximal) policy is the trust region's centre: no gradient through it
     old_log_probs = old_log_probs.detach()
     if tuple(advantages.shape) not in ((log_probs.shape[0],), tuple(log_probs.shape)):
         raise ValueError(f"policy_loss: advantages {tuple(advantages.shape)} must be (batch,) "
                          f"= ({log_probs.shape[0]},) or (batch, R) = {tuple(log_probs.shape)}.")
+    if advantages.dim() == 2:  # a NaN at padding would make 0 x NaN gradients on every token
+        advantages = zero_padding(advantages, response_mask)
     if ratio_level == "token":
         ratio = torch.exp((log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         per_token = clipped_objective(ratio, advantages, clip_low, clip_high, clip_c)
@@ -230,8 +259,8 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
         ratio = ratio[:, None].expand_as(log_probs)
     else:
         raise ValueError(f"unknown ratio level {ratio_level!r}; choose token or sequence.")
-    if weights is not None:
-        per_token = per_token * weights.detach()
+    if weights is not None:  # padding set to 0 first, as for the advantages
+        per_token = per_token * zero_padding(weights.detach(), response_mask)
     clipped = clipped_tokens(ratio, advantages, clip_low, clip_high, clip_c)
     loss = aggregate_loss(per_token, response_mask, loss_agg, constant_length)
     return loss, clipped.detach() & response_mask.bool()

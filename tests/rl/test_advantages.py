@@ -225,3 +225,27 @@ def test_group_baselines_take_numpy_group_sizes_and_refuse_arrays():
         advantages.group_advantages(r, 2.0)
     with pytest.raises(ValueError, match=r"rewards is a ndarray; give a torch tensor"):
         advantages.group_advantages(np.array([1.0, 0.0]), 2)
+
+
+def test_gae_and_reinforce_pp_refuse_masks_kinds_and_rates_they_would_misread():
+    # a mask of 2s doubled GAE's advantages at gamma 1 (9.6 for 2.9); lists raised AttributeError
+    x, m = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert torch.allclose(advantages.gae(x, torch.zeros(2, 3), m, 0.9, 1.0)[0],
+                          torch.tensor([[2.8, 2.0, 0.0], [4.0, 0.0, 0.0]]))
+    for call, message in (
+            (lambda: advantages.gae(x, torch.zeros(2, 3), m * 2), "gae: response_mask holds 2"),
+            (lambda: advantages.gae(x, torch.zeros(2, 3), m * 0.5),
+             "gae: response_mask holds 0.5"),
+            (lambda: advantages.gae(x.tolist(), torch.zeros(2, 3), m), "gae: rewards is a list"),
+            (lambda: advantages.gae(x, torch.zeros(2, 3).numpy(), m),
+             "gae: values is a ndarray"),
+            (lambda: advantages.gae(x, torch.zeros(2, 3), m, gamma="0.9"),
+             r"gae: gamma='0.9' and lam=0.95 must be numbers in \[0, 1\]"),
+            (lambda: advantages.gae(x, torch.zeros(2, 3), m, lam=None), "lam=None"),
+            (lambda: advantages.gae(x, torch.zeros(2, 3), m, gamma=True), "gamma=True"),
+            (lambda: advantages.reinforce_pp_advantages(x.tolist(), m),
+             "reinforce_pp_advantages: token_rewards is a list"),
+            (lambda: advantages.reinforce_pp_advantages(x, m * 2),
+             "reinforce_pp_advantages: response_mask holds 2")):
+        with pytest.raises(ValueError, match=message):
+            call()

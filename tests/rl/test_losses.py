@@ -302,3 +302,47 @@ def test_the_clipped_value_loss_is_verls():
     # 1/2 max((V - R)^2, (clip(V, V_old -+ 0.2) - R)^2): token 1 max(1, 1.69) = 1.69, token 2
     # max(0, 0.09) = 0.09; the mean of the halves 0.445
     assert critic_loss(0.2).item() == pytest.approx(0.445)
+
+
+def test_padding_never_reaches_the_policy_gradient_and_bad_kinds_are_named():
+    """A NaN at a padded position of the weights or of per-token advantages gave the right loss
+    and NaN gradients (0 x NaN through the mask's backward pass), at sequence level on the real
+    tokens too; integer or mixed-precision log-probs were taken; numpy arrays and lists raised
+    AttributeError."""
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    nan_pad = torch.tensor([[1.0, 1.0, float("nan")]])
+    clean_pad = torch.tensor([[1.0, 1.0, 0.0]])
+    for level, kwargs in (("token", lambda pad: {"weights": pad}),
+                          ("token", lambda pad: {"advantages": pad}),
+                          ("sequence", lambda pad: {"weights": pad})):
+        grads, values = [], []
+        for pad in (clean_pad, nan_pad):
+            lp = torch.full((1, 3), -1.0, requires_grad=True)
+            args = {"advantages": torch.tensor([1.0]), **kwargs(pad)}
+            loss, _ = losses.policy_loss(lp, lp.detach() - 0.1, args.pop("advantages"), mask,
+                                         ratio_level=level, **args)
+            loss.backward()
+            grads.append(lp.grad)
+            values.append(loss.item())
+        assert values[0] == values[1] and torch.equal(grads[0], grads[1]), (level, grads)
+        assert torch.isfinite(grads[1]).all() and grads[1][0, 2] == 0
+    lp, m = torch.full((2, 3), -1.0), torch.ones(2, 3)
+    adv = torch.ones(2)
+    for call, message in (
+            (lambda: losses.policy_loss(lp.numpy(), lp, adv, m), "log_probs is a ndarray"),
+            (lambda: losses.policy_loss(lp, lp.tolist(), adv, m), "old_log_probs is a list"),
+            (lambda: losses.policy_loss(lp.long(), lp.long(), adv, m),
+             r"log_probs of dtype torch.int64; give floats"),
+            (lambda: losses.policy_loss(lp.double(), lp, adv, m),
+             "log_probs torch.float64, old_log_probs torch.float32; give them one float dtype"),
+            (lambda: losses.policy_loss(lp, lp, adv, m * 2), "policy_loss: response_mask holds 2"),
+            (lambda: losses.clipped_objective(lp.numpy(), adv, 0.2),
+             "clipped_objective: ratio is a ndarray"),
+            (lambda: losses.aggregate_loss(lp.numpy(), m.numpy(), "token-mean"),
+             "aggregate_loss: per_token is a ndarray"),
+            (lambda: losses.aggregate_loss(lp, m, "token-mean", -5),
+             r"constant_length=-5 must be None or a finite number of tokens > 0"),
+            (lambda: losses.sequence_ratio(lp, lp[:, :2], m),
+             r"sequence_ratio: old_log_probs \(2, 2\) and response_mask \(2, 3\)")):
+        with pytest.raises(ValueError, match=message):
+            call()
