@@ -140,8 +140,8 @@ def ensure_writable_folder(folder: str | Path, flag: str) -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as err:
-        raise ValueError(f"cannot write to {folder} ({err.strerror or err}); choose another "
-                         f"{flag}.") from None
+        raise ValueError(f"cannot write a file in {folder} ({err.strerror or err}); choose "
+                         f"another {flag}.") from None
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -142,7 +142,7 @@ def _eval(args) -> int:
 
 def _family(args) -> int:
     from rlm_course.rl.experiments import default_results_path, run_family
-    from rlm_course.utils import ensure_writable_folder, result_path
+    from rlm_course.utils import result_path
 
     task = task_from_args(args)
     if args.out and args.store:
@@ -163,12 +163,6 @@ def _family(args) -> int:
         flags += [flag(name), str(value)]
     stored = default_results_path(task)
     out = args.out or result_path(stored, args.store, args.runs_dir)
-    # before an hour of runs, not when they save: each folder exists or can be made, and takes a
-    # file (a path through a file said "File exists", the operating system's words)
-    if args.runs_dir:
-        ensure_writable_folder(args.runs_dir, "--runs-dir")
-    ensure_writable_folder(Path(out).parent, "--out" if args.out else
-                           "--runs-dir" if not args.store else "data folder")
     path = run_family(task, flags, args.seeds, args.steps, args.variants, runs_dir=args.runs_dir,
                       out=out, progress=not args.no_progress, store=args.store)
     print(f"wrote {path}")

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from rlm_course.algorithms import PRESETS
 from rlm_course.tasks.base import Task
-from rlm_course.utils import atomic_write_json, data_dir
+from rlm_course.utils import atomic_write_json, data_dir, ensure_writable_folder
 
 
 def run_cli_job(argv: list[str], run_dir: Path) -> tuple[dict, list[dict]]:
@@ -88,7 +88,13 @@ def run_family(task: Task, task_flags: list[str], seeds: list[int], steps: int,
                          "repeats its run exactly, so it would count twice in the means and "
                          "standard deviations; give distinct seeds (e.g. --seeds 0 1 2).")
     out = Path(out) if out is not None else default_results_path(task)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # before an hour of runs, not when they save (and after the checks above, so that a
+    # refused command leaves no folder behind)
+    checks = [(out.parent, "--out"), (Path(runs_dir), "--runs-dir")]
+    if out.parent.resolve().is_relative_to(Path(runs_dir).resolve()):
+        checks.reverse()  # the results go into the runs' folder: that is the flag to change
+    for folder, flag in checks:
+        ensure_writable_folder(folder, flag)
     threads = os.environ.get("OMP_NUM_THREADS")
     command = ((f"OMP_NUM_THREADS={threads} " if threads else "") +
                f"python -m rlm_course family {' '.join(task_flags)} --seeds "

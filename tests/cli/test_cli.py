@@ -121,7 +121,7 @@ def test_distributed_checks_the_workers_and_the_launchers_options_first(capsys):
     # a run folder nobody can write: refused before torchrun, not by every rank once started
     assert main(["distributed", "grpo", "--nproc", "2", "--", "--task", "addition", "--out",
                  "/proc/runs"]) == 2
-    assert _one_line_error(capsys).startswith("error: cannot write to /proc/runs (")
+    assert _one_line_error(capsys).startswith("error: cannot write a file in /proc/runs (")
     assert main(["distributed", "collectives", "--", "--repeats", "0"]) == 2
     assert "--repeats 0" in _one_line_error(capsys)
     assert main(["distributed", "hello", "--threads", "0"]) == 2
@@ -524,7 +524,9 @@ def test_family_refuses_paths_and_variants_it_would_fail_on_after_its_runs(tmp_p
                                                   "a file, not a folder; choose another --runs-dir."),
             (["--out", str(afile / "family.json")], f"cannot write to {afile}: it is a file, not a "
                                                     "folder; choose another --out."),
-            (["--variants", "grpo", "rloo", "grpo"], "--variants names grpo more than once")):
+            (["--variants", "grpo", "rloo", "grpo"], "--variants names grpo more than once"),
+            # refused after the runs folder was made: an empty folder was left behind
+            (["--steps", "0", "--runs-dir", str(tmp_path / "runs")], "--steps 0 must be positive")):
         assert main(["family", "--task", "addition", "--steps", "1", "--seeds", "0",
                      "--no-progress", *argv]) == 2
         assert message in _one_line_error(capsys)
