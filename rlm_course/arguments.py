@@ -153,7 +153,15 @@ def rl_config_from_args(args: argparse.Namespace) -> RLConfig:
     try:
         config = preset(args.variant, **overrides)
     except ValueError as err:
-        raise ValueError(as_flags(str(err))) from None
+        # a conflicting setting the command line did not give is the preset's: say so, or
+        # "--group-size 1" reads as if the user had typed it
+        fields = {f.name for f in dataclasses.fields(RLConfig)}
+        implied = sorted({name for name, _ in _FIELD_VALUE.findall(str(err))
+                          if name in fields and name not in overrides})
+        note = (f" ({', '.join(map(flag, implied))}: the {args.variant} preset's "
+                f"{'value' if len(implied) == 1 else 'values'}, not given on the command line)"
+                if implied else "")
+        raise ValueError(as_flags(str(err)) + note) from None
     ignored = config.unused(overrides)
     if ignored:
         raise ValueError("; ".join(f"{flag(k)} has no effect in this combination: {v}"

@@ -59,6 +59,28 @@ def test_unset_flags_keep_the_preset_and_set_ones_reach_the_config():
     assert rl_config_from_args(args).clip_eps_high is None
 
 
+def test_a_conflict_says_which_settings_are_the_presets():
+    # ppo --advantage group: "--group-size 1" read as if the user had typed it
+    args = build_parser().parse_args(["ppo", "--task", "addition", "--advantage", "group"])
+    with pytest.raises(ValueError) as err:
+        rl_config_from_args(args)
+    message = str(err.value)
+    assert message.startswith("2 settings conflict:\n - --group-size 1 with --advantage group")
+    assert message.endswith("(--group-size, --use-critic: the ppo preset's values, not given on "
+                            "the command line)")
+    args = build_parser().parse_args(["grpo", "--task", "addition", "--group-size", "1"])
+    with pytest.raises(ValueError) as err:
+        rl_config_from_args(args)
+    assert str(err.value).endswith("(--advantage: the grpo preset's value, not given on the "
+                                   "command line)")
+    # a conflict between given flags names no preset
+    args = build_parser().parse_args(["grpo", "--task", "addition", "--group-size", "1",
+                                      "--advantage", "group"])
+    with pytest.raises(ValueError) as err:
+        rl_config_from_args(args)
+    assert "--group-size 1" in str(err.value) and "preset's" not in str(err.value)
+
+
 def test_the_torchrun_worker_parses_the_same_options():
     args = rl_run_parser().parse_args(["--task", "addition", "--temperature", "0.7",
                                        "--variant", "rloo", "--steps", "7"])
