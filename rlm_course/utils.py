@@ -204,6 +204,12 @@ def is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def is_integer(value) -> bool:
+    """An integer (int, numpy's integers), not a bool (``True`` is an ``int`` to Python; a bool
+    where a count or a token id belongs is a mistake, not 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def seconds_text(seconds: float, decimals: int = 1) -> str:
     """A duration for a reader: ``decimals`` decimals in seconds from 1 s (``1,234.5 s``), three
     significant digits in milliseconds below (``12.3 ms``, where ``0.0 s`` would hide it), and

@@ -14,7 +14,6 @@ Layout of a rollout batch (``P`` prompt columns, left-padded; ``R`` response col
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +22,7 @@ from torch import Tensor
 
 from rlm_course.algorithms import MIN_TEMPERATURE
 from rlm_course.lm.model import KVCache, TinyGPT
+from rlm_course.utils import is_integer
 
 
 @dataclass
@@ -103,16 +103,13 @@ def generate(model: TinyGPT, prompt_tokens: Tensor, prompt_mask: Tensor, max_new
         FloatingPointError: if the model produces NaN or infinite logits.
     """
     vocab = model.config.vocab_size
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) \
-            or max_new_tokens <= 0:
+    if not is_integer(max_new_tokens) or max_new_tokens <= 0:
         raise ValueError(f"generate: max_new_tokens={max_new_tokens!r} must be a positive "
                          "integer.")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)
-                              or top_k < 1):
+    if top_k is not None and (not is_integer(top_k) or top_k < 1):
         raise ValueError(f"generate: top_k={top_k!r} must be a positive integer (or None: every "
                          "token).")
-    if isinstance(eos_id, bool) or not isinstance(eos_id, numbers.Integral) \
-            or not -1 <= eos_id < vocab:
+    if not is_integer(eos_id) or not -1 <= eos_id < vocab:
         raise ValueError(f"generate: eos_id={eos_id!r} must be a token id of the model's "
                          f"vocabulary (0..{vocab - 1}; tokenizer.eos_id), or -1 for every "
                          "sequence to run max_new_tokens (another id would never end one).")
@@ -252,8 +249,7 @@ def response_log_probs(model: TinyGPT, tokens: Tensor, attention_mask: Tensor, p
             is not an integer with at least one prompt and one response column (1 <= P < P + R).
     """
     width = tokens.shape[1] if isinstance(tokens, Tensor) and tokens.dim() == 2 else None
-    if (isinstance(prompt_len, bool) or not isinstance(prompt_len, numbers.Integral)
-            or width is None or not 1 <= prompt_len < width):
+    if not is_integer(prompt_len) or width is None or not 1 <= prompt_len < width:
         raise ValueError(f"response_log_probs: prompt_len={prompt_len!r} must be an integer in "
                          f"1..{'P + R - 1' if width is None else width - 1} for tokens "
                          f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else tokens!r} "

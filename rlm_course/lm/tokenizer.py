@@ -6,11 +6,12 @@ is six tokens, its answer ``"132"`` three more plus ``<eos>``.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+from rlm_course.utils import is_integer
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIALS = (PAD, BOS, EOS)
@@ -79,8 +80,7 @@ class CharTokenizer:
                                  f"a time ([tokenizer.{where}(row) for row in ids]).")
             ids = ids.tolist()
         ids = list(ids)
-        bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)
-                    or not 0 <= i < self.vocab_size), None)
+        bad = next((i for i in ids if not is_integer(i) or not 0 <= i < self.vocab_size), None)
         if bad is not None:
             raise ValueError(f"{where}: id {bad!r} is not a token of this tokenizer (ids "
                              f"0..{self.vocab_size - 1}): decode the ids of a model built for it.")
