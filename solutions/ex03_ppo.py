@@ -40,13 +40,13 @@ def gae(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1
     """
     if not (is_real(gamma) and is_real(lam) and 0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"gae: gamma={gamma!r} and lam={lam!r} must be numbers in [0, 1].")
-    check_tensors("gae", rewards=rewards, values=values, response_mask=response_mask)
+    check_floats("gae", rewards=rewards, values=values)
+    check_tensors("gae", response_mask=response_mask)
     if values.dim() != 2:
         raise ValueError(f"gae: values of shape {tuple(values.shape)}; give (batch, R).")
     check_same_shape(values, response_mask, "gae", "values")
     check_same_shape(rewards, response_mask, "gae", "rewards")
     check_mask(response_mask, "gae")
-    check_floats("gae", rewards=rewards, values=values)
     # what padded positions hold (a critic's value there can be anything, even NaN) stays out
     values, rewards = zero_padding(values, response_mask), zero_padding(rewards, response_mask)
     mask = response_mask.to(values.dtype)

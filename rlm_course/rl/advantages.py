@@ -147,11 +147,10 @@ def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor,
     """
     if not (is_real(gamma) and 0.0 <= gamma <= 1.0):
         raise ValueError(f"reinforce_pp_advantages: gamma={gamma!r} must be in [0, 1].")
-    check_tensors("reinforce_pp_advantages", token_rewards=token_rewards,
-                  response_mask=response_mask)
+    check_floats("reinforce_pp_advantages", token_rewards=token_rewards)
+    check_tensors("reinforce_pp_advantages", response_mask=response_mask)
     check_same_shape(token_rewards, response_mask, "reinforce_pp_advantages", "token_rewards")
     check_mask(response_mask, "reinforce_pp_advantages")
-    check_floats("reinforce_pp_advantages", token_rewards=token_rewards)
     mask = response_mask.to(token_rewards.dtype)
     if gamma == 1.0:  # a NaN or inf at a padded position stays out (inf x 0 would be NaN)
         returns = zero_padding(token_rewards, response_mask).flip(1).cumsum(1).flip(1) * mask
@@ -184,13 +183,13 @@ def gae(rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1
     """
     if not (is_real(gamma) and is_real(lam) and 0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"gae: gamma={gamma!r} and lam={lam!r} must be numbers in [0, 1].")
-    check_tensors("gae", rewards=rewards, values=values, response_mask=response_mask)
+    check_floats("gae", rewards=rewards, values=values)
+    check_tensors("gae", response_mask=response_mask)
     if values.dim() != 2:
         raise ValueError(f"gae: values of shape {tuple(values.shape)}; give (batch, R).")
     check_same_shape(values, response_mask, "gae", "values")
     check_same_shape(rewards, response_mask, "gae", "rewards")
     check_mask(response_mask, "gae")
-    check_floats("gae", rewards=rewards, values=values)
     # what padded positions hold (a critic's value there can be anything, even NaN) stays out
     values, rewards = zero_padding(values, response_mask), zero_padding(rewards, response_mask)
     mask = response_mask.to(values.dtype)

@@ -224,8 +224,11 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
             advantages or the weights) changes neither the loss nor its gradient.
     """
     clip_high = clip_low if clip_high is None else clip_high
-    check_tensors("policy_loss", log_probs=log_probs, old_log_probs=old_log_probs,
-                  advantages=advantages, response_mask=response_mask,
+    # integer log-probs truncated the ratio; two precisions silently dropped one (each check
+    # names an argument that is not a tensor too)
+    check_floats("policy_loss", log_probs=log_probs, old_log_probs=old_log_probs)
+    check_floats("policy_loss", advantages=advantages)
+    check_tensors("policy_loss", response_mask=response_mask,
                   **({} if weights is None else {"weights": weights}))
     if log_probs.dim() != 2:
         raise ValueError(f"policy_loss: log_probs of shape {tuple(log_probs.shape)}; give "
@@ -236,9 +239,6 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
     if weights is not None:  # (batch,) would broadcast over the tokens, not the responses
         check_same_shape(weights, response_mask, "policy_loss", "weights")
     check_mask(response_mask, "policy_loss")
-    # integer log-probs truncated the ratio; two precisions silently dropped one
-    check_floats("policy_loss", log_probs=log_probs, old_log_probs=old_log_probs)
-    check_floats("policy_loss", advantages=advantages)
     # the old (or proximal) policy is the trust region's centre: no gradient through it
     old_log_probs = old_log_probs.detach()
     if tuple(advantages.shape) not in ((log_probs.shape[0],), tuple(log_probs.shape)):
