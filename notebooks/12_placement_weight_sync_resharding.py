@@ -257,12 +257,14 @@ assert all(r["delta_bytes"] < 0.25 * r["dense_bytes"] for r in delta_rows[1e-6])
 # `iteration_report(..., weight_sync=...)` for stage 4. What a real system pays is rarely the wire
 # alone. Five terms:
 #
-# * **gather** (reshard): the training shards become what is sent. Colocated, each device
-#   receives the part of its generation shard its training shard lacks (inside its micro
-#   data-parallel group, section 5; a PP stage's layers are not a TP shard, so PP always moves
-#   bytes: `reshard_received_bytes`); a rank-0
-#   broadcast first assembles whole tensors (FSDP's `full_tensor()`, Megatron's TP and EP
-#   gathers);
+# * **gather** (reshard): the training shards become what is sent. The trainers of the published
+#   runs assemble every whole tensor on every rank, colocated or not (FSDP's `full_tensor()`;
+#   Megatron-Bridge's export and verl's per-tensor generator: a pipeline broadcast and a TP or
+#   EP all-gather per tensor: `whole_tensor_gather_seconds`); a colocated engine keeps its shard,
+#   a rank-0 broadcast sends them whole. The least a colocated device must receive is the part
+#   of its generation shard its training shard lacks (inside its micro data-parallel group,
+#   section 5; a PP stage's layers are not a TP shard, so PP always moves bytes:
+#   `reshard_received_bytes`): the colocated **ideal**;
 # * **transfer**: none colocated; disaggregated, a pipelined broadcast of the whole model from one
 #   rank (verl's one-step-off and fully-async recipes; across nodes NCCL's rings use all of a
 #   node's network cards at once, `broadcast_link`), or shard to shard from every trainer

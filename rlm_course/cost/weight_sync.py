@@ -8,16 +8,17 @@ to 1 by removing one cache-clearing call per update; verl's per-tensor path take
 Qwen3-30B-A3B on 16 + 16 H20s, its checkpoint engine 4.4 s, for the same 61 GB). :func:`sync_cost`
 adds five terms, each with its source:
 
-* **gather** (reshard): the training shards become what is sent. Colocated (a hybrid engine), the
-  part of its generation shard a device's training shard lacks, from the devices that hold it
+* **gather** (reshard): the training shards become what is sent. The trainers of the course's
+  published runs assemble every whole tensor on every rank before a sync, colocated or not
+  (:func:`whole_tensor_gather_seconds`: FSDP's ``full_tensor()``; Megatron-Bridge's
+  ``export_hf_weights``, a pipeline broadcast and a TP or EP all-gather per tensor); colocated,
+  each device's engine then keeps its shard, and a rank-0 ``broadcast`` (one collective per
+  tensor) or ``packed`` broadcast (tensors packed into buckets) sends them whole. The least a
+  colocated device must receive is the part of its generation shard its training shard lacks
   (:func:`reshard_received_bytes`: HybridFlow's scheme, :func:`predict_transition`,
-  arXiv:2409.19256, Table 2, where the generation TP divides the training TP; a PP stage's
-  layers are not a TP shard, so PP always moves bytes), or from every FSDP rank
-  (``full_tensor()``) when the trainer is ZeRO-3. Disaggregated, a
-  rank-0 ``broadcast`` (one collective per tensor) or ``packed`` broadcast (tensors packed into
-  buckets) first assembles whole tensors (FSDP's ``full_tensor()``, Megatron's TP and EP gathers
-  per pipeline stage); a ``sharded`` transfer sends the trainer's shards as they are
-  (checkpoint-engine, NeMo-RL's ``nccl_reshard`` refit), no gather;
+  arXiv:2409.19256, Table 2; a PP stage's layers are not a TP shard, so PP always moves bytes):
+  the colocated :attr:`SyncCost.ideal`. A ``sharded`` transfer sends the trainer's shards as
+  they are (checkpoint-engine, NeMo-RL's ``nccl_reshard`` refit), no gather;
 * **transfer**: none colocated (CUDA IPC handles or the same process); disaggregated, a
   pipelined broadcast of the whole model from one rank to every rollout device (verl's
   one-step-off and fully-async recipes; packed, NeMo-RL's NCCL refit up to v0.7,
@@ -235,6 +236,50 @@ def _ideal(fabric: Fabric, link: Link | None, ranks: int, total: float, shard: f
                shard / fabric.intra.beta)
 
 
+def whole_tensor_gather_seconds(spec: TransformerSpec, trainer: "Layout", fabric: Fabric,
+                                weight_bytes: int = 2) -> float:
+    """Seconds for every device of a trainer laid out as ``trainer`` to assemble every whole
+    tensor of ``spec``, which is what the trainers of open RL systems do before each sync, on every
+    rank, colocated or not, since every rank runs the same export:
+
+    * ZeRO-3/FSDP: ``full_tensor()`` of every parameter, the model's all-gather over the
+      data-parallel group (verl's FSDP engine);
+    * Megatron (Megatron-Bridge's ``export_hf_weights``, NeMo-RL's refit from v0.4 on; verl's
+      ``per_tensor_generator``): for each tensor in turn, the owning pipeline stage broadcasts
+      its shard to the other stages (``(pp - 1) / pp`` of the shards ``D / tp + E / s`` reach a
+      device, ``D`` the dense bytes, ``E`` the routed experts', ``s`` the experts' split: EP, or
+      TP without it; the stages' ranks lie on different nodes, one card each), then every stage
+      all-gathers it over TP (the dense part, ``D``) or EP (the experts, ``E``): the whole model
+      reaches every device. (NeMo-RL v0.3's ``gather_params`` all-gathers over TP first and
+      broadcasts the dense tensors whole over the stages, ``(pp - 1) / pp`` of ``D`` instead of
+      ``D / tp``; priced as the later export.)
+
+    Colocated, each device then hands its engine the shard the engine needs and drops the rest
+    (:func:`reshard_received_bytes` is the least a device must receive instead: HybridFlow's
+    scheme, which no system of the course's published runs uses); disaggregated, rank 0
+    broadcasts what it assembled.
+
+    Raises:
+        ValueError: as :meth:`Layout.check` for a layout the model refuses.
+    """
+    trainer.check(spec)
+    total = spec.params() * weight_bytes
+    experts = spec.expert_params() * weight_bytes
+    dense = total - experts
+    tp, pp, ep = trainer.tp, trainer.pp, trainer.ep
+    dp = trainer.dp * trainer.cp
+    if trainer.zero == 3 and dp > 1 and tp * pp == 1:
+        return all_gather_seconds(total, dp, fabric.ring_link(dp, tp * trainer.cp))
+    split = ep if ep > 1 else tp
+    seconds = all_gather_seconds(dense, tp, fabric.ring_link(tp)) if tp > 1 else 0.0
+    if experts and split > 1:
+        seconds += all_gather_seconds(experts, split, fabric.ring_link(split, tp if ep > 1 else 1))
+    if pp > 1:
+        stages = fabric.ring_link(pp, trainer.devices // pp)
+        seconds += (dense / tp + experts / split) * (pp - 1) / pp / stages.beta
+    return seconds
+
+
 def reshard_received_bytes(spec: TransformerSpec, tp: int, pp: int, ep: int,
                            generation_tp: int, weight_bytes: int = 2,
                            fsdp: int = 1) -> tuple[float, int]:
@@ -302,9 +347,11 @@ class SyncCost:
         messages: buckets per sync (a sharded transfer's: the busiest device's).
         tensors: tensors in the state dict.
         gather, transfer, copies, software, fixed: the five terms.
-        ideal: the lower bound no transport beats (:func:`_ideal`): colocated, the busiest
-            device's bytes over its link; disaggregated, the trainer's devices sending the model
-            once and each rollout node taking in its devices' shards through its cards.
+        ideal: the lower bound no transport beats (:func:`_ideal`): colocated, the least a
+            device receives (:func:`reshard_received_bytes`) through all its ports at once (its
+            one group's link when the trainer is one shard); disaggregated, the trainer's devices
+            sending the model once and each rollout node taking in its devices' shards through
+            its cards.
     """
 
     placement: str
@@ -424,43 +471,39 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
                          f"than a {device.name} holds ({device.engine_memory_bytes / 1e9:,.1f} GB); "
                          "raise the generation tp.")
     if placement == "colocated":
+        copies = 2 * shard / bandwidth
         if trainer is None:  # one training shard: the generation group gathers its shards
             group = generation_tp
             received = shard * (group - 1) / group
             near = fabric.link(group) if group > 1 else None
-        else:  # what a device's generation shard lacks, from the devices that hold it
+            gather = (group - 1) * near.alpha + received / near.beta if received else 0.0
+            ideal = received / near.beta if received else 0.0
+        else:  # every device assembles every whole tensor; its engine loads its shard of it
+            gather = whole_tensor_gather_seconds(spec, trainer, fabric, weight_bytes)
+            # the least any reshard moves (HybridFlow's: what a device's generation shard
+            # lacks), into a device by every port it has at once
             received, group = reshard_received_bytes(spec, tp, pp, ep, generation_tp,
                                                      weight_bytes, dp if zero3 else 1)
-            near = None
+            ideal = 0.0
             if received:
                 span = max(tp * pp * (dp if zero3 else 1), group, generation_tp)
-                near = (fabric.ring_link(dp, tp * trainer.cp) if zero3 and tp * pp == 1
-                        else fabric.link(span))
-                if fabric.mesh_links and span <= fabric.devices_per_node:
-                    near = fabric.link(group)  # a mesh node: the links to the group - 1 senders
-
-        gather = (group - 1) * near.alpha + received / near.beta if received else 0.0
-        copies = 2 * shard / bandwidth
+                ports = fabric.link(span).beta
+                if fabric.intra is not None and fabric.inter is not None:
+                    ports = fabric.intra.beta + (fabric.inter.beta
+                                                 if span > fabric.devices_per_node else 0.0)
+                ideal = received / ports
         # the hand-over converts and passes every tensor in the same process or by CUDA IPC
         # handles (verl's hybrid engine, NeMo-RL's ZMQ stream): no tree, a cost per tensor
         return SyncCost(placement, "in place", total, 0.0, 0, tensors, gather, 0.0, copies,
-                        tensors * tensor_seconds, fixed_seconds,
-                        received / near.beta if received else 0.0)
+                        tensors * tensor_seconds, fixed_seconds, ideal)
     messages = max(1, math.ceil(total / bucket_bytes))
     ranks = trainer_devices + rollout_devices
     wire = link or (fabric.link(ranks) if transport == "sharded"
                     else broadcast_link(fabric, ranks))
     # the split a device trains: the dense part over tp x pp, the experts over ep x pp (or tp)
     split = ep if ep > 1 else tp
-    if transport != "sharded":
-        if zero3:
-            gather = all_gather_seconds(total, dp, fabric.ring_link(dp, tp * trainer.cp))
-        else:  # Megatron's TP gathers (the experts' over EP instead), per pipeline stage
-            gather = (all_gather_seconds((total - experts) / pp, tp, fabric.link(tp))
-                      if tp > 1 else 0.0)
-            if experts and split > 1:
-                gather += all_gather_seconds(experts / pp, split,
-                                             fabric.link(split, tp if ep > 1 else 1))
+    if transport != "sharded":  # rank 0 sends what every rank assembles
+        gather = whole_tensor_gather_seconds(spec, trainer, fabric, weight_bytes) if trainer else 0.0
         transfer = broadcast_seconds(total, messages, wire, rollout_devices, pipelined)
         sent, packed, unpacked = total, total, total
         # one broadcast call per tensor pays its launch at every level of the tree; tensors

@@ -92,11 +92,21 @@ def test_a_colocated_reshard_receives_what_the_training_shard_lacks():
     d = 2 * moe.params() - e
     got, devices = reshard_received_bytes(moe, 1, 2, 4, 4)
     assert got == pytest.approx(d / 4 - d / 8 + e / 4 - e / 32) and devices == 8
-    # the sync's gather term sends those bytes over the group's link
+    # those bytes are the sync's lower bound; the trainers of open systems move more: every
+    # device assembles every whole tensor (Megatron-Bridge's export, verl's per-tensor
+    # generator). PP 2 over 16 devices: the stages' ranks lie 8 apart, on two nodes, and each
+    # device takes the other stage's half of the model through its one card
     c = sync_cost(spec, h100, "colocated", generation_tp=2, replicas=8, trainer=Layout(pp=2, dp=8))
-    assert c.gather == pytest.approx(h100.intra_node_latency + (m / 4) / h100.intra_node_bandwidth)
-    assert sync_cost(spec, h100, "colocated", generation_tp=8, replicas=2,
-                     trainer=Layout(tp=8, dp=2)).gather == 0.0
+    inter = Fabric.of(h100).inter
+    assert c.gather == pytest.approx((m / 2) / inter.beta)
+    assert c.ideal == pytest.approx((m / 4) / h100.intra_node_bandwidth)  # a pair in a node
+    assert c.ideal < c.gather
+    # TP 8 -> TP 8: nothing need move, yet the export all-gathers the model over the TP group
+    same = sync_cost(spec, h100, "colocated", generation_tp=8, replicas=2,
+                     trainer=Layout(tp=8, dp=2))
+    assert same.ideal == 0.0
+    assert same.gather == pytest.approx(7 * (h100.intra_node_latency
+                                             + m / 8 / h100.intra_node_bandwidth))
     with pytest.raises(ValueError, match="pp=0"):
         reshard_received_bytes(spec, 1, 0, 1, 2)
 
@@ -116,7 +126,9 @@ def test_reshards_whose_blocks_straddle_and_fsdp_shards():
     # the all-gather of the generation shard over the 2 FSDP ranks alone, M/8)
     c = sync_cost(spec, h100, "colocated", generation_tp=4, replicas=4,
                   trainer=Layout(tp=8, dp=2, zero=3))
-    assert c.ideal * Fabric.of(h100).link(16).beta == pytest.approx(3 * m / 16)  # two nodes
+    # two nodes: the least it receives, through NVLink and its card at once
+    ports = h100.intra_node_bandwidth + Fabric.of(h100).inter.beta
+    assert c.ideal * ports == pytest.approx(3 * m / 16)
     assert reshard_received_bytes(spec, 1, 4, 1, 2, fsdp=2)[0] == pytest.approx(m / 2 - m / 16)
     # FSDP alone: the all-gather of the generation shard, as before
     fsdp = sync_cost(spec, h100, "colocated", generation_tp=8, replicas=1,
@@ -210,3 +222,37 @@ def test_the_ideal_is_a_lower_bound_on_every_node_size(device):
                     generation_tp=1, replicas=1, trainer=Layout(dp=16, tp=8))
     # the replica's whole copy over its own NVLink: 141.1 GB at 900 GB/s
     assert one.ideal == pytest.approx(one.bytes / 900e9, rel=1e-3) and one.ideal < one.seconds
+
+
+def test_every_rank_assembles_the_whole_model_before_a_sync():
+    from rlm_course.cost.weight_sync import whole_tensor_gather_seconds
+
+    h100 = get_device("H100-SXM-80GB")
+    fabric = Fabric.of(h100)
+    a_in, b_in = h100.intra_node_latency, h100.intra_node_bandwidth
+    a_out, b_out = fabric.inter.alpha, fabric.inter.beta
+    moe = SPECS["qwen3-30b-a3b"]
+    e = 2 * moe.expert_params()
+    d = 2 * moe.params() - e
+    # TP 2 x EP 8 x PP 2 on 32 devices: the dense part all-gathered over TP 2 inside a node, the
+    # experts over EP 8 (ranks 2 apart: 16 ranks' span, two nodes, four cards a node carry the
+    # ring: 200 GB/s), and half of each stage's shards (D / 2 + E / 8) broadcast to the other
+    # stage, 16 ranks away, through one card
+    lay = Layout(tp=2, ep=8, pp=2, dp=8)
+    want = (a_in + d / 2 / b_in) + 7 * (a_out + e / 8 / (4 * b_out)) + (d / 2 + e / 8) / 2 / b_out
+    assert whole_tensor_gather_seconds(moe, lay, fabric) == pytest.approx(want)
+    # the same export feeds a colocated engine and a rank-0 broadcast alike
+    assert sync_cost(moe, h100, "colocated", generation_tp=4, replicas=8,
+                     trainer=lay).gather == pytest.approx(want)
+    assert sync_cost(moe, h100, "disaggregated", generation_tp=4, replicas=4, trainer=lay,
+                     transport="packed").gather == pytest.approx(want)
+    # the shard-to-shard transfer gathers nothing
+    assert sync_cost(moe, h100, "disaggregated", generation_tp=4, replicas=4, trainer=lay,
+                     transport="sharded").gather == 0.0
+    # FSDP over 8 devices: full_tensor() of every parameter, the model's ring all-gather
+    dense = SPECS["qwen2.5-7b"]
+    m = 2 * dense.params()
+    assert whole_tensor_gather_seconds(dense, Layout(dp=8, zero=3), fabric) == pytest.approx(
+        7 * (a_in + m / 8 / b_in))
+    # one device holds the whole model already
+    assert whole_tensor_gather_seconds(dense, Layout(), fabric) == 0.0
