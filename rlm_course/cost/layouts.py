@@ -80,6 +80,10 @@ class Layout:
         micro_batch_tokens: instead, a token budget per micro-batch (dynamic batching with
             sequence packing: verl's ``ppo_max_token_len_per_gpu``, NeMo-RL's
             ``train_mb_tokens``); 0: use ``micro_batch``.
+        scoring_micro_batch_tokens: a forward-only pass's token budget per micro-batch (the
+            log-probs of the policy and the reference: NeMo-RL's ``logprob_mb_tokens``, verl's
+            ``log_prob_max_token_len_per_gpu``, often larger than the training budget, as a
+            forward keeps no activations for a backward); 0: the training micro-batch's.
         recompute: full activation recomputation.
         offload: optimizer states in host memory.
         overlap: overlap gradient communication with the backward (DDP buckets, FSDP prefetch).
@@ -103,6 +107,7 @@ class Layout:
     zero: int = 0
     micro_batch: int = 1
     micro_batch_tokens: int = 0
+    scoring_micro_batch_tokens: int = 0
     recompute: bool = False
     offload: bool = False
     overlap: bool = True
@@ -115,10 +120,11 @@ class Layout:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Layout.{name}={value!r} must be a positive integer.")
-        if not (isinstance(self.micro_batch_tokens, int)
-                and not isinstance(self.micro_batch_tokens, bool) and self.micro_batch_tokens >= 0):
-            raise ValueError(f"Layout.micro_batch_tokens={self.micro_batch_tokens!r} must be an "
-                             "integer >= 0 (0: micro-batches of micro_batch sequences).")
+        for name, zero in (("micro_batch_tokens", "micro-batches of micro_batch sequences"),
+                           ("scoring_micro_batch_tokens", "the training micro-batch's")):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise ValueError(f"Layout.{name}={value!r} must be an integer >= 0 (0: {zero}).")
         if not isinstance(self.zero, int) or isinstance(self.zero, bool) or self.zero not in (
                 0, 1, 2, 3):
             raise ValueError(f"Layout.zero={self.zero!r}: choose ZeRO stage 0, 1, 2 or 3 (an "
@@ -169,9 +175,12 @@ class Layout:
         """Bytes per gradient element, in memory and on the data-parallel wire."""
         return 4 if self.main_grads_fp32 else 2
 
-    def micro_tokens(self, seq_len: int) -> int:
+    def micro_tokens(self, seq_len: int, scoring: bool = False) -> int:
         """Tokens in one micro-batch: the token budget, or ``micro_batch`` sequences of
-        ``seq_len``; a sequence is never split across micro-batches (only across ``cp``)."""
+        ``seq_len``; a sequence is never split across micro-batches (only across ``cp``).
+        ``scoring``: of a forward-only pass, at ``scoring_micro_batch_tokens`` when set."""
+        if scoring and self.scoring_micro_batch_tokens:
+            return max(self.scoring_micro_batch_tokens, seq_len)
         if self.micro_batch_tokens:
             return max(self.micro_batch_tokens, seq_len)
         return self.micro_batch * seq_len

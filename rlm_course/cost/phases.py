@@ -52,7 +52,8 @@ FLOPs count the tokens kept.
 takes its *hardware* FLOPs (``4x`` a forward for an update with activation recomputation, ``3x``
 without) at ``train_hfu`` (updates) or ``forward_mfu`` (scoring) on the layout's devices,
 divided by ``1 - bubble`` for a pipeline (``(pp - 1) / (m + pp - 1)``, ``m`` micro-batches per
-optimizer step), plus the communication that cannot hide: TP and EP collectives (on the critical
+optimizer step; a scoring pass's micro-batches hold the layout's
+``scoring_micro_batch_tokens`` when set), plus the communication that cannot hide: TP and EP collectives (on the critical
 path of every layer), the fill and drain hops of the pipeline, what the compute cannot hide of
 the data-parallel gradient traffic (:func:`~rlm_course.cost.comm.exposed`; ZeRO-3 gathers the
 weights for every micro-batch) and of ring attention; plus what does not shrink with more
@@ -801,7 +802,7 @@ class TrainerCost:
             # sequences per micro-batch: micro_batch of them, or the token budget's share (at
             # least one); at the mean length itself, not rounded (a 768.02-token mean rounded to
             # 768 made a micro-batch hold 0.99998 sequences and added one on every rank)
-            mb_seq = lay.micro_tokens(mean_seq) / mean_seq
+            mb_seq = lay.micro_tokens(mean_seq, scoring=not backward) / mean_seq
             m = max(1, math.ceil(per_rank / mb_seq - 1e-9))
             if lay.pp > 1:
                 compute /= 1 - (lay.pp - 1) / (m + lay.pp - 1)

@@ -397,3 +397,32 @@ def test_speculative_decoding_prices_a_verify_step_over_the_tokens_it_yields():
                                   ("draft_acceptance", "high", r"must be a probability")):
         with pytest.raises(ValueError, match=f"Rates.{field}=.*{message}"):
             Rates(**{field: value})
+
+
+def test_log_probs_run_at_their_own_micro_batch_budget():
+    # 64 sequences of 128 + 896 = 1,024 tokens on one device: the training budget of 1,024
+    # tokens holds one a micro-batch, the log-prob budget of 8,192 (NeMo-RL's logprob_mb_tokens)
+    # eight: 64 forward micro-batches become 8, and at 10 ms a micro-batch the scoring stage
+    # loses 56 x 10 ms; the update keeps its 64 micro-batches
+    rates = Rates(micro_batch_seconds=0.01)
+    lengths = [896] * 64
+
+    def stages(**budget):
+        lay = Layout(micro_batch_tokens=1024, **budget)
+        return TrainerCost(SPEC, preset("grpo"), lay, H100, rates, None, 128).seconds(lengths)
+
+    same, larger = stages(), stages(scoring_micro_batch_tokens=8192)
+    assert same["scoring"] - larger["scoring"] == pytest.approx(56 * 0.01)
+    assert {k: v for k, v in larger.items() if k != "scoring"} == \
+        {k: v for k, v in same.items() if k != "scoring"}
+    assert Layout(micro_batch_tokens=1024).micro_tokens(1024, scoring=True) == 1024  # 0: same
+    # through a pipeline the fewer, larger micro-batches leave a larger bubble, (pp - 1) /
+    # (m + pp - 1), and send larger activations between the stages
+    fab = comm.Fabric.of(H100)
+    piped = [TrainerCost(SPEC, preset("grpo"), Layout(pp=2, micro_batch_tokens=1024, **b), H100,
+                         Rates(), fab, 128).seconds(lengths)["scoring"]
+             for b in ({}, {"scoring_micro_batch_tokens": 8192})]
+    assert piped[1] > piped[0]
+    for bad in (-1, True, 2.5, "8192"):
+        with pytest.raises(ValueError, match="Layout.scoring_micro_batch_tokens"):
+            Layout(scoring_micro_batch_tokens=bad)
