@@ -148,6 +148,9 @@ class Rates:
             code path from a network sync's); default 0.
         sync_transport: ``broadcast`` (rank 0 sends whole tensors, one collective a tensor),
             ``packed`` (rank 0 sends them packed in buckets) or ``sharded``.
+        sync_pipeline_whole: the trainer's pipeline stages broadcast each tensor whole,
+            all-gathered over TP first (NeMo-RL v0.3's ``gather_params``), instead of each
+            rank's TP shard (Megatron-Bridge's export, verl's; the default, False).
         reward_seconds: verifier seconds per response (on CPUs, serial per trainer); default 0.
         iteration_overhead: fixed seconds per iteration on the trainer (controller, data
             movement, logging); default 0.
@@ -239,6 +242,7 @@ class Rates:
     colocated_tensor_seconds: float = 0.0
     sync_fixed_seconds: float = 0.0
     sync_transport: str = "broadcast"
+    sync_pipeline_whole: bool = False
     reward_seconds: float = 0.0
     iteration_overhead: float = 0.0
     host_bandwidth: float | None = None
@@ -320,7 +324,7 @@ class Rates:
             raise ValueError(f"Rates.draft_acceptance={self.draft_acceptance!r} must be a "
                              "probability in (0, 1): the chance the model accepts a drafted "
                              "token (0.85-0.9 for DeepSeek-V3's multi-token prediction).")
-        for name in ("cuda_graphs", "static_batching", "prefix_caching"):
+        for name in ("cuda_graphs", "static_batching", "prefix_caching", "sync_pipeline_whole"):
             if not isinstance(getattr(self, name), bool):  # "false" in a file would read as true
                 raise ValueError(f"Rates.{name}={getattr(self, name)!r} must be true or false "
                                  f"(a bool; the default is {getattr(type(self), name)}).")
@@ -929,6 +933,7 @@ def weight_sync(spec: TransformerSpec, device: Device, placement: str, generatio
                       else rates.sync_tensor_seconds)
     return sync_cost(spec, device, placement, generation_tp=generation_tp, replicas=replicas,
                      trainer=trainer, fabric=fabric, transport=rates.sync_transport,
+                     pipeline_whole=rates.sync_pipeline_whole,
                      weight_bytes=weight_bytes, tensor_seconds=tensor_seconds,
                      fixed_seconds=rates.sync_fixed_seconds)
 

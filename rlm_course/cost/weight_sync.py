@@ -237,7 +237,7 @@ def _ideal(fabric: Fabric, link: Link | None, ranks: int, total: float, shard: f
 
 
 def whole_tensor_gather_seconds(spec: TransformerSpec, trainer: "Layout", fabric: Fabric,
-                                weight_bytes: int = 2) -> float:
+                                weight_bytes: int = 2, pipeline_whole: bool = False) -> float:
     """Seconds for every device of a trainer laid out as ``trainer`` to assemble every whole
     tensor of ``spec``, which is what the trainers of open RL systems do before each sync, on every
     rank, colocated or not, since every rank runs the same export:
@@ -250,9 +250,10 @@ def whole_tensor_gather_seconds(spec: TransformerSpec, trainer: "Layout", fabric
       device, ``D`` the dense bytes, ``E`` the routed experts', ``s`` the experts' split: EP, or
       TP without it; the stages' ranks lie on different nodes, one card each), then every stage
       all-gathers it over TP (the dense part, ``D``) or EP (the experts, ``E``): the whole model
-      reaches every device. (NeMo-RL v0.3's ``gather_params`` all-gathers over TP first and
-      broadcasts the dense tensors whole over the stages, ``(pp - 1) / pp`` of ``D`` instead of
-      ``D / tp``; priced as the later export.)
+      reaches every device. ``pipeline_whole``: NeMo-RL v0.3's ``gather_params``
+      (``nemo_rl/models/megatron/refit_utils.py`` at v0.3.0), which all-gathers each tensor over
+      TP on its own stage first and broadcasts it whole over the stages: ``(pp - 1) / pp`` of
+      ``D`` instead of ``D / tp`` crosses them.
 
     Colocated, each device then hands its engine the shard the engine needs and drops the rest
     (:func:`reshard_received_bytes` is the least a device must receive instead: HybridFlow's
@@ -260,8 +261,12 @@ def whole_tensor_gather_seconds(spec: TransformerSpec, trainer: "Layout", fabric
     broadcasts what it assembled.
 
     Raises:
-        ValueError: as :meth:`Layout.check` for a layout the model refuses.
+        ValueError: as :meth:`Layout.check` for a layout the model refuses, or a
+            ``pipeline_whole`` that is not a bool.
     """
+    if not isinstance(pipeline_whole, bool):
+        raise ValueError(f"whole_tensor_gather_seconds: pipeline_whole={pipeline_whole!r} must be "
+                         "True (NeMo-RL v0.3's gather_params) or False (Megatron-Bridge's export).")
     trainer.check(spec)
     total = spec.params() * weight_bytes
     experts = spec.expert_params() * weight_bytes
@@ -276,7 +281,8 @@ def whole_tensor_gather_seconds(spec: TransformerSpec, trainer: "Layout", fabric
         seconds += all_gather_seconds(experts, split, fabric.ring_link(split, tp if ep > 1 else 1))
     if pp > 1:
         stages = fabric.ring_link(pp, trainer.devices // pp)
-        seconds += (dense / tp + experts / split) * (pp - 1) / pp / stages.beta
+        shard = dense if pipeline_whole else dense / tp
+        seconds += (shard + experts / split) * (pp - 1) / pp / stages.beta
     return seconds
 
 
@@ -383,7 +389,7 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
               bucket_bytes: float = BUCKET_BYTES, weight_bytes: int = 2,
               tensor_seconds: float = 0.0, fixed_seconds: float = 0.0,
               link: Link | None = None, memory_bandwidth: float | None = None,
-              pipelined: bool = True) -> SyncCost:
+              pipelined: bool = True, pipeline_whole: bool = False) -> SyncCost:
     """Seconds of one weight sync of ``spec`` from a trainer laid out as ``trainer`` (default:
     one device) to ``replicas`` generation replicas of ``generation_tp`` devices of ``device``
     (see the module docstring for the terms).
@@ -407,6 +413,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
         memory_bandwidth: bytes/s of the copies (default the device's).
         pipelined: the transfer's broadcast is pipelined (NCCL); ``False``: a binomial tree of
             whole messages (gloo, chapter 12's run on CPUs).
+        pipeline_whole: the trainer's stages broadcast whole tensors when they gather
+            (:func:`whole_tensor_gather_seconds`).
 
     Raises:
         ValueError: for an unknown placement or transport, non-positive sizes or degrees, rates
@@ -441,6 +449,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
                       memory_bandwidth, positive=True)
     if not isinstance(pipelined, bool):
         raise ValueError(f"sync_cost: pipelined={pipelined!r} must be True (NCCL) or False (gloo).")
+    if not isinstance(pipeline_whole, bool):
+        raise ValueError(f"sync_cost: pipeline_whole={pipeline_whole!r} must be True or False.")
     if trainer is not None:
         trainer.check(spec)
         if placement == "colocated" and trainer.devices != replicas * generation_tp:
@@ -479,7 +489,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
             gather = (group - 1) * near.alpha + received / near.beta if received else 0.0
             ideal = received / near.beta if received else 0.0
         else:  # every device assembles every whole tensor; its engine loads its shard of it
-            gather = whole_tensor_gather_seconds(spec, trainer, fabric, weight_bytes)
+            gather = whole_tensor_gather_seconds(spec, trainer, fabric, weight_bytes,
+                                                  pipeline_whole)
             # the least any reshard moves (HybridFlow's: what a device's generation shard
             # lacks), into a device by every port it has at once
             received, group = reshard_received_bytes(spec, tp, pp, ep, generation_tp,
@@ -503,7 +514,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
     # the split a device trains: the dense part over tp x pp, the experts over ep x pp (or tp)
     split = ep if ep > 1 else tp
     if transport != "sharded":  # rank 0 sends what every rank assembles
-        gather = whole_tensor_gather_seconds(spec, trainer, fabric, weight_bytes) if trainer else 0.0
+        gather = (whole_tensor_gather_seconds(spec, trainer, fabric, weight_bytes, pipeline_whole)
+                  if trainer else 0.0)
         transfer = broadcast_seconds(total, messages, wire, rollout_devices, pipelined)
         sent, packed, unpacked = total, total, total
         # one broadcast call per tensor pays its launch at every level of the tree; tensors

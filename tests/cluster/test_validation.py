@@ -577,6 +577,12 @@ def test_each_nemo_rl_refit_uses_the_transport_its_version_ran():
     reshard = [f for f in nemo if f["system"] == "NeMo-RL (nccl_reshard refit)"]
     assert len(reshard) == 5 and all(f["setup"]["rates"]["sync_transport"] == "sharded"
                                      for f in reshard)
+    # v0.3.0's refit gathered over TP before its pipeline broadcast (gather_params); later
+    # versions export with Megatron-Bridge, which broadcasts each rank's shard
+    whole = {f["id"] for f in FIGURES
+             if f.get("setup", {}).get("rates", {}).get("sync_pipeline_whole")}
+    assert whole == {f["id"] for f in nemo if f["system"].startswith("NeMo-RL v0.3")}
+    assert len(whole) == 5
 
 
 def test_rates_and_figures_are_found_in_any_case_and_bad_ones_refused_by_name():

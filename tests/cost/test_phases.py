@@ -84,6 +84,7 @@ def test_a_flag_a_count_or_a_link_of_the_wrong_kind_is_refused_by_name():
             ("cuda_graphs", "false", "must be true or false"),
             ("static_batching", 7, "must be true or false"),
             ("prefix_caching", None, "must be true or false"),
+            ("sync_pipeline_whole", "true", "must be true or false"),
             ("max_batch", True, "must be a positive integer"),
             ("max_batch", 1024.0, "must be a positive integer"),
             ("intra_link", "fast", r"must be a Link, written \[alpha seconds, beta bytes/s\]"),

@@ -246,6 +246,18 @@ def test_every_rank_assembles_the_whole_model_before_a_sync():
                      trainer=lay).gather == pytest.approx(want)
     assert sync_cost(moe, h100, "disaggregated", generation_tp=4, replicas=4, trainer=lay,
                      transport="packed").gather == pytest.approx(want)
+    # NeMo-RL v0.3's gather_params all-gathers over TP first and broadcasts whole dense tensors
+    # over the stages: half of D, not half of D / 2, crosses to the other stage
+    whole = whole_tensor_gather_seconds(moe, lay, fabric, pipeline_whole=True)
+    assert whole == pytest.approx(want + (d - d / 2) / 2 / b_out)
+    assert sync_cost(moe, h100, "colocated", generation_tp=4, replicas=8, trainer=lay,
+                     pipeline_whole=True).gather == pytest.approx(whole)
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="pipeline_whole"):
+            whole_tensor_gather_seconds(moe, lay, fabric, pipeline_whole=bad)
+        with pytest.raises(ValueError, match="pipeline_whole"):
+            sync_cost(moe, h100, "colocated", generation_tp=4, replicas=8, trainer=lay,
+                      pipeline_whole=bad)
     # the shard-to-shard transfer gathers nothing
     assert sync_cost(moe, h100, "disaggregated", generation_tp=4, replicas=4, trainer=lay,
                      transport="sharded").gather == 0.0
