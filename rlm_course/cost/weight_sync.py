@@ -242,8 +242,8 @@ def whole_tensor_gather_seconds(spec: TransformerSpec, trainer: "Layout", fabric
     tensor of ``spec``, which is what the trainers of open RL systems do before each sync, on every
     rank, colocated or not, since every rank runs the same export:
 
-    * ZeRO-3/FSDP: ``full_tensor()`` of every parameter, the model's all-gather over the
-      data-parallel group (verl's FSDP engine);
+    * ZeRO-3/FSDP: ``full_tensor()`` of every parameter, the all-gather over the data-parallel
+      group of each rank's slice (verl's FSDP engine), before any TP, EP or PP gather below;
     * Megatron (Megatron-Bridge's ``export_hf_weights``, NeMo-RL's refit from v0.4 on; verl's
       ``per_tensor_generator``): for each tensor in turn, the owning pipeline stage broadcasts
       its shard to the other stages (``(pp - 1) / pp`` of the shards ``D / tp + E / s`` reach a
@@ -261,24 +261,37 @@ def whole_tensor_gather_seconds(spec: TransformerSpec, trainer: "Layout", fabric
     broadcasts what it assembled.
 
     Raises:
-        ValueError: as :meth:`Layout.check` for a layout the model refuses, or a
-            ``pipeline_whole`` that is not a bool.
+        ValueError: as :meth:`Layout.check` for a layout the model refuses; for a ``spec``,
+            ``trainer`` or ``fabric`` of the wrong kind, a ``weight_bytes`` that is not a
+            positive integer, or a ``pipeline_whole`` that is not a bool.
     """
     if not isinstance(pipeline_whole, bool):
         raise ValueError(f"whole_tensor_gather_seconds: pipeline_whole={pipeline_whole!r} must be "
                          "True (NeMo-RL v0.3's gather_params) or False (Megatron-Bridge's export).")
+    owner = "whole_tensor_gather_seconds"
+    check_kinds([("spec", spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
+                 ("fabric", fabric, Fabric, "Fabric.of(get_device('H100-SXM-80GB'))")],
+                f"{owner}: ")
+    if not all(hasattr(trainer, a) for a in ("tp", "pp", "cp", "dp", "ep", "zero", "devices",
+                                             "check")):
+        raise ValueError(f"{owner}: trainer={trainer!r} must be a Layout; pass e.g. "
+                         "Layout(tp=8, dp=2) (rlm_course.cost.layouts).")
+    weight_bytes = _positive_int(owner, "weight_bytes", weight_bytes)
     trainer.check(spec)
     total = spec.params() * weight_bytes
     experts = spec.expert_params() * weight_bytes
     dense = total - experts
     tp, pp, ep = trainer.tp, trainer.pp, trainer.ep
-    dp = trainer.dp * trainer.cp
-    if trainer.zero == 3 and dp > 1 and tp * pp == 1:
-        return all_gather_seconds(total, dp, fabric.ring_link(dp, tp * trainer.cp))
+    dp = trainer.dp * trainer.cp  # the data-parallel ranks, tp apart (layouts.axis_strides)
     split = ep if ep > 1 else tp
-    seconds = all_gather_seconds(dense, tp, fabric.ring_link(tp)) if tp > 1 else 0.0
-    if experts and split > 1:
-        seconds += all_gather_seconds(experts, split, fabric.ring_link(split, tp if ep > 1 else 1))
+    seconds = 0.0
+    if trainer.zero == 3 and dp > 1:  # FSDP first makes each rank's TP/EP/PP shard whole
+        seconds += all_gather_seconds((dense / tp + experts / split) / pp, dp,
+                                      fabric.ring_link(dp, tp))
+    if tp > 1:
+        seconds += all_gather_seconds(dense, tp, fabric.ring_link(tp))
+    if experts and split > 1:  # an EP group: consecutive ranks (layouts.axis_strides)
+        seconds += all_gather_seconds(experts, split, fabric.ring_link(split))
     if pp > 1:
         stages = fabric.ring_link(pp, trainer.devices // pp)
         shard = dense if pipeline_whole else dense / tp

@@ -235,11 +235,10 @@ def test_every_rank_assembles_the_whole_model_before_a_sync():
     e = 2 * moe.expert_params()
     d = 2 * moe.params() - e
     # TP 2 x EP 8 x PP 2 on 32 devices: the dense part all-gathered over TP 2 inside a node, the
-    # experts over EP 8 (ranks 2 apart: 16 ranks' span, two nodes, four cards a node carry the
-    # ring: 200 GB/s), and half of each stage's shards (D / 2 + E / 8) broadcast to the other
-    # stage, 16 ranks away, through one card
+    # experts over EP 8 (eight consecutive ranks: one node), and half of each stage's shards
+    # (D / 2 + E / 8) broadcast to the other stage, 16 ranks away, through one card
     lay = Layout(tp=2, ep=8, pp=2, dp=8)
-    want = (a_in + d / 2 / b_in) + 7 * (a_out + e / 8 / (4 * b_out)) + (d / 2 + e / 8) / 2 / b_out
+    want = (a_in + d / 2 / b_in) + 7 * (a_in + e / 8 / b_in) + (d / 2 + e / 8) / 2 / b_out
     assert whole_tensor_gather_seconds(moe, lay, fabric) == pytest.approx(want)
     # the same export feeds a colocated engine and a rank-0 broadcast alike
     assert sync_cost(moe, h100, "colocated", generation_tp=4, replicas=8,
@@ -268,3 +267,23 @@ def test_every_rank_assembles_the_whole_model_before_a_sync():
         7 * (a_in + m / 8 / b_in))
     # one device holds the whole model already
     assert whole_tensor_gather_seconds(dense, Layout(), fabric) == 0.0
+    # FSDP over 4 under TP 2: each rank's slice of its TP shard first (4 ranks 2 apart: one
+    # node), then the TP all-gather; context parallelism is data parallelism here, at TP's stride
+    fsdp_tp = whole_tensor_gather_seconds(dense, Layout(dp=4, tp=2, zero=3), fabric)
+    assert fsdp_tp == pytest.approx(3 * (a_in + m / 2 / 4 / b_in) + (a_in + m / 2 / b_in))
+    assert whole_tensor_gather_seconds(dense, Layout(dp=2, cp=4, zero=3), fabric) == \
+        pytest.approx(7 * (a_in + m / 8 / b_in))
+    # and never less than the least a colocated reshard moves
+    for lay in (Layout(dp=4, pp=2, zero=3), Layout(dp=2, tp=2, pp=2, zero=3),
+                Layout(dp=8, zero=3), Layout(dp=2, tp=4, zero=3)):
+        c = sync_cost(dense, h100, "colocated", generation_tp=1, replicas=lay.devices,
+                      trainer=lay)
+        assert c.ideal <= c.seconds, lay
+    for args, message in (((dense, {"tp": 2}, fabric), "must be a Layout"),
+                          ((dense, lay, h100), "fabric"),
+                          (("qwen2.5-7b", lay, fabric), "spec")):
+        with pytest.raises(ValueError, match=message):
+            whole_tensor_gather_seconds(*args)
+    for bad in (0, 1.5, "2", True, -1):
+        with pytest.raises(ValueError, match="weight_bytes"):
+            whole_tensor_gather_seconds(dense, lay, fabric, weight_bytes=bad)
