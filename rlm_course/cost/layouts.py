@@ -95,8 +95,9 @@ class Layout:
             data-parallel wire instead of 2.
 
     Raises:
-        ValueError: for non-positive degrees, an unknown ZeRO stage or an ``ep`` that does not
-            divide ``tp x cp x dp``.
+        ValueError: for non-positive degrees, an unknown ZeRO stage, an ``ep`` that does not
+            divide ``tp x cp x dp``, a token budget that is not an integer >= 0, or a flag that
+            is not a bool.
     """
 
     dp: int = 1

@@ -811,7 +811,9 @@ class TrainerCost:
             if lay.pp > 1:
                 compute /= 1 - (lay.pp - 1) / (m + lay.pp - 1)
             micro = m * opt_steps  # micro-batches each device runs in this stage
-            mb_tokens = min(mb_seq, per_rank) * mean_seq / lay.cp
+            # tokens of the average micro-batch: the m of them hold the rank's tokens, a last
+            # one partly filled (charging m full ones overpriced the TP traffic by up to one)
+            mb_tokens = per_rank * mean_seq / (m * lay.cp)
             layers = spec.n_layer / lay.pp
             total = compute
             if lay.tp > 1:
