@@ -52,8 +52,8 @@ FLOPs count the tokens kept.
 takes its *hardware* FLOPs (``4x`` a forward for an update with activation recomputation, ``3x``
 without) at ``train_hfu`` (updates) or ``forward_mfu`` (scoring) on the layout's devices,
 divided by ``1 - bubble`` for a pipeline (``(pp - 1) / (m + pp - 1)``, ``m`` micro-batches per
-optimizer step; a scoring pass's micro-batches hold the layout's
-``scoring_micro_batch_tokens`` when set), plus the communication that cannot hide: TP and EP collectives (on the critical
+optimizer step; a scoring pass's micro-batches hold the layout's ``scoring_micro_batch_tokens``
+when set), plus the communication that cannot hide: TP and EP collectives (on the critical
 path of every layer), the fill and drain hops of the pipeline, what the compute cannot hide of
 the data-parallel gradient traffic (:func:`~rlm_course.cost.comm.exposed`; ZeRO-3 gathers the
 weights for every micro-batch) and of ring attention; plus what does not shrink with more

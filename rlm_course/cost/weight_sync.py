@@ -265,10 +265,10 @@ def whole_tensor_gather_seconds(spec: TransformerSpec, trainer: "Layout", fabric
             ``trainer`` or ``fabric`` of the wrong kind, a ``weight_bytes`` that is not a
             positive integer, or a ``pipeline_whole`` that is not a bool.
     """
-    if not isinstance(pipeline_whole, bool):
-        raise ValueError(f"whole_tensor_gather_seconds: pipeline_whole={pipeline_whole!r} must be "
-                         "True (NeMo-RL v0.3's gather_params) or False (Megatron-Bridge's export).")
     owner = "whole_tensor_gather_seconds"
+    if not isinstance(pipeline_whole, bool):
+        raise ValueError(f"{owner}: pipeline_whole={pipeline_whole!r} must be True (NeMo-RL "
+                         "v0.3's gather_params) or False (Megatron-Bridge's export).")
     check_kinds([("spec", spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
                  ("fabric", fabric, Fabric, "Fabric.of(get_device('H100-SXM-80GB'))")],
                 f"{owner}: ")
@@ -528,7 +528,7 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
     split = ep if ep > 1 else tp
     if transport != "sharded":  # rank 0 sends what every rank assembles
         gather = (whole_tensor_gather_seconds(spec, trainer, fabric, weight_bytes, pipeline_whole)
-                  if trainer else 0.0)
+                  if trainer is not None else 0.0)
         transfer = broadcast_seconds(total, messages, wire, rollout_devices, pipelined)
         sent, packed, unpacked = total, total, total
         # one broadcast call per tensor pays its launch at every level of the tree; tensors
