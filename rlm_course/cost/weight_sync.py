@@ -203,6 +203,15 @@ def _positive_int(owner: str, name: str, value) -> int:
     return value
 
 
+def _check_layout(owner: str, trainer) -> None:
+    """A ValueError unless ``trainer`` is a Layout, known by what it has
+    (:mod:`rlm_course.cost.layouts` imports this module's users)."""
+    if not all(hasattr(trainer, a) for a in ("tp", "pp", "cp", "dp", "ep", "zero", "devices",
+                                             "check", "describe")):
+        raise ValueError(f"{owner}: trainer={trainer!r} must be a Layout; pass e.g. "
+                         "Layout(tp=8, dp=2) (rlm_course.cost.layouts).")
+
+
 def _kept(train: int, gen: int) -> float:
     """The share of the columns a device keeps when training holds one of ``train`` column blocks
     and generation needs one of ``gen``: the smaller block when one degree divides the other
@@ -272,10 +281,7 @@ def whole_tensor_gather_seconds(spec: TransformerSpec, trainer: "Layout", fabric
     check_kinds([("spec", spec, TransformerSpec, "get_spec('qwen2.5-7b')"),
                  ("fabric", fabric, Fabric, "Fabric.of(get_device('H100-SXM-80GB'))")],
                 f"{owner}: ")
-    if not all(hasattr(trainer, a) for a in ("tp", "pp", "cp", "dp", "ep", "zero", "devices",
-                                             "check")):
-        raise ValueError(f"{owner}: trainer={trainer!r} must be a Layout; pass e.g. "
-                         "Layout(tp=8, dp=2) (rlm_course.cost.layouts).")
+    _check_layout(owner, trainer)
     weight_bytes = _positive_int(owner, "weight_bytes", weight_bytes)
     trainer.check(spec)
     total = spec.params() * weight_bytes
@@ -441,11 +447,8 @@ def sync_cost(spec: TransformerSpec, device: Device, placement: str = "disaggreg
     check_kinds([(name, value, kind, example) for name, value, kind, example in (
         ("fabric", fabric, Fabric, "Fabric.of(device)"),
         ("link", link, Link, "Fabric.of(device).inter")) if value is not None], "sync_cost: ")
-    # a Layout by what it has (rlm_course.cost.layouts imports this module's users)
-    if trainer is not None and not all(hasattr(trainer, a) for a in (
-            "tp", "pp", "cp", "dp", "ep", "zero", "devices", "check", "describe")):
-        raise ValueError(f"sync_cost: trainer={trainer!r} must be a Layout; pass e.g. "
-                         "Layout(tp=8, dp=2) (rlm_course.cost.layouts).")
+    if trainer is not None:
+        _check_layout("sync_cost", trainer)
     if placement not in PLACEMENTS:
         raise ValueError(f"placement={placement!r}: choose one of {PLACEMENTS}.")
     if transport not in TRANSPORTS:
